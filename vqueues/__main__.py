@@ -1,0 +1,3 @@
+from vqueues.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,160 @@
+"""The `vqueues` command: serve, dev, topics create."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+
+from vqueues import logs, topics
+from vqueues.errors import ConfigError
+from vqueues.settings import Settings
+
+log = logging.getLogger("vqueues.cli")
+
+# Settings `vqueues dev` gives its nodes: a first group join in seconds on the embedded broker.
+DEV_ENV = {"VQ_SESSION_TIMEOUT_MS": "6000", "VQ_HEARTBEAT_INTERVAL_MS": "500",
+           "VQ_FETCH_WAIT_MAX_MS": "10"}
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="vqueues", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser("serve", help="run a node against an existing Kafka/Redpanda")
+    Settings.add_arguments(serve)
+
+    dev = sub.add_parser("dev", help="the embedded broker plus N nodes on loopback")
+    dev.add_argument("--nodes", type=int, default=1, help="number of nodes [default 1]")
+    dev.add_argument("--partitions", type=int, default=topics.DEFAULT_PARTITIONS,
+                     help=f"data topic partitions [default {topics.DEFAULT_PARTITIONS}]")
+    dev.add_argument("--http-port", type=int, default=8080,
+                     help="first node's HTTP port; node i uses BASE+i [default 8080]")
+    dev.add_argument("--broker-port", type=int, default=None,
+                     help="embedded broker port [default: a free one]")
+    dev.add_argument("--log-format", choices=("json", "text"), default="text")
+
+    tp = sub.add_parser("topics", help="topic administration")
+    tsub = tp.add_subparsers(dest="topics_command", required=True)
+    create = tsub.add_parser("create", help="create the data, offset and assignment topics")
+    create.add_argument("--bootstrap", default=None, help="[env VQ_BOOTSTRAP]")
+    create.add_argument("--partitions", type=int, default=topics.DEFAULT_PARTITIONS)
+    create.add_argument("--replication-factor", type=int, default=-1,
+                        help="[default -1: the broker's default]")
+    create.add_argument("--retention-ms", type=int, default=topics.DEFAULT_RETENTION_MS)
+    for name in ("data_topic", "offset_topic", "assignment_topic", "kafka_options"):
+        create.add_argument("--" + name.replace("_", "-"), dest=name, default=None,
+                            help=f"[env VQ_{name.upper()}]")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.command == "serve":
+        return _serve(args)
+    if args.command == "dev":
+        return _dev(args)
+    return _topics_create(args)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from vqueues.node import Node  # heavy imports only for the command that needs them
+
+    try:
+        settings = Settings.load(args)
+    except ValueError as exc:
+        print(f"vqueues: {exc}", file=sys.stderr)
+        return 2
+    logs.setup(settings.log_level, settings.log_format)
+
+    async def run() -> int:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        node = Node(settings)
+        try:
+            await node.start()
+        except ConfigError as exc:
+            log.error("topic_check_failed", extra={"error": str(exc)})
+            print(f"vqueues: {exc}", file=sys.stderr)
+            await node.stop()
+            return 3
+        await stop.wait()
+        log.info("node_stopping", extra={"node": settings.effective_node_id})
+        await node.stop()
+        return 0
+
+    return asyncio.run(run())
+
+
+def _topics_create(args: argparse.Namespace) -> int:
+    from vqueues.kafka import client_config
+    from vqueues.kafka.admin import Admin
+
+    settings = Settings.load(args)
+    logs.setup(settings.log_level, "text")
+    admin = Admin(client_config(settings.bootstrap, settings.kafka_extra()))
+    outcome = topics.create(admin, topics.specs(
+        settings.data_topic, settings.offset_topic, settings.assignment_topic,
+        args.partitions, args.retention_ms, args.replication_factor))
+    for name, what in outcome.items():
+        print(f"{name}: {what}")
+    try:
+        topics.check(admin, settings.data_topic, settings.offset_topic, settings.assignment_topic)
+    except ConfigError as exc:
+        print(f"vqueues: {exc}", file=sys.stderr)
+        return 3
+    return 0
+
+
+def _dev(args: argparse.Namespace) -> int:
+    from vqueues.broker import EmbeddedBroker
+    from vqueues.kafka import client_config
+    from vqueues.kafka.admin import Admin
+
+    logs.setup("info", args.log_format)
+    stopping = False
+
+    def on_signal(signum: int, frame: object) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    broker = EmbeddedBroker(args.broker_port).start()
+    nodes: list[subprocess.Popen[bytes]] = []
+    try:
+        topics.create(Admin(client_config(broker.bootstrap)), topics.specs(
+            "vq-data", "vq-offsets", "vq-assignments", args.partitions, replication_factor=1))
+        for i in range(args.nodes):
+            env = {**DEV_ENV, **os.environ, "VQ_BOOTSTRAP": broker.bootstrap,
+                   "VQ_HTTP_PORT": str(args.http_port + i), "VQ_NODE_ID": f"node-{i}",
+                   "VQ_LOG_FORMAT": args.log_format}
+            nodes.append(subprocess.Popen([sys.executable, "-m", "vqueues", "serve"], env=env))
+        urls = [f"http://127.0.0.1:{args.http_port + i}" for i in range(args.nodes)]
+        log.info("dev_cluster_started", extra={"bootstrap": broker.bootstrap, "nodes": urls})
+        while not stopping:
+            for n in nodes:
+                if n.poll() is not None:
+                    log.error("node_exited", extra={"pid": n.pid, "status": n.returncode})
+                    stopping = True
+            time.sleep(0.2)
+    finally:
+        for n in nodes:
+            if n.poll() is None:
+                n.send_signal(signal.SIGTERM)
+        for n in nodes:
+            try:
+                n.wait(20)
+            except subprocess.TimeoutExpired:
+                n.kill()
+                n.wait()
+        broker.stop()
+    return 0

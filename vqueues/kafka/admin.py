@@ -1,0 +1,60 @@
+"""Topic administration through confluent-kafka's AdminClient."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from vqueues.errors import BrokerError
+
+
+@dataclass(frozen=True)
+class TopicSpec:
+    name: str
+    partitions: int
+    replication_factor: int = -1  # -1: the broker's default
+    config: dict[str, str] = field(default_factory=dict)
+
+
+class Admin:
+    def __init__(self, conf: dict[str, Any]) -> None:
+        self._admin = AdminClient(conf)
+
+    def create(self, specs: Sequence[TopicSpec], timeout_s: float = 30.0) -> dict[str, str]:
+        """Create topics; returns name -> "created" or "exists". Other failures raise."""
+        new = [NewTopic(s.name, num_partitions=s.partitions,
+                        replication_factor=s.replication_factor, config=dict(s.config))
+               for s in specs]
+        outcome: dict[str, str] = {}
+        for name, fut in self._admin.create_topics(new, request_timeout=timeout_s).items():
+            try:
+                fut.result(timeout_s)
+                outcome[name] = "created"
+            except KafkaException as exc:
+                err: KafkaError = exc.args[0]
+                if err.code() == KafkaError.TOPIC_ALREADY_EXISTS:
+                    outcome[name] = "exists"
+                else:
+                    raise BrokerError("broker_error", f"creating {name}: {err.str()}") from None
+        return outcome
+
+    def partition_counts(self, topics: Sequence[str], timeout_s: float = 10.0
+                         ) -> dict[str, int | None]:
+        """Partition count of each topic; None where the topic does not exist."""
+        try:
+            md = self._admin.list_topics(timeout=timeout_s)
+        except KafkaException as exc:
+            raise BrokerError("broker_unreachable", f"Kafka: {exc.args[0].str()}") from None
+        out: dict[str, int | None] = {}
+        for t in topics:
+            tm = md.topics.get(t)
+            out[t] = None if tm is None or tm.error is not None else len(tm.partitions)
+        return out
+
+    def delete(self, topics: Sequence[str], timeout_s: float = 30.0) -> None:
+        for fut in self._admin.delete_topics(list(topics), request_timeout=timeout_s).values():
+            fut.result(timeout_s)

@@ -1,0 +1,134 @@
+"""Group membership over the data topic, and the tail of every partition it assigns.
+
+One thread owns one confluent-kafka Consumer subscribed to the data topic. The group's
+assignments and revocations and every consumed record go to a `GroupListener`, called from that
+thread; the listener hands them over to asyncio. Assigned partitions are read from the beginning
+(that read is the replay that builds a partition's index) and then tailed.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
+
+from vqueues.records import Record
+
+log = logging.getLogger(__name__)
+
+# (partition, key, record) of one consumed data record.
+Consumed = tuple[int, bytes | None, Record]
+
+
+class GroupListener(Protocol):
+    def assigned(self, partitions: Sequence[int]) -> None: ...
+    def revoked(self, partitions: Sequence[int], lost: bool) -> None: ...
+    def consumed(self, batch: list[Consumed], high_watermarks: dict[int, int]) -> None: ...
+    def reached_end(self, partition: int, next_offset: int) -> None: ...
+    def failed(self, error: str) -> None: ...
+
+
+def to_record(msg: Any) -> Record:
+    headers = msg.headers()
+    return Record(msg.offset(), msg.timestamp()[1], msg.value(),
+                  tuple(headers) if headers else ())
+
+
+class GroupMember:
+    """Joins `group.id` over `topic` and feeds `listener` until `stop()`."""
+
+    def __init__(self, conf: dict[str, Any], topic: str, listener: GroupListener,
+                 batch_size: int = 2000) -> None:
+        conf = {
+            **conf,
+            "enable.auto.commit": False,
+            "enable.partition.eof": True,
+            "auto.offset.reset": "earliest",
+            "partition.assignment.strategy": "cooperative-sticky",
+        }
+        self._consumer = Consumer(conf)
+        self._topic = topic
+        self._listener = listener
+        self._batch_size = batch_size
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="vq-group", daemon=True)
+
+    def start(self) -> None:
+        self._consumer.subscribe([self._topic], on_assign=self._on_assign,
+                                 on_revoke=self._on_revoke, on_lost=self._on_lost)
+        self._thread.start()
+
+    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        if not partitions:
+            self._listener.assigned([])  # joined, with nothing new to take
+            return
+        consumer.incremental_assign(
+            [TopicPartition(self._topic, tp.partition, OFFSET_BEGINNING) for tp in partitions])
+        self._listener.assigned([tp.partition for tp in partitions])
+
+    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        if not partitions:
+            return
+        self._listener.revoked([tp.partition for tp in partitions], lost=False)
+        consumer.incremental_unassign(partitions)
+
+    def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        if not partitions:
+            return
+        self._listener.revoked([tp.partition for tp in partitions], lost=True)
+        consumer.incremental_unassign(partitions)
+
+    def _run(self) -> None:
+        consumer = self._consumer
+        try:
+            while not self._stop.is_set():
+                msgs = consumer.consume(self._batch_size, 0.05)
+                if not msgs:
+                    continue
+                batch: list[Consumed] = []
+                seen: set[int] = set()
+                for msg in msgs:
+                    err = msg.error()
+                    if err is None:
+                        batch.append((msg.partition(), msg.key(), to_record(msg)))
+                        seen.add(msg.partition())
+                    elif err.code() == KafkaError._PARTITION_EOF:
+                        if batch:
+                            self._flush(batch, seen)
+                            batch, seen = [], set()
+                        self._listener.reached_end(msg.partition(), msg.offset())
+                    else:
+                        log.warning("group_consume_error", extra={"error": err.str()})
+                        if err.fatal():
+                            self._listener.failed(err.str())
+                            return
+                if batch:
+                    self._flush(batch, seen)
+        except Exception as exc:  # the thread must report, never die silently
+            log.exception("group_thread_failed")
+            self._listener.failed(repr(exc))
+        finally:
+            try:
+                # Leaves the group: the partitions move at once, not after the session timeout.
+                consumer.close()
+            except Exception:
+                log.exception("group_close_failed")
+
+    def _flush(self, batch: list[Consumed], partitions: set[int]) -> None:
+        # The high watermark from the fetch responses is right on every broker we support;
+        # the uncached lookup is not (see docs/adr/0003-replay-end.md).
+        hw: dict[int, int] = {}
+        for p in partitions:
+            _low, high = self._consumer.get_watermark_offsets(
+                TopicPartition(self._topic, p), cached=True)
+            if high >= 0:
+                hw[p] = high
+        self._listener.consumed(batch, hw)
+
+    def stop(self, timeout_s: float = 15.0) -> None:
+        """Stop consuming and leave the group (revocations are reported first)."""
+        self._stop.set()
+        self._thread.join(timeout_s)

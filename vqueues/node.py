@@ -1,0 +1,98 @@
+"""One vqueues node: Kafka clients, partition ownership, the queue service and the HTTP server,
+started and stopped in the right order."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+from typing import Any
+
+from aiohttp import web
+
+from vqueues import http_api, topics
+from vqueues.cache import RecordCache
+from vqueues.kafka import client_config
+from vqueues.kafka.admin import Admin
+from vqueues.kafka.fetcher import Fetcher, read_to_end
+from vqueues.kafka.group import GroupMember
+from vqueues.kafka.producer import AsyncProducer
+from vqueues.ownership import Ownership
+from vqueues.service import QueueService
+from vqueues.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+class Node:
+    """`async with Node(settings) as node:` serves until the block exits."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self._runner: web.AppRunner | None = None
+        self._group: GroupMember | None = None
+        self._producers: list[AsyncProducer] = []
+        self._fetcher: Fetcher | None = None
+        self.service: QueueService | None = None
+        self.ownership: Ownership | None = None
+
+    def _conf(self, **conf: Any) -> dict[str, Any]:
+        s = self.settings
+        return client_config(s.bootstrap, s.kafka_extra(),
+                             **{"client.id": f"vqueues-{s.effective_node_id}", **conf})
+
+    async def start(self) -> None:
+        s = self.settings
+        loop = asyncio.get_running_loop()
+        partitions = await asyncio.to_thread(
+            topics.check, Admin(self._conf()), s.data_topic, s.offset_topic, s.assignment_topic)
+        cache = RecordCache(s.cache_max_bytes)
+        data = AsyncProducer(self._conf(**{
+            "acks": s.producer_acks, "enable.idempotence": s.producer_acks == "all",
+            "linger.ms": s.producer_linger_ms, "partitioner": "murmur2",
+            "compression.type": "lz4"}), "data")
+        offsets = AsyncProducer(self._conf(**{
+            "acks": "all", "enable.idempotence": True, "linger.ms": 0}), "offsets")
+        self._producers = [data, offsets]
+        reader_conf = self._conf(**{"group.id": f"vq-reader-{s.effective_node_id}",
+                                    "fetch.wait.max.ms": s.fetch_wait_max_ms})
+        self._fetcher = Fetcher(reader_conf, s.data_topic, s.fetchers)
+        self.ownership = Ownership(
+            loop, partitions, cache,
+            functools.partial(read_to_end, reader_conf, s.offset_topic))
+        self.service = QueueService(s, self.ownership, cache, data, offsets, self._fetcher)
+        self._group = GroupMember(self._conf(**{
+            "group.id": s.group_id, "session.timeout.ms": s.session_timeout_ms,
+            "heartbeat.interval.ms": s.heartbeat_interval_ms,
+            "fetch.wait.max.ms": s.fetch_wait_max_ms}), s.data_topic, self.ownership)
+        self._group.start()
+        app = http_api.create_app(self.service, s)
+        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=10.0)
+        await self._runner.setup()
+        await web.TCPSite(self._runner, s.http_host, s.http_port).start()
+        log.info("node_started", extra={"node": s.effective_node_id, "url": s.effective_url,
+                                        "bootstrap": s.bootstrap, "partitions": partitions})
+
+    async def stop(self) -> None:
+        """Stop taking requests, finish those in flight, leave the group, flush producers."""
+        if self._runner is not None:
+            await self._runner.cleanup()
+        if self._group is not None:
+            # The group thread reports revocations to the loop: never block the loop on it.
+            await asyncio.to_thread(self._group.stop)
+        if self.ownership is not None:
+            await self.ownership.close()
+        if self.service is not None:
+            await asyncio.to_thread(self.service.close)
+        for p in self._producers:
+            await asyncio.to_thread(p.close)
+        if self._fetcher is not None:
+            await asyncio.to_thread(self._fetcher.close)
+        log.info("node_stopped", extra={"node": self.settings.effective_node_id})
+
+    async def __aenter__(self) -> Node:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()

@@ -1,0 +1,205 @@
+"""Which partitions this node serves, and their lifecycle: assign -> replay -> ready -> revoke.
+
+`Ownership` is the group listener: it receives the group thread's events, hands them to the
+event loop, and keeps one `PartitionState` per owned partition. On assignment it replays the
+same-numbered offset partition (consumers, deletions) while the group thread replays the data
+partition from its beginning; the partition serves once both reached the end seen at assignment.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from vqueues.cache import RecordCache
+from vqueues.errors import Unavailable, WrongNode
+from vqueues.hashing import partition_for
+from vqueues.kafka.group import Consumed
+from vqueues.partition_state import PartitionState
+from vqueues.records import OffsetEntry, Record, decode_offset_entry
+
+log = logging.getLogger(__name__)
+
+# Reads the offset topic's given partitions to their end: partition -> [(key, value)].
+OffsetReader = Callable[[Sequence[int]], dict[int, list[tuple[bytes | None, bytes | None]]]]
+
+
+class Ownership:
+    """The group listener (thread side) and the owned partitions' registry (loop side)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, partitions: int, cache: RecordCache,
+                 read_offsets: OffsetReader) -> None:
+        self.loop = loop
+        self.partitions = partitions
+        self.cache = cache
+        self.states: dict[int, PartitionState] = {}
+        self.failure: str | None = None
+        self._read_offsets = read_offsets
+        self._assigned_at: dict[int, float] = {}
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self.skipped_records = 0
+        self.joined = False
+
+    # Thread side: called by the group thread ---------------------------------------------------
+
+    def assigned(self, partitions: Sequence[int]) -> None:
+        self.loop.call_soon_threadsafe(self._on_assigned, list(partitions))
+
+    def revoked(self, partitions: Sequence[int], lost: bool) -> None:
+        # Wait until the loop has dropped the partitions, so no request still acts on them.
+        done: concurrent.futures.Future[None] = concurrent.futures.Future()
+
+        def run() -> None:
+            self._on_revoked(list(partitions), lost)
+            done.set_result(None)
+
+        self.loop.call_soon_threadsafe(run)
+        try:
+            done.result(timeout=10)
+        except concurrent.futures.TimeoutError:
+            log.warning("revoke_not_acknowledged", extra={"partitions": list(partitions)})
+
+    def consumed(self, batch: list[Consumed], high_watermarks: dict[int, int]) -> None:
+        # Decode keys here, off the loop.
+        by_partition: dict[int, list[tuple[str, Record]]] = {}
+        skipped: dict[int, int] = {}
+        for p, key, rec in batch:
+            try:
+                queue = key.decode("utf-8") if key else None
+            except UnicodeDecodeError:
+                queue = None
+            if queue is None:
+                skipped[p] = rec.offset + 1
+                continue
+            by_partition.setdefault(p, []).append((queue, rec))
+        self.loop.call_soon_threadsafe(self._on_consumed, by_partition, high_watermarks, skipped)
+
+    def reached_end(self, partition: int, next_offset: int) -> None:
+        self.loop.call_soon_threadsafe(self._on_end, partition, next_offset)
+
+    def failed(self, error: str) -> None:
+        self.loop.call_soon_threadsafe(self._on_failed, error)
+
+    # Loop side -------------------------------------------------------------------------------
+
+    def _on_assigned(self, partitions: list[int]) -> None:
+        self.joined = True
+        if not partitions:
+            return
+        fresh = []
+        for p in partitions:
+            old = self.states.get(p)
+            if old is not None:
+                old.revoke()
+            self.states[p] = PartitionState(p, self.cache)
+            self._assigned_at[p] = time.monotonic()
+            fresh.append(p)
+        log.info("partitions_assigned", extra={"partitions": fresh})
+        task = self.loop.create_task(self._replay_offsets(fresh))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _replay_offsets(self, partitions: list[int]) -> None:
+        states = {p: self.states[p] for p in partitions}
+        for attempt in range(1, 1_000_000):
+            try:
+                raw = await asyncio.to_thread(self._read_offsets, partitions)
+                break
+            except Exception as exc:
+                log.warning("offset_replay_failed", extra={"partitions": partitions,
+                                                           "attempt": attempt, "error": str(exc)})
+                await asyncio.sleep(min(5.0, 0.2 * attempt))
+                if all(s.revoked for s in states.values()):
+                    return
+        for p, state in states.items():
+            if state.revoked:
+                continue
+            entries: list[OffsetEntry] = []
+            for key, value in raw.get(p, ()):
+                e = decode_offset_entry(key, value)
+                if e is not None:
+                    entries.append(e)
+            state.apply_offset_entries(entries)
+            state.mark_offsets_replayed()
+            self._log_if_ready(state)
+
+    def _on_revoked(self, partitions: list[int], lost: bool) -> None:
+        for p in partitions:
+            state = self.states.pop(p, None)
+            if state is not None:
+                state.revoke()
+        log.info("partitions_revoked", extra={"partitions": partitions, "lost": lost})
+
+    def _on_consumed(self, by_partition: dict[int, list[tuple[str, Record]]],
+                     high_watermarks: dict[int, int], skipped: dict[int, int]) -> None:
+        for p, records in by_partition.items():
+            state = self.states.get(p)
+            if state is None:
+                continue
+            # A record another partitioner put here is not served: its queue lives elsewhere.
+            ok = []
+            for queue, rec in records:
+                if queue not in state.queues and partition_for(queue, self.partitions) != p:
+                    self.skipped_records += 1
+                    continue
+                ok.append((queue, rec))
+            was_ready = state.ready.is_set()
+            state.apply_records(ok, high_watermarks.get(p))
+            if records:
+                state.skip_to(records[-1][1].offset + 1)
+            if not was_ready:
+                self._log_if_ready(state)
+        for p, nxt in skipped.items():
+            state = self.states.get(p)
+            if state is not None:
+                self.skipped_records += 1
+                state.skip_to(nxt)
+
+    def _on_end(self, partition: int, next_offset: int) -> None:
+        state = self.states.get(partition)
+        if state is not None:
+            state.reached_end(next_offset)
+            self._log_if_ready(state)
+
+    def _on_failed(self, error: str) -> None:
+        self.failure = error
+        log.error("group_failed", extra={"error": error})
+
+    def _log_if_ready(self, state: PartitionState) -> None:
+        started = self._assigned_at.pop(state.partition, None)
+        if state.ready.is_set() and started is not None:
+            log.info("partition_ready", extra={
+                "partition": state.partition, "queues": len(state.queues),
+                "next_offset": state.next_offset,
+                "replay_ms": round((time.monotonic() - started) * 1000)})
+        elif started is not None:
+            self._assigned_at[state.partition] = started
+
+    # Queries ---------------------------------------------------------------------------------
+
+    def require(self, partition: int) -> PartitionState:
+        """The ready state of `partition`, or WrongNode (409) / Unavailable (503)."""
+        state = self.states.get(partition)
+        if state is None:
+            raise WrongNode(message=f"partition {partition} is not owned by this node",
+                            partition=partition)
+        if not state.ready.is_set():
+            raise Unavailable("partition_replaying",
+                              f"partition {partition} is still being replayed; retry shortly",
+                              partition=partition)
+        return state
+
+    @property
+    def ready(self) -> bool:
+        """Joined the group and every owned partition is ready."""
+        return self.joined and all(s.ready.is_set() for s in self.states.values())
+
+    async def close(self) -> None:
+        for t in list(self._tasks):
+            t.cancel()
+        for p in list(self.states):
+            self.states.pop(p).revoke()

@@ -1,0 +1,249 @@
+"""What a node knows about one data partition it owns: every queue's offsets and consumers.
+
+A `PartitionState` is built by replay (the offset partition's entries and the data partition's
+records from the beginning) and then kept current by the tail. It lives on the event loop only:
+the Kafka threads hand it batches, it never blocks, and it wakes waiting readers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from array import array
+from bisect import bisect_left
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from vqueues.cache import RecordCache
+from vqueues.records import ConsumerCommit, ConsumerDeleted, OffsetEntry, QueueDeleted, Record
+
+
+class QueueIndex:
+    """One queue in one partition: its record offsets (ascending) and its consumers."""
+
+    __slots__ = ("consumers", "deleted_before", "offsets")
+
+    def __init__(self) -> None:
+        self.offsets = array("q")
+        self.deleted_before = 0  # records below this offset were deleted with the queue
+        self.consumers: dict[str, int] = {}
+
+    def position(self, offset: int) -> int:
+        """Index of the first record at or after `offset`."""
+        return bisect_left(self.offsets, offset)
+
+    def trim_before(self, offset: int) -> None:
+        cut = self.position(offset)
+        if cut:
+            del self.offsets[:cut]
+
+    @property
+    def empty(self) -> bool:
+        return not self.offsets and not self.consumers and not self.deleted_before
+
+
+@dataclass(slots=True)
+class QueueStats:
+    queue: str
+    records: int
+    first_offset: int | None
+    last_offset: int | None
+    consumers: dict[str, tuple[int, int]]  # name -> (offset, lag in records)
+
+
+class PartitionState:
+    def __init__(self, partition: int, cache: RecordCache) -> None:
+        self.partition = partition
+        self.cache = cache
+        self.queues: dict[str, QueueIndex] = {}
+        self.next_offset = 0  # the next data offset the tail will index
+        self.replay_target: int | None = None  # the end seen at assignment
+        self.data_replayed = False
+        self.offsets_replayed = False
+        self.revoked = False
+        self.ready = asyncio.Event()
+        self._readers: dict[str, list[asyncio.Future[None]]] = {}
+        self._position_waiters: list[tuple[int, asyncio.Future[None]]] = []
+
+    # Feeding the state -------------------------------------------------------------------------
+
+    def apply_records(self, records: Iterable[tuple[str, Record]], high_watermark: int | None
+                      ) -> None:
+        """Index records consumed from the data partition (in offset order)."""
+        woken: set[str] = set()
+        queues = self.queues
+        cache_put = self.cache.put
+        p = self.partition
+        nxt = self.next_offset
+        for queue, rec in records:
+            if rec.offset < nxt:
+                continue  # already indexed (a re-fetch after a reassignment)
+            nxt = rec.offset + 1
+            q = queues.get(queue)
+            if q is None:
+                q = queues[queue] = QueueIndex()
+            elif rec.offset < q.deleted_before:
+                continue
+            q.offsets.append(rec.offset)
+            cache_put(p, rec)
+            if queue in self._readers:
+                woken.add(queue)
+        self.next_offset = max(self.next_offset, nxt)
+        if high_watermark is not None and self.replay_target is None:
+            self.replay_target = high_watermark
+        self._check_data_replayed()
+        for queue in woken:
+            self._wake(queue)
+        self._wake_positions()
+
+    def skip_to(self, next_offset: int) -> None:
+        """The tail passed records that are not queue records (no key, misrouted)."""
+        if next_offset > self.next_offset:
+            self.next_offset = next_offset
+            self._check_data_replayed()
+            self._wake_positions()
+
+    def reached_end(self, next_offset: int) -> None:
+        """The tail reached the partition's end."""
+        self.skip_to(next_offset)
+        if not self.data_replayed:
+            self.data_replayed = True
+            self._update_ready()
+
+    def apply_offset_entries(self, entries: Iterable[OffsetEntry]) -> None:
+        """Apply offset-topic entries in log order (replay, or our own writes)."""
+        for e in entries:
+            if isinstance(e, ConsumerCommit):
+                self.queue(e.queue).consumers[e.consumer] = e.offset
+            elif isinstance(e, ConsumerDeleted):
+                q = self.queues.get(e.queue)
+                if q is not None:
+                    q.consumers.pop(e.consumer, None)
+            elif isinstance(e, QueueDeleted):
+                self.delete_queue(e.queue, e.deleted_before)
+
+    def mark_offsets_replayed(self) -> None:
+        self.offsets_replayed = True
+        self._update_ready()
+
+    def _check_data_replayed(self) -> None:
+        if (not self.data_replayed and self.replay_target is not None
+                and self.next_offset >= self.replay_target):
+            self.data_replayed = True
+            self._update_ready()
+
+    def _update_ready(self) -> None:
+        if self.data_replayed and self.offsets_replayed and not self.revoked:
+            self.ready.set()
+
+    def revoke(self) -> None:
+        """The partition was given up: wake everybody so they find out."""
+        self.revoked = True
+        self.ready.clear()
+        for queue in list(self._readers):
+            self._wake(queue)
+        for _, fut in self._position_waiters:
+            if not fut.done():
+                fut.set_result(None)
+        self._position_waiters.clear()
+
+    # Queries and changes -----------------------------------------------------------------------
+
+    def queue(self, name: str) -> QueueIndex:
+        q = self.queues.get(name)
+        if q is None:
+            q = self.queues[name] = QueueIndex()
+        return q
+
+    def select(self, queue: str, start: int, limit: int) -> list[int]:
+        """Offsets of up to `limit` records of `queue` at or after `start`."""
+        q = self.queues.get(queue)
+        if q is None:
+            return []
+        i = q.position(max(start, q.deleted_before))
+        return q.offsets[i : i + limit].tolist()
+
+    def first_offset(self, queue: str) -> int:
+        """Where a consumer with no committed offset starts: the first retained record."""
+        q = self.queues.get(queue)
+        if q is None:
+            return 0
+        return q.offsets[0] if q.offsets else max(q.deleted_before, 0)
+
+    def committed(self, queue: str, consumer: str) -> int | None:
+        q = self.queues.get(queue)
+        if q is None:
+            return None
+        off = q.consumers.get(consumer)
+        return None if off is None else max(off, q.deleted_before)
+
+    def delete_queue(self, queue: str, deleted_before: int) -> None:
+        q = self.queue(queue)
+        if deleted_before > q.deleted_before:
+            q.deleted_before = deleted_before
+        q.trim_before(q.deleted_before)
+        q.consumers.clear()
+
+    def stats(self, queue: str) -> QueueStats | None:
+        q = self.queues.get(queue)
+        if q is None or (not q.offsets and not q.consumers):
+            return None
+        n = len(q.offsets)
+        consumers = {}
+        for name, off in sorted(q.consumers.items()):
+            off = max(off, q.deleted_before)
+            consumers[name] = (off, n - q.position(off))
+        return QueueStats(queue, n, q.offsets[0] if n else None, q.offsets[-1] if n else None,
+                          consumers)
+
+    def queue_names(self) -> Iterable[str]:
+        return (name for name, q in self.queues.items() if q.offsets or q.consumers)
+
+    # Waiting -----------------------------------------------------------------------------------
+
+    async def wait_for_records(self, queue: str, timeout_s: float) -> None:
+        """Return when a record of `queue` is indexed, the partition is revoked, or on timeout."""
+        fut = asyncio.get_running_loop().create_future()
+        waiters = self._readers.setdefault(queue, [])
+        waiters.append(fut)
+        try:
+            await asyncio.wait_for(fut, timeout_s)
+        except TimeoutError:
+            pass
+        finally:
+            if not fut.done():
+                fut.cancel()
+            live = [f for f in self._readers.get(queue, ()) if f is not fut]
+            if live:
+                self._readers[queue] = live
+            else:
+                self._readers.pop(queue, None)
+
+    async def wait_indexed(self, offset: int, timeout_s: float) -> bool:
+        """Wait until the record at `offset` is indexed (read-your-writes); False on timeout."""
+        if self.next_offset > offset or self.revoked:
+            return True
+        fut = asyncio.get_running_loop().create_future()
+        self._position_waiters.append((offset, fut))
+        try:
+            await asyncio.wait_for(fut, timeout_s)
+            return True
+        except TimeoutError:
+            return False
+
+    def _wake(self, queue: str) -> None:
+        for fut in self._readers.pop(queue, ()):
+            if not fut.done():
+                fut.set_result(None)
+
+    def _wake_positions(self) -> None:
+        if not self._position_waiters:
+            return
+        keep = []
+        for offset, fut in self._position_waiters:
+            if fut.done():
+                continue
+            if self.next_offset > offset:
+                fut.set_result(None)
+            else:
+                keep.append((offset, fut))
+        self._position_waiters = keep

@@ -1,0 +1,107 @@
+"""Record formats: the data topic's records and the offset topic's entries.
+
+Data topic: key = the queue name's UTF-8 bytes, value = the payload as given, headers = the
+user's headers. Nothing is wrapped, so any Kafka producer can enqueue and any consumer can read.
+
+Offset topic (compacted; partition p holds the state of data partition p). Keys are compact
+JSON arrays, so a queue and a consumer name can never be confused whatever they contain:
+  ["c", queue, consumer] -> {"v": 1, "offset": n, "ts": ms}       a consumer's committed offset
+  ["c", queue, consumer] -> tombstone (null)                         the consumer was deleted
+  ["q", queue]           -> {"v": 1, "deleted_before": n, "ts": ms}  the queue was deleted at n:
+                                                                      its records below n are gone
+See docs/adr/0002-offset-topic-format.md.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+
+FORMAT_VERSION = 1
+
+
+@dataclass(slots=True, frozen=True)
+class Record:
+    """One record of a queue as read from the data topic."""
+
+    offset: int
+    timestamp: int
+    value: bytes | None
+    headers: tuple[tuple[str, bytes | None], ...]
+
+    @property
+    def size(self) -> int:
+        """Approximate memory held, for the cache's byte budget."""
+        n = 120 + (len(self.value) if self.value else 0)
+        for k, v in self.headers:
+            n += 60 + len(k) + (len(v) if v else 0)
+        return n
+
+
+@dataclass(slots=True, frozen=True)
+class ConsumerCommit:
+    queue: str
+    consumer: str
+    offset: int
+
+
+@dataclass(slots=True, frozen=True)
+class ConsumerDeleted:
+    queue: str
+    consumer: str
+
+
+@dataclass(slots=True, frozen=True)
+class QueueDeleted:
+    queue: str
+    deleted_before: int
+
+
+OffsetEntry = ConsumerCommit | ConsumerDeleted | QueueDeleted
+
+
+def _key(*parts: str) -> bytes:
+    return json.dumps(parts, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+
+
+def _value(**fields: int) -> bytes:
+    body = {"v": FORMAT_VERSION, **fields, "ts": int(time.time() * 1000)}
+    return json.dumps(body, separators=(",", ":")).encode()
+
+
+def consumer_key(queue: str, consumer: str) -> bytes:
+    return _key("c", queue, consumer)
+
+
+def queue_key(queue: str) -> bytes:
+    return _key("q", queue)
+
+
+def encode_commit(queue: str, consumer: str, offset: int) -> tuple[bytes, bytes]:
+    return consumer_key(queue, consumer), _value(offset=offset)
+
+
+def encode_consumer_deleted(queue: str, consumer: str) -> tuple[bytes, None]:
+    return consumer_key(queue, consumer), None
+
+
+def encode_queue_deleted(queue: str, deleted_before: int) -> tuple[bytes, bytes]:
+    return queue_key(queue), _value(deleted_before=deleted_before)
+
+
+def decode_offset_entry(key: bytes | None, value: bytes | None) -> OffsetEntry | None:
+    """Decode one offset-topic record; None for anything not written by vqueues."""
+    if not key:
+        return None
+    try:
+        parts = json.loads(key)
+        if parts[0] == "c" and len(parts) == 3:
+            if value is None:
+                return ConsumerDeleted(parts[1], parts[2])
+            return ConsumerCommit(parts[1], parts[2], int(json.loads(value)["offset"]))
+        if parts[0] == "q" and len(parts) == 2 and value is not None:
+            return QueueDeleted(parts[1], int(json.loads(value)["deleted_before"]))
+    except (ValueError, KeyError, TypeError, IndexError):
+        return None
+    return None

@@ -1,0 +1,252 @@
+"""The queue rules: enqueue, read, ack, inspect and delete. HTTP calls these; they call down to
+the owned partitions' state and the Kafka adapter."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from vqueues.cache import RecordCache
+from vqueues.errors import BadRequest, Conflict, NotFound
+from vqueues.hashing import partition_for
+from vqueues.kafka.fetcher import Fetcher
+from vqueues.kafka.producer import AsyncProducer
+from vqueues.ownership import Ownership
+from vqueues.partition_state import QueueStats
+from vqueues.records import (
+    ConsumerCommit,
+    ConsumerDeleted,
+    QueueDeleted,
+    Record,
+    encode_commit,
+    encode_consumer_deleted,
+    encode_queue_deleted,
+)
+from vqueues.settings import Settings
+
+
+@dataclass(slots=True)
+class ReadResult:
+    partition: int
+    records: list[Record]
+    next_offset: int
+
+
+class KeyedLocks:
+    """One asyncio.Lock per key, dropped when nobody holds or waits for it."""
+
+    def __init__(self) -> None:
+        self._locks: dict[Any, tuple[asyncio.Lock, int]] = {}
+
+    @contextlib.asynccontextmanager
+    async def hold(self, key: Any) -> AsyncIterator[None]:
+        lock, users = self._locks.get(key, (None, 0))
+        if lock is None:
+            lock = asyncio.Lock()
+        self._locks[key] = (lock, users + 1)
+        try:
+            async with lock:
+                yield
+        finally:
+            lock, users = self._locks[key]
+            if users == 1:
+                del self._locks[key]
+            else:
+                self._locks[key] = (lock, users - 1)
+
+
+class QueueService:
+    def __init__(self, settings: Settings, ownership: Ownership, cache: RecordCache,
+                 data_producer: AsyncProducer, offset_producer: AsyncProducer,
+                 fetcher: Fetcher) -> None:
+        self.settings = settings
+        self.ownership = ownership
+        self.partitions = ownership.partitions
+        self.cache = cache
+        self._data = data_producer
+        self._offsets = offset_producer
+        self._fetcher = fetcher
+        self._fetch_pool = ThreadPoolExecutor(settings.fetchers, thread_name_prefix="vq-fetch")
+        self._locks = KeyedLocks()
+        # Highest offset this node's producer had acknowledged, per partition (for deletions).
+        self._produced_max: dict[int, int] = {}
+
+    def partition_of(self, queue: str) -> int:
+        return partition_for(queue, self.partitions)
+
+    # Records ---------------------------------------------------------------------------------
+
+    async def enqueue(self, queue: str,
+                      records: Sequence[tuple[bytes | None, list[tuple[str, bytes]]]]
+                      ) -> tuple[int, list[int] | None]:
+        """Write records to the queue; return (partition, offsets) once the broker acked them.
+
+        The answer waits (up to write_visible_timeout_ms) until the records are readable here,
+        so a read right after an enqueue sees them. With acks=0 offsets are unknown: None.
+        """
+        p = self.partition_of(queue)
+        state = self.ownership.require(p)
+        key = queue.encode("utf-8")
+        acked = await self._data.send(self.settings.data_topic, p,
+                                      [(key, value, headers) for value, headers in records])
+        offsets = [o for o, _ in acked]
+        if self.settings.producer_acks == "0" or min(offsets) < 0:
+            return p, None
+        last = offsets[-1]
+        if last > self._produced_max.get(p, -1):
+            self._produced_max[p] = last
+        await state.wait_indexed(last, self.settings.write_visible_timeout_ms / 1000)
+        return p, offsets
+
+    async def read(self, queue: str, consumer: str | None, offset: int | None, limit: int,
+                   wait_ms: int) -> ReadResult:
+        """Records of `queue` from the explicit offset, the consumer's, or the first retained."""
+        p = self.partition_of(queue)
+        state = self.ownership.require(p)
+        if offset is not None:
+            start = offset
+        else:
+            committed = state.committed(queue, consumer) if consumer else None
+            start = committed if committed is not None else state.first_offset(queue)
+        offsets = state.select(queue, start, limit)
+        deadline = time.monotonic() + wait_ms / 1000
+        while not offsets:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            await state.wait_for_records(queue, remaining)
+            state = self.ownership.require(p)
+            offsets = state.select(queue, start, limit)
+        records = await self._resolve(p, offsets)
+        # Bound the answer's size; always return at least one record so a reader moves on.
+        budget = self.settings.max_read_bytes
+        kept: list[Record] = []
+        for rec in records:
+            budget -= len(rec.value) if rec.value else 0
+            if kept and budget < 0:
+                break
+            kept.append(rec)
+        if kept:
+            next_offset = kept[-1].offset + 1
+        elif offsets:
+            next_offset = offsets[-1] + 1  # all of them are gone (retention)
+        else:
+            next_offset = start
+        return ReadResult(p, kept, next_offset)
+
+    async def _resolve(self, partition: int, offsets: list[int]) -> list[Record]:
+        """Records at `offsets`: from the cache, the rest fetched from Kafka in one pass."""
+        found: dict[int, Record] = {}
+        missing = []
+        get = self.cache.get
+        for off in offsets:
+            rec = get(partition, off)
+            if rec is None:
+                missing.append(off)
+            else:
+                found[off] = rec
+        if missing:
+            loop = asyncio.get_running_loop()
+            found.update(await loop.run_in_executor(
+                self._fetch_pool, self._fetcher.fetch, partition, missing))
+        return [found[o] for o in offsets if o in found]
+
+    # Consumers -------------------------------------------------------------------------------
+
+    async def ack(self, queue: str, consumer: str, offset: int, allow_rewind: bool
+                  ) -> dict[str, Any]:
+        """Commit `offset` (the next offset to read) for the consumer, durably."""
+        p = self.partition_of(queue)
+        async with self._locks.hold(("c", queue, consumer)):
+            state = self.ownership.require(p)
+            previous = state.committed(queue, consumer)
+            if offset > state.next_offset:
+                raise BadRequest("offset_out_of_range",
+                                 f"offset {offset} is past the end of partition {p} "
+                                 f"({state.next_offset})", partition_end=state.next_offset)
+            if previous is not None and offset < previous and not allow_rewind:
+                raise Conflict("rewind_not_allowed",
+                               f"consumer {consumer!r} is at {previous}; moving it back to "
+                               f"{offset} needs allow_rewind", committed_offset=previous)
+            key, value = encode_commit(queue, consumer, offset)
+            await self._offsets.send(self.settings.offset_topic, p, [(key, value, None)])
+            if not state.revoked:
+                state.apply_offset_entries([ConsumerCommit(queue, consumer, offset)])
+        return {"queue": queue, "consumer": consumer, "offset": offset,
+                "previous_offset": previous}
+
+    async def delete_consumer(self, queue: str, consumer: str) -> dict[str, Any]:
+        p = self.partition_of(queue)
+        async with self._locks.hold(("c", queue, consumer)):
+            state = self.ownership.require(p)
+            previous = state.committed(queue, consumer)
+            if previous is None:
+                raise NotFound("consumer_not_found",
+                               f"queue {queue!r} has no consumer {consumer!r}")
+            key, value = encode_consumer_deleted(queue, consumer)
+            await self._offsets.send(self.settings.offset_topic, p, [(key, value, None)])
+            if not state.revoked:
+                state.apply_offset_entries([ConsumerDeleted(queue, consumer)])
+        return {"queue": queue, "consumer": consumer, "deleted": True, "offset": previous}
+
+    # Queues ----------------------------------------------------------------------------------
+
+    def queue_stats(self, queue: str) -> QueueStats:
+        p = self.partition_of(queue)
+        stats = self.ownership.require(p).stats(queue)
+        if stats is None:
+            raise NotFound("queue_not_found", f"queue {queue!r} has no records and no consumers")
+        return stats
+
+    async def delete_queue(self, queue: str) -> dict[str, Any]:
+        """Delete the queue and its consumers: a marker in the offset topic hides every record
+        below the partition's current end, for this node and every later owner."""
+        p = self.partition_of(queue)
+        async with self._locks.hold(("q", queue)):
+            state = self.ownership.require(p)
+            stats = state.stats(queue)
+            if stats is None:
+                raise NotFound("queue_not_found",
+                               f"queue {queue!r} has no records and no consumers")
+            # The partition's end: what we indexed, what we wrote, what the broker reports
+            # (the last can be low on tansu; the first two are exact for what we know of).
+            loop = asyncio.get_running_loop()
+            broker_end = await loop.run_in_executor(
+                self._fetch_pool, self._fetcher.high_watermark, p)
+            before = max(state.next_offset, self._produced_max.get(p, -1) + 1, broker_end)
+            writes = [encode_queue_deleted(queue, before)]
+            writes += [encode_consumer_deleted(queue, c) for c in stats.consumers]
+            await self._offsets.send(self.settings.offset_topic, p, writes)
+            if not state.revoked:
+                state.apply_offset_entries([QueueDeleted(queue, before)])
+        return {"queue": queue, "deleted": True, "partition": p, "records": stats.records,
+                "consumers": sorted(stats.consumers), "deleted_before": before}
+
+    def list_queues(self, prefix: str, after: str | None, limit: int) -> dict[str, Any]:
+        names = []
+        for state in self.ownership.states.values():
+            if not state.ready.is_set():
+                continue
+            names.extend(n for n in state.queue_names()
+                         if n.startswith(prefix) and (after is None or n > after))
+        names.sort()
+        page = names[:limit]
+        return {"queues": page, "next_after": page[-1] if len(names) > limit else None}
+
+    def partitions_info(self) -> dict[str, Any]:
+        states = self.ownership.states
+        return {
+            "partitions": self.partitions,
+            "node": self.settings.effective_node_id,
+            "url": self.settings.effective_url,
+            "owned": sorted(states),
+            "ready": sorted(p for p, s in states.items() if s.ready.is_set()),
+        }
+
+    def close(self) -> None:
+        self._fetch_pool.shutdown(wait=True, cancel_futures=True)

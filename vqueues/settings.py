@@ -1,0 +1,152 @@
+"""The node's settings: one frozen object, filled once from CLI flags and `VQ_*` variables.
+
+Precedence: command-line flag, then the `VQ_<FIELD>` environment variable, then the default
+written next to each field. `docs/configuration.md` lists them all (generated from this file's
+help texts by `vqueues serve --help`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+from collections.abc import Mapping, Sequence
+from dataclasses import MISSING, dataclass, field, fields, replace
+from typing import Any
+
+
+def _f(default: Any, help: str, **kw: Any) -> Any:
+    return field(default=default, metadata={"help": help, **kw})
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything a node needs; see each field's help for its meaning and default."""
+
+    bootstrap: str = _f("127.0.0.1:9092", "Kafka bootstrap servers (host:port[,host:port])")
+    http_host: str = _f("127.0.0.1", "address the HTTP server binds to")
+    http_port: int = _f(8080, "HTTP port")
+    node_id: str = _f("", "this node's id (default: <hostname>-<http_port>)")
+    advertised_url: str = _f("", "URL clients use to reach this node (default: http://host:port)")
+    data_topic: str = _f("vq-data", "topic holding the queues' records")
+    offset_topic: str = _f("vq-offsets", "compacted topic holding consumer offsets and deletions")
+    assignment_topic: str = _f("vq-assignments", "single-partition topic of partition owners")
+    group_id: str = _f("vq-nodes", "Kafka consumer group the nodes form over the data topic")
+    session_timeout_ms: int = _f(10000, "group session timeout (Kafka's session.timeout.ms)")
+    heartbeat_interval_ms: int = _f(1000, "group heartbeat interval (heartbeat.interval.ms)")
+    fetch_wait_max_ms: int = _f(
+        25, "longest a fetch waits for data (fetch.wait.max.ms); bounds tail latency")
+    producer_acks: str = _f("all", "acks for enqueued records: all, 1 or 0 (0: offsets unknown)",
+                            choices=("all", "1", "0"))
+    producer_linger_ms: int = _f(2, "producer batching delay (linger.ms)")
+    cache_max_bytes: int = _f(256 * 1024 * 1024, "recent-record cache size in bytes, node-wide")
+    fetchers: int = _f(4, "Kafka consumers kept for reading records older than the cache")
+    max_body_bytes: int = _f(16 * 1024 * 1024, "largest accepted HTTP request body")
+    max_batch_records: int = _f(1000, "most records in one enqueue request")
+    max_record_bytes: int = _f(1024 * 1024, "largest record value (decoded bytes)")
+    default_read_limit: int = _f(100, "records returned by a read when `limit` is not given")
+    max_read_limit: int = _f(1000, "largest `limit` a read accepts")
+    max_read_bytes: int = _f(
+        8 * 1024 * 1024, "a read stops adding records past this many value bytes (at least one)")
+    max_wait_ms: int = _f(30000, "largest `wait_ms` a read accepts")
+    max_list_queues: int = _f(10000, "largest `limit` of GET /v1/queues")
+    write_visible_timeout_ms: int = _f(
+        2000, "an enqueue waits this long for its records to be readable before answering")
+    kafka_options: str = _f(
+        "", "extra librdkafka settings for every client, comma-separated key=value "
+        "(e.g. security.protocol=SASL_SSL,sasl.mechanism=PLAIN)")
+    log_level: str = _f("info", "log level", choices=("debug", "info", "warning", "error"))
+    log_format: str = _f("json", "log line format", choices=("json", "text"))
+
+    # Derived values -------------------------------------------------------------------------
+
+    @property
+    def effective_node_id(self) -> str:
+        return self.node_id or f"{socket.gethostname()}-{self.http_port}"
+
+    @property
+    def effective_url(self) -> str:
+        if self.advertised_url:
+            return self.advertised_url.rstrip("/")
+        host = self.http_host
+        if host in ("0.0.0.0", "::", ""):
+            host = "127.0.0.1"
+        if ":" in host:
+            host = f"[{host}]"
+        return f"http://{host}:{self.http_port}"
+
+    def kafka_extra(self) -> dict[str, str]:
+        """The pass-through librdkafka settings as a dict."""
+        out: dict[str, str] = {}
+        for item in filter(None, (s.strip() for s in self.kafka_options.split(","))):
+            key, sep, value = item.partition("=")
+            if not sep:
+                raise ValueError(f"kafka option {item!r} is not key=value")
+            out[key.strip()] = value.strip()
+        return out
+
+    # Loading ---------------------------------------------------------------------------------
+
+    @classmethod
+    def add_arguments(cls, parser: argparse.ArgumentParser, skip: Sequence[str] = ()) -> None:
+        """Add one `--flag` per field; defaults are resolved later so env vars can apply."""
+        for f in fields(cls):
+            if f.name in skip:
+                continue
+            flag = "--" + f.name.replace("_", "-")
+            kw: dict[str, Any] = {
+                "dest": f.name,
+                "default": None,
+                "help": f"{f.metadata['help']} [env VQ_{f.name.upper()}; default {f.default!r}]",
+            }
+            if "choices" in f.metadata:
+                kw["choices"] = f.metadata["choices"]
+            kw["type"] = int if f.type in ("int", int) else str
+            parser.add_argument(flag, **kw)
+
+    @classmethod
+    def load(cls, args: argparse.Namespace | Mapping[str, Any] | None = None,
+             env: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
+        """Build settings: explicit overrides > CLI args > `VQ_*` env > defaults."""
+        env = os.environ if env is None else env
+        given = vars(args) if isinstance(args, argparse.Namespace) else dict(args or {})
+        values: dict[str, Any] = {}
+        for f in fields(cls):
+            raw: Any = overrides.get(f.name, given.get(f.name))
+            if raw is None:
+                raw = env.get(f"VQ_{f.name.upper()}")
+            if raw is None:
+                continue
+            is_int = f.type in ("int", int)
+            try:
+                values[f.name] = int(raw) if is_int else str(raw)
+            except ValueError:
+                raise ValueError(f"VQ_{f.name.upper()}/--{f.name.replace('_', '-')}: "
+                                 f"{raw!r} is not an integer") from None
+            choices = f.metadata.get("choices")
+            if choices and values[f.name] not in choices:
+                raise ValueError(f"{f.name} must be one of {choices}, not {raw!r}")
+        settings = cls(**values)
+        settings.validate()
+        return settings
+
+    def validate(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, int) and value < 0:
+                raise ValueError(f"{f.name} must not be negative")
+        for name in ("max_batch_records", "max_read_limit", "default_read_limit", "fetchers",
+                     "max_body_bytes", "max_record_bytes", "max_read_bytes", "max_list_queues"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1")
+        if self.default_read_limit > self.max_read_limit:
+            raise ValueError("default_read_limit must not exceed max_read_limit")
+        self.kafka_extra()
+
+    def with_(self, **changes: Any) -> Settings:
+        return replace(self, **changes)
+
+
+def defaults() -> dict[str, Any]:
+    """Field name to default value, for documentation."""
+    return {f.name: f.default for f in fields(Settings) if f.default is not MISSING}

@@ -1,0 +1,46 @@
+"""The three topics vqueues uses, how they are created, and the check a node runs at start."""
+
+from __future__ import annotations
+
+from vqueues.errors import ConfigError
+from vqueues.kafka.admin import Admin, TopicSpec
+
+DEFAULT_PARTITIONS = 16
+DEFAULT_RETENTION_MS = 14 * 24 * 3600 * 1000
+
+
+def specs(data_topic: str, offset_topic: str, assignment_topic: str,
+          partitions: int = DEFAULT_PARTITIONS, retention_ms: int = DEFAULT_RETENTION_MS,
+          replication_factor: int = -1) -> list[TopicSpec]:
+    """Data (retention-bound), offsets (compacted, same partition count), assignments (1)."""
+    return [
+        TopicSpec(data_topic, partitions, replication_factor,
+                  {"retention.ms": str(retention_ms), "cleanup.policy": "delete"}),
+        TopicSpec(offset_topic, partitions, replication_factor, {"cleanup.policy": "compact"}),
+        TopicSpec(assignment_topic, 1, replication_factor, {"cleanup.policy": "compact"}),
+    ]
+
+
+def create(admin: Admin, topic_specs: list[TopicSpec]) -> dict[str, str]:
+    return admin.create(topic_specs)
+
+
+def check(admin: Admin, data_topic: str, offset_topic: str, assignment_topic: str) -> int:
+    """Return the data topic's partition count, or raise ConfigError naming every problem."""
+    counts = admin.partition_counts([data_topic, offset_topic, assignment_topic])
+    problems = []
+    for name, n in counts.items():
+        if n is None:
+            problems.append(f"topic {name!r} does not exist")
+    d, o, a = counts[data_topic], counts[offset_topic], counts[assignment_topic]
+    if d is not None and o is not None and d != o:
+        problems.append(f"data topic {data_topic!r} has {d} partitions but offset topic "
+                        f"{offset_topic!r} has {o}; they must be equal")
+    if a is not None and a != 1:
+        problems.append(f"assignment topic {assignment_topic!r} has {a} partitions; it must have 1")
+    if problems:
+        found = ", ".join(f"{k}={v if v is not None else 'missing'}" for k, v in counts.items())
+        raise ConfigError("; ".join(problems) + f" (partition counts: {found}). "
+                          "Create them with `vqueues topics create`.")
+    assert d is not None
+    return d
