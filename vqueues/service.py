@@ -219,9 +219,10 @@ class QueueService:
             broker_end = await loop.run_in_executor(
                 self._fetch_pool, self._fetcher.high_watermark, p)
             before = max(state.next_offset, self._produced_max.get(p, -1) + 1, broker_end)
-            writes = [encode_queue_deleted(queue, before)]
-            writes += [encode_consumer_deleted(queue, c) for c in stats.consumers]
-            await self._offsets.send(self.settings.offset_topic, p, writes)
+            entries = [encode_queue_deleted(queue, before)]
+            entries += [encode_consumer_deleted(queue, c) for c in stats.consumers]
+            await self._offsets.send(self.settings.offset_topic, p,
+                                     [(key, value, None) for key, value in entries])
             if not state.revoked:
                 state.apply_offset_entries([QueueDeleted(queue, before)])
         return {"queue": queue, "deleted": True, "partition": p, "records": stats.records,

@@ -1,0 +1,154 @@
+"""Helpers for tests: node processes, topics, an HTTP client. Every process is stopped by PID."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from vqueues import topics
+from vqueues.broker import free_port
+from vqueues.hashing import partition_for
+from vqueues.kafka.admin import Admin
+
+LOGS = Path(os.environ.get("VQ_TEST_LOG_DIR", "/tmp/vqueues-test-logs"))
+
+# Settings that make a first group join take seconds on the embedded broker.
+FAST_GROUP = {"VQ_SESSION_TIMEOUT_MS": "6000", "VQ_HEARTBEAT_INTERVAL_MS": "500",
+              "VQ_FETCH_WAIT_MAX_MS": "10"}
+
+
+@dataclass
+class Topics:
+    bootstrap: str
+    prefix: str
+    partitions: int
+
+    @property
+    def data(self) -> str:
+        return f"{self.prefix}-data"
+
+    @property
+    def offsets(self) -> str:
+        return f"{self.prefix}-offsets"
+
+    @property
+    def assignments(self) -> str:
+        return f"{self.prefix}-assignments"
+
+    def env(self) -> dict[str, str]:
+        return {"VQ_BOOTSTRAP": self.bootstrap, "VQ_DATA_TOPIC": self.data,
+                "VQ_OFFSET_TOPIC": self.offsets, "VQ_ASSIGNMENT_TOPIC": self.assignments,
+                "VQ_GROUP_ID": f"{self.prefix}-nodes"}
+
+
+def create_topics(bootstrap: str, partitions: int = 16, prefix: str | None = None) -> Topics:
+    t = Topics(bootstrap, prefix or f"t{uuid.uuid4().hex[:10]}", partitions)
+    Admin({"bootstrap.servers": bootstrap}).create(
+        topics.specs(t.data, t.offsets, t.assignments, partitions))
+    return t
+
+
+@dataclass
+class NodeProcess:
+    """A `vqueues serve` process on a free loopback port."""
+
+    topics: Topics
+    node_id: str = field(default_factory=lambda: f"n{uuid.uuid4().hex[:6]}")
+    extra_env: dict[str, str] = field(default_factory=dict)
+    port: int = 0
+    process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, wait_ready: bool = True, timeout_s: float = 60.0) -> NodeProcess:
+        self.port = self.port or free_port()
+        LOGS.mkdir(parents=True, exist_ok=True)
+        log = open(LOGS / f"{self.topics.prefix}-{self.node_id}.log", "ab")  # noqa: SIM115
+        env = {**os.environ, **FAST_GROUP, **self.topics.env(), "VQ_HTTP_PORT": str(self.port),
+               "VQ_NODE_ID": self.node_id, **self.extra_env}
+        self.process = subprocess.Popen([sys.executable, "-m", "vqueues", "serve"], env=env,
+                                        stdout=log, stderr=subprocess.STDOUT)
+        log.close()
+        if wait_ready:
+            self.wait_ready(timeout_s)
+        return self
+
+    def wait_ready(self, timeout_s: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            assert self.process is not None
+            if self.process.poll() is not None:
+                raise RuntimeError(f"node exited with {self.process.returncode}")
+            status, _ = http("GET", f"{self.url}/readyz")
+            if status == 200:
+                return
+            time.sleep(0.1)
+        raise TimeoutError(f"node {self.url} not ready in {timeout_s}s")
+
+    def terminate(self, timeout_s: float = 30.0) -> int:
+        """SIGTERM and wait: the node leaves the group."""
+        return self._signal(signal.SIGTERM, timeout_s)
+
+    def kill(self) -> int:
+        """SIGKILL: the node dies without leaving the group."""
+        return self._signal(signal.SIGKILL, 10)
+
+    def _signal(self, sig: int, timeout_s: float) -> int:
+        if self.process is None:
+            return 0
+        if self.process.poll() is None:
+            os.kill(self.process.pid, sig)
+            try:
+                self.process.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                os.kill(self.process.pid, signal.SIGKILL)
+                self.process.wait()
+        rc = self.process.returncode
+        self.process = None
+        return rc
+
+
+def http(method: str, url: str, body: Any = None, raw: bytes | None = None,
+         timeout_s: float = 60.0) -> tuple[int, Any]:
+    """A blocking JSON request: (status, decoded body or None)."""
+    data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
+    req = urllib.request.Request(url, data=data, method=method,
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+            return resp.status, _decode(resp.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, _decode(exc.read())
+    except (urllib.error.URLError, ConnectionError):
+        return 0, None
+
+
+def _decode(raw: bytes) -> Any:
+    try:
+        return json.loads(raw) if raw else None
+    except ValueError:
+        return raw
+
+
+def queues_in_partition(partition: int, partitions: int, count: int, prefix: str = "q"
+                        ) -> list[str]:
+    """`count` queue names that all route to `partition`."""
+    out, i = [], 0
+    while len(out) < count:
+        name = f"{prefix}-{i}"
+        if partition_for(name, partitions) == partition:
+            out.append(name)
+        i += 1
+    return out

@@ -1,0 +1,48 @@
+"""`vqueues topics create`, and the topic check a node runs at start."""
+
+import subprocess
+import sys
+import uuid
+
+from tests.support import FAST_GROUP, Topics
+from vqueues.kafka.admin import Admin, TopicSpec
+
+
+def vqueues(*args, env=None, timeout=60):
+    import os
+    return subprocess.run([sys.executable, "-m", "vqueues", *args], capture_output=True,
+                          text=True, timeout=timeout, env={**os.environ, **(env or {})})
+
+
+def test_topics_create_makes_all_three_with_the_right_partition_counts(bootstrap):
+    p = f"cli{uuid.uuid4().hex[:6]}"
+    out = vqueues("topics", "create", "--bootstrap", bootstrap, "--partitions", "6",
+                  "--data-topic", f"{p}-d", "--offset-topic", f"{p}-o",
+                  "--assignment-topic", f"{p}-a")
+    assert out.returncode == 0, out.stderr
+    assert f"{p}-d: created" in out.stdout
+    counts = Admin({"bootstrap.servers": bootstrap}).partition_counts([f"{p}-d", f"{p}-o",
+                                                                       f"{p}-a"])
+    assert counts == {f"{p}-d": 6, f"{p}-o": 6, f"{p}-a": 1}
+    again = vqueues("topics", "create", "--bootstrap", bootstrap, "--partitions", "6",
+                    "--data-topic", f"{p}-d", "--offset-topic", f"{p}-o",
+                    "--assignment-topic", f"{p}-a")
+    assert again.returncode == 0 and f"{p}-d: exists" in again.stdout
+
+
+def test_a_node_refuses_to_start_on_mismatched_topics_naming_each(bootstrap):
+    t = Topics(bootstrap, f"bad{uuid.uuid4().hex[:6]}", 4)
+    Admin({"bootstrap.servers": bootstrap}).create([
+        TopicSpec(t.data, 4), TopicSpec(t.offsets, 8), TopicSpec(t.assignments, 2)])
+    out = vqueues("serve", "--http-port", "0", env={**FAST_GROUP, **t.env()})
+    assert out.returncode == 3
+    for text in (f"'{t.data}' has 4 partitions", f"'{t.offsets}' has 8",
+                 f"'{t.assignments}' has 2 partitions; it must have 1"):
+        assert text in out.stderr
+
+
+def test_a_node_refuses_to_start_without_its_topics(bootstrap):
+    t = Topics(bootstrap, f"none{uuid.uuid4().hex[:6]}", 4)
+    out = vqueues("serve", "--http-port", "0", env={**FAST_GROUP, **t.env()})
+    assert out.returncode == 3
+    assert f"topic '{t.data}' does not exist" in out.stderr
