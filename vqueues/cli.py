@@ -10,7 +10,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from vqueues import logs, topics
 from vqueues.errors import ConfigError
@@ -114,6 +114,63 @@ def _topics_create(args: argparse.Namespace) -> int:
     return 0
 
 
+def _get_json(url: str) -> tuple[int, dict]:
+    import json
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=2) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, {}
+    except (OSError, ValueError):
+        return 0, {}
+
+
+def _wait_ready(urls: list[str], nodes: list[subprocess.Popen[bytes]],
+                stopping: Callable[[], bool], timeout_s: float = 120.0) -> bool:
+    """Wait until every node answers /readyz and the partitions are all owned."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and not stopping():
+        if any(n.poll() is not None for n in nodes):
+            return False
+        owned: list[int] = []
+        ready = True
+        for url in urls:
+            status, body = _get_json(f"{url}/readyz")
+            ready &= status == 200
+            owned += body.get("ready", [])
+        if ready and len(owned) == len(set(owned)) == _get_json(
+                f"{urls[0]}/v1/partitions")[1].get("partitions"):
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def _banner(urls: list[str], bootstrap: str, partitions: int) -> str:
+    from vqueues.hashing import partition_for
+
+    demo = partition_for("demo", partitions)
+    owner = next((u for u in urls if demo in _get_json(f"{u}/v1/partitions")[1].get("owned", [])),
+                 urls[0])
+    json_h = "-H 'Content-Type: application/json'"
+    lines = [f"vqueues is running on the embedded broker at {bootstrap}",
+             *(f"  node {i}: {u}" for i, u in enumerate(urls)),
+             "",
+             "Try it (queue 'demo' lives on " + owner + "):",
+             f"  curl -s -X POST {owner}/v1/queues/demo/records {json_h} "
+             "-d '{\"records\": [{\"value\": \"hello\"}]}'",
+             f"  curl -s '{owner}/v1/queues/demo/records?consumer=me'",
+             f"  curl -s -X POST {owner}/v1/queues/demo/consumers/me/ack {json_h} "
+             "-d '{\"offset\": 1}'",
+             f"  curl -s {owner}/v1/queues/demo",
+             f"  curl -s {urls[0]}/v1/partitions",
+             "",
+             "Press Ctrl-C to stop."]
+    return "\n".join(lines)
+
+
 def _dev(args: argparse.Namespace) -> int:
     from vqueues.broker import EmbeddedBroker
     from vqueues.kafka import client_config
@@ -139,7 +196,9 @@ def _dev(args: argparse.Namespace) -> int:
                    "VQ_LOG_FORMAT": args.log_format}
             nodes.append(subprocess.Popen([sys.executable, "-m", "vqueues", "serve"], env=env))
         urls = [f"http://127.0.0.1:{args.http_port + i}" for i in range(args.nodes)]
-        log.info("dev_cluster_started", extra={"bootstrap": broker.bootstrap, "nodes": urls})
+        if _wait_ready(urls, nodes, lambda: stopping):
+            log.info("dev_cluster_ready", extra={"bootstrap": broker.bootstrap, "nodes": urls})
+            print(_banner(urls, broker.bootstrap, args.partitions), flush=True)
         while not stopping:
             for n in nodes:
                 if n.poll() is not None:

@@ -1,0 +1,52 @@
+"""`vqueues dev` (what scripts/run starts): prints curl lines that work as printed, stops on
+Ctrl-C with everything it started."""
+
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.support import FAST_GROUP
+from vqueues.broker import free_port
+
+
+@pytest.mark.skipif(subprocess.run(["which", "curl"], capture_output=True).returncode != 0,
+                    reason="curl is not installed on this machine")
+def test_dev_prints_working_curl_lines_and_stops_cleanly_on_ctrl_c():
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "vqueues", "dev", "--nodes", "2", "--partitions", "4",
+         "--http-port", str(port)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+        text=True, env={**os.environ, **FAST_GROUP}, start_new_session=True)
+    try:
+        lines = []
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            assert line, "vqueues dev exited before printing its banner"
+            lines.append(line.rstrip("\n"))
+            if line.startswith("Press Ctrl-C"):
+                break
+        curls = [ln.strip() for ln in lines if ln.strip().startswith("curl ")]
+        assert len(curls) >= 4
+        outputs = []
+        for cmd in curls:
+            out = subprocess.run([*shlex.split(cmd), "-w", "\n%{http_code}"],
+                                 capture_output=True, text=True, timeout=30)
+            body, code = out.stdout.rsplit("\n", 1)
+            assert code == "200", (cmd, body)
+            outputs.append(body)
+        assert '"value":"hello"' in outputs[1]
+        assert '"consumer":"me"' in outputs[3]
+    finally:
+        os.killpg(proc.pid, signal.SIGINT)
+        rc = proc.wait(60)
+        proc.stdout.close()
+    assert rc == 0
+    # Every process it started is gone (same session, started by it).
+    left = subprocess.run(["pgrep", "-s", str(proc.pid)], capture_output=True, text=True)
+    assert left.stdout.strip() == ""
