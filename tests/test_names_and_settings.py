@@ -29,3 +29,15 @@ def test_bad_settings_are_refused_with_the_field_named():
         Settings.load(env={"VQ_PRODUCER_ACKS": "2"})
     with pytest.raises(ValueError, match="not key=value"):
         Settings.load(env={"VQ_KAFKA_OPTIONS": "security.protocol"})
+
+
+def test_the_configuration_doc_lists_every_setting_as_generated():
+    import importlib.util
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("gen", root / "scripts/gen_config_doc.py")
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)
+    assert (root / "docs/configuration.md").read_text() == gen.render(), \
+        "docs/configuration.md is stale: run scripts/gen_config_doc.py"

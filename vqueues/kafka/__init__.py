@@ -16,3 +16,14 @@ def client_config(bootstrap: str, extra: dict[str, str] | None = None,
     out.update(conf)
     out.update(extra or {})
     return out
+
+
+def poll_batch(consumer: Any, max_messages: int, timeout_s: float) -> list[Any]:
+    """Up to `max_messages` messages: wait at most `timeout_s` for the first, then take only what
+    is already buffered. (`Consumer.consume(n, t)` waits the whole `t` until it has n.)"""
+    first = consumer.poll(timeout_s)
+    if first is None:
+        return []
+    if max_messages <= 1:
+        return [first]
+    return [first, *consumer.consume(max_messages - 1, 0)]

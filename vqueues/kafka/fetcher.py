@@ -11,6 +11,7 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from vqueues.errors import BrokerError
+from vqueues.kafka import poll_batch
 from vqueues.kafka.group import to_record
 from vqueues.records import Record
 
@@ -63,9 +64,8 @@ class Fetcher:
         while i < len(offsets):
             if time.monotonic() > deadline:
                 raise BrokerError("broker_timeout", "reading records from Kafka timed out")
-            # Ask for exactly what is left of this run, or consume() waits its whole timeout.
             span = offsets[min(len(offsets) - 1, i + 999)] - offsets[i] + 1
-            msgs = consumer.consume(max(1, min(span, 1000)), 0.05)
+            msgs = poll_batch(consumer, max(1, min(span, 1000)), 0.05)
             for msg in msgs:
                 err = msg.error()
                 if err is not None:
@@ -118,7 +118,7 @@ def read_to_end(conf: dict[str, Any], topic: str, partitions: Sequence[int],
         while pending:
             if time.monotonic() > deadline:
                 raise BrokerError("broker_timeout", f"replaying {topic} timed out")
-            for msg in consumer.consume(1000, 0.05):
+            for msg in poll_batch(consumer, 1000, 0.05):
                 err = msg.error()
                 if err is None:
                     out[msg.partition()].append((msg.key(), msg.value()))

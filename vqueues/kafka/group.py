@@ -15,6 +15,7 @@ from typing import Any, Protocol
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
 
+from vqueues.kafka import poll_batch
 from vqueues.records import Record
 
 log = logging.getLogger(__name__)
@@ -85,7 +86,7 @@ class GroupMember:
         consumer = self._consumer
         try:
             while not self._stop.is_set():
-                msgs = consumer.consume(self._batch_size, 0.05)
+                msgs = poll_batch(consumer, self._batch_size, 0.05)
                 if not msgs:
                     continue
                 batch: list[Consumed] = []

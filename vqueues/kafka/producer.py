@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Producer
@@ -38,40 +38,13 @@ class AsyncProducer:
 
         With acks=0 the broker reports no offsets: each is -1.
         """
-        loop = asyncio.get_running_loop()
-        done = loop.create_future()
-        results: list[tuple[int, int]] = [(-1, -1)] * len(records)
-        pending = [len(records)]
-        errors: list[KafkaError] = []
-        lock = threading.Lock()
-
-        def finish() -> None:
-            if done.done():
-                return
-            if errors:
-                done.set_exception(_translate(errors[0]))
-            else:
-                done.set_result(results)
-
-        def make_cb(i: int) -> Callable[[KafkaError | None, Any], None]:
-            def cb(err: KafkaError | None, msg: Any) -> None:
-                with lock:
-                    if err is not None:
-                        errors.append(err)
-                    else:
-                        results[i] = (msg.offset(), msg.timestamp()[1])
-                    pending[0] -= 1
-                    last = pending[0] == 0
-                if last:
-                    loop.call_soon_threadsafe(finish)
-            return cb
-
-        for i, (key, value, headers) in enumerate(records):
+        batch = _Batch(asyncio.get_running_loop(), len(records))
+        for key, value, headers in records:
             for attempt in range(200):
                 try:
                     self._producer.produce(topic, value=value, key=key, partition=partition,
                                            headers=list(headers) if headers else None,
-                                           on_delivery=make_cb(i))
+                                           on_delivery=batch.delivered)
                     break
                 except BufferError:
                     # Local queue full: let the poll thread drain it, without blocking the loop.
@@ -82,17 +55,53 @@ class AsyncProducer:
                 except KafkaException as exc:
                     raise _translate(exc.args[0]) from None
         try:
-            return await asyncio.wait_for(asyncio.shield(done), timeout_s)
+            return await asyncio.wait_for(asyncio.shield(batch.done), timeout_s)
         except TimeoutError:
             raise BrokerError("broker_timeout", "the broker did not acknowledge in time") from None
 
     def close(self, timeout_s: float = 10.0) -> None:
-        """Deliver what is queued (up to `timeout_s`), then stop the poll thread."""
+        """Stop the poll thread, then deliver what is queued (up to `timeout_s`).
+
+        In that order, delivery callbacks only ever run on one thread at a time.
+        """
+        self._stop.set()
+        self._thread.join(5)
         remaining = self._producer.flush(timeout_s)
         if remaining:
             log.warning("producer_unflushed", extra={"producer": self._name, "records": remaining})
-        self._stop.set()
-        self._thread.join(5)
+
+
+class _Batch:
+    """Collects one send's delivery reports. librdkafka reports a partition's deliveries in
+    produce order, and a send writes to one partition, so the i-th report is the i-th record."""
+
+    __slots__ = ("done", "errors", "loop", "pending", "results")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, size: int) -> None:
+        self.loop = loop
+        self.done: asyncio.Future[list[tuple[int, int]]] = loop.create_future()
+        self.results: list[tuple[int, int]] = []
+        self.errors: list[KafkaError] = []
+        self.pending = size
+
+    def delivered(self, err: KafkaError | None, msg: Any) -> None:
+        # Runs on the poll thread only, so no lock is needed.
+        if err is not None:
+            self.errors.append(err)
+            self.results.append((-1, -1))
+        else:
+            self.results.append((msg.offset(), msg.timestamp()[1]))
+        self.pending -= 1
+        if self.pending == 0:
+            self.loop.call_soon_threadsafe(self._finish)
+
+    def _finish(self) -> None:
+        if self.done.done():
+            return
+        if self.errors:
+            self.done.set_exception(_translate(self.errors[0]))
+        else:
+            self.done.set_result(self.results)
 
 
 def _translate(err: KafkaError) -> BrokerError:

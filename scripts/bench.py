@@ -1,0 +1,324 @@
+#!/usr/bin/env python3
+"""Benchmark vqueues against the raw confluent-kafka client on the same broker, in one run.
+
+Starts the embedded broker (or uses --bootstrap) and one node process, then measures:
+  enqueue throughput   batches of 100 records of 100 bytes, --concurrency requests in flight
+  enqueue latency      one record per request, sequential (p50/p99)
+  read latency         100 cached records per request, sequential (p50/p99)
+  end-to-end latency   enqueue -> a reader long-polling the queue (p50/p99)
+and the same workloads through a raw Producer/Consumer (acks=all), printing the ratio.
+Usage: .venv/bin/python scripts/bench.py [--seconds 5] [--concurrency 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import aiohttp
+from confluent_kafka import Consumer, Producer, TopicPartition
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from vqueues import topics as vq_topics  # noqa: E402
+from vqueues.broker import EmbeddedBroker, free_port  # noqa: E402
+from vqueues.hashing import partition_for  # noqa: E402
+from vqueues.kafka.admin import Admin, TopicSpec  # noqa: E402
+
+VALUE = "x" * 100
+DEV_ENV = {"VQ_SESSION_TIMEOUT_MS": "6000", "VQ_HEARTBEAT_INTERVAL_MS": "500",
+           "VQ_FETCH_WAIT_MAX_MS": "10", "VQ_LOG_LEVEL": "warning"}
+
+
+def pct(samples: list[float], p: float) -> float:
+    s = sorted(samples)
+    return s[min(len(s) - 1, int(len(s) * p))] * 1000
+
+
+# Raw confluent-kafka ----------------------------------------------------------------------------
+
+def raw_throughput(bootstrap: str, topic: str, seconds: float) -> float:
+    p = Producer({"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 2,
+                  "enable.idempotence": True, "compression.type": "lz4",
+                  "partitioner": "murmur2"})
+    value = VALUE.encode()
+    n, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        for _ in range(100):
+            try:
+                p.produce(topic, key=b"raw-tp", value=value)
+            except BufferError:
+                p.poll(0.01)
+            n += 1
+        p.poll(0)
+    p.flush(60)
+    return n / (time.perf_counter() - t0)
+
+
+def raw_latency(bootstrap: str, topic: str, count: int) -> list[float]:
+    p = Producer({"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 0,
+                  "enable.idempotence": True, "partitioner": "murmur2"})
+    out = []
+    for _ in range(count):
+        t0 = time.perf_counter()
+        p.produce(topic, key=b"raw-lat", value=VALUE.encode())
+        p.flush(10)
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+def raw_read_latency(bootstrap: str, topic: str, partitions: int, count: int) -> list[float]:
+    key = "raw-read"
+    part = partition_for(key, partitions)
+    p = Producer({"bootstrap.servers": bootstrap, "partitioner": "murmur2"})
+    for _ in range(100):
+        p.produce(topic, key=key.encode(), value=VALUE.encode())
+    p.flush(10)
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-{uuid.uuid4().hex}",
+                  "enable.auto.commit": False, "fetch.wait.max.ms": 10})
+    c.assign([TopicPartition(topic, part, 0)])
+    c.consume(100, 5)  # warm up: connection, metadata
+    out = []
+    for _ in range(count):
+        t0 = time.perf_counter()
+        c.seek(TopicPartition(topic, part, 0))
+        got = 0
+        while got < 100:
+            got += len(c.consume(100 - got, 5))
+        out.append(time.perf_counter() - t0)
+    c.close()
+    return out
+
+
+def raw_e2e(bootstrap: str, topic: str, partitions: int, count: int) -> list[float]:
+    key = f"raw-e2e-{uuid.uuid4().hex[:6]}"
+    part = partition_for(key, partitions)
+    p = Producer({"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 0,
+                  "partitioner": "murmur2"})
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-{uuid.uuid4().hex}",
+                  "enable.auto.commit": False, "fetch.wait.max.ms": 10,
+                  "enable.partition.eof": False, "auto.offset.reset": "latest"})
+    p.produce(topic, key=key.encode(), value=b"start")
+    p.flush(10)
+    c.assign([TopicPartition(topic, part, 0)])
+    while c.consume(1000, 0.5):
+        pass
+    out = []
+    for _ in range(count):
+        t0 = time.perf_counter()
+        p.produce(topic, key=key.encode(), value=VALUE.encode())
+        p.poll(0)
+        while True:
+            msgs = [m for m in c.consume(1, 1) if not m.error()]
+            if msgs:
+                break
+        out.append(time.perf_counter() - t0)
+        p.flush(1)
+    c.close()
+    return out
+
+
+# vqueues over HTTP ------------------------------------------------------------------------------
+
+async def vq_throughput(s: aiohttp.ClientSession, urls: list[str], seconds: float,
+                        concurrency: int, route) -> float:
+    body = json.dumps({"records": [{"value": VALUE}] * 100})
+    count = 0
+    stop = time.perf_counter() + seconds
+
+    async def worker(i: int) -> None:
+        nonlocal count
+        q = f"tp-{i}"
+        url = route(q) + f"/v1/queues/{q}/records"
+        while time.perf_counter() < stop:
+            async with s.post(url, data=body,
+                              headers={"Content-Type": "application/json"}) as r:
+                assert r.status == 200, await r.text()
+                await r.read()
+            count += 100
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(worker(i) for i in range(concurrency)))
+    return count / (time.perf_counter() - t0)
+
+
+async def vq_latency(s: aiohttp.ClientSession, base: str, q: str, count: int) -> list[float]:
+    body = json.dumps({"records": [{"value": VALUE}]})
+    out = []
+    for _ in range(count):
+        t0 = time.perf_counter()
+        async with s.post(f"{base}/v1/queues/{q}/records", data=body,
+                          headers={"Content-Type": "application/json"}) as r:
+            await r.read()
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+async def vq_read_latency(s: aiohttp.ClientSession, base: str, q: str, count: int
+                          ) -> list[float]:
+    async with s.post(f"{base}/v1/queues/{q}/records",
+                      json={"records": [{"value": VALUE}] * 100}) as r:
+        first = (await r.json())["offsets"][0]
+    out = []
+    for _ in range(count):
+        t0 = time.perf_counter()
+        async with s.get(f"{base}/v1/queues/{q}/records",
+                         params={"offset": str(first), "limit": "100"}) as r:
+            body = await r.json()
+        out.append(time.perf_counter() - t0)
+        assert len(body["records"]) == 100
+    return out
+
+
+async def vq_e2e(s: aiohttp.ClientSession, base: str, q: str, count: int) -> list[float]:
+    async with s.get(f"{base}/v1/queues/{q}/records") as r:
+        nxt = (await r.json())["next_offset"]
+    out = []
+    body = json.dumps({"records": [{"value": VALUE}]})
+    for _ in range(count):
+        reader = asyncio.create_task(s.get(f"{base}/v1/queues/{q}/records",
+                                           params={"offset": str(nxt), "wait_ms": "5000"}))
+        await asyncio.sleep(0.005)  # the reader is parked in its long poll
+        t0 = time.perf_counter()
+        writer = asyncio.create_task(s.post(f"{base}/v1/queues/{q}/records", data=body,
+                                            headers={"Content-Type": "application/json"}))
+        resp = await reader
+        got = await resp.json()
+        out.append(time.perf_counter() - t0)
+        (await writer).release()
+        assert got["records"], got
+        nxt = got["next_offset"]
+    return out
+
+
+# Driver ------------------------------------------------------------------------------------------
+
+def start_nodes(bootstrap: str, prefix: str, count: int
+                ) -> tuple[list[subprocess.Popen], list[str]]:
+    procs, urls = [], []
+    for i in range(count):
+        port = free_port()
+        env = {**os.environ, **DEV_ENV, "VQ_BOOTSTRAP": bootstrap, "VQ_HTTP_PORT": str(port),
+               "VQ_NODE_ID": f"bench-{i}", "VQ_DATA_TOPIC": f"{prefix}-data",
+               "VQ_OFFSET_TOPIC": f"{prefix}-offsets",
+               "VQ_ASSIGNMENT_TOPIC": f"{prefix}-assignments", "VQ_GROUP_ID": f"{prefix}-g"}
+        procs.append(subprocess.Popen([sys.executable, "-m", "vqueues", "serve"], env=env))
+        urls.append(f"http://127.0.0.1:{port}")
+    return procs, urls
+
+
+async def wait_ready(urls: list[str], partitions: int) -> dict[int, str]:
+    async with aiohttp.ClientSession() as s:
+        for _ in range(600):
+            owners: dict[int, str] = {}
+            ok = True
+            for u in urls:
+                try:
+                    async with s.get(f"{u}/readyz") as r:
+                        body = await r.json()
+                        ok &= r.status == 200
+                        owners.update({p: u for p in body.get("ready", [])})
+                except aiohttp.ClientError:
+                    ok = False
+            if ok and len(owners) == partitions:
+                return owners
+            await asyncio.sleep(0.2)
+    raise TimeoutError("nodes not ready")
+
+
+def row(name: str, vq: float, raw: float, unit: str, higher_is_better: bool) -> str:
+    ratio = vq / raw if raw else float("nan")
+    note = "of raw" if higher_is_better else "x raw"
+    return f"| {name} | {vq:,.1f} {unit} | {raw:,.1f} {unit} | {ratio:.2f} {note} |"
+
+
+async def run(args: argparse.Namespace) -> None:
+    broker = None
+    bootstrap = args.bootstrap
+    if not bootstrap:
+        broker = EmbeddedBroker().start()
+        bootstrap = broker.bootstrap
+    prefix = f"bench{uuid.uuid4().hex[:6]}"
+    admin = Admin({"bootstrap.servers": bootstrap})
+    admin.create(vq_topics.specs(
+        f"{prefix}-data", f"{prefix}-offsets", f"{prefix}-assignments", args.partitions))
+    # The raw client gets a topic of its own, so the node does not index its records.
+    admin.create([TopicSpec(f"{prefix}-raw", args.partitions)])
+    procs, urls = start_nodes(bootstrap, prefix, args.nodes)
+    try:
+        owners = await wait_ready(urls, args.partitions)
+
+        def route(q: str) -> str:
+            return owners[partition_for(q, args.partitions)]
+
+        topic = f"{prefix}-raw"
+        lines = [f"# vqueues bench: {args.nodes} node(s), {args.partitions} partitions, "
+                 f"broker {'embedded tansu' if broker else bootstrap}, "
+                 f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}",
+                 "| measure | vqueues | raw confluent-kafka | ratio |", "|---|---|---|---|"]
+        raw_tp = await asyncio.to_thread(raw_throughput, bootstrap, topic, args.seconds)
+        async with aiohttp.ClientSession() as s:
+            vq_tp = await vq_throughput(s, urls, args.seconds, args.concurrency, route)
+            lines.append(row("enqueue throughput (batches of 100 x 100 B)", vq_tp, raw_tp,
+                             "rec/s", True))
+            q = "lat-1"
+            base = route(q)
+            await vq_latency(s, base, q, 20)
+            vq_l = await vq_latency(s, base, q, args.samples)
+            raw_l = await asyncio.to_thread(raw_latency, bootstrap, topic, args.samples)
+            lines.append(row("enqueue latency p50, 1 record", pct(vq_l, .5), pct(raw_l, .5),
+                             "ms", False))
+            lines.append(row("enqueue latency p99, 1 record", pct(vq_l, .99), pct(raw_l, .99),
+                             "ms", False))
+            q = "read-1"
+            vq_r = await vq_read_latency(s, route(q), q, args.samples)
+            raw_r = await asyncio.to_thread(raw_read_latency, bootstrap, topic, args.partitions,
+                                            args.samples)
+            lines.append(row("read latency p50, 100 records", pct(vq_r, .5), pct(raw_r, .5),
+                             "ms", False))
+            lines.append(row("read latency p99, 100 records", pct(vq_r, .99), pct(raw_r, .99),
+                             "ms", False))
+            q = "e2e-1"
+            vq_e = await vq_e2e(s, route(q), q, args.samples)
+            raw_e = await asyncio.to_thread(raw_e2e, bootstrap, topic, args.partitions,
+                                            args.samples)
+            lines.append(row("end-to-end latency p50", pct(vq_e, .5), pct(raw_e, .5), "ms",
+                             False))
+            lines.append(row("end-to-end latency p99", pct(vq_e, .99), pct(raw_e, .99), "ms",
+                             False))
+        lines.append(f"(samples per latency: {args.samples}; throughput window "
+                     f"{args.seconds}s; HTTP requests in flight: {args.concurrency}; "
+                     f"mean e2e {statistics.mean(vq_e) * 1000:.1f} ms)")
+        print("\n".join(lines))
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            p.wait(30)
+        if broker:
+            broker.stop()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--bootstrap", help="an existing Kafka/Redpanda (default: embedded broker)")
+    ap.add_argument("--nodes", type=int, default=1)
+    ap.add_argument("--partitions", type=int, default=16)
+    ap.add_argument("--seconds", type=float, default=5.0)
+    ap.add_argument("--concurrency", type=int, default=8)
+    ap.add_argument("--samples", type=int, default=300)
+    asyncio.run(run(ap.parse_args()))
+
+
+if __name__ == "__main__":
+    main()
