@@ -10,12 +10,13 @@ import base64
 import binascii
 import json
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
+import aiohttp
 from aiohttp import web
 
-from vqueues.errors import BadRequest, PayloadTooLarge, Unavailable, VQError
+from vqueues.errors import BadRequest, PayloadTooLarge, Unavailable, VQError, WrongNode
 from vqueues.names import validate_name
 from vqueues.openapi import openapi_document
 from vqueues.records import Record
@@ -26,6 +27,10 @@ log = logging.getLogger(__name__)
 
 SERVICE = web.AppKey("service", QueueService)
 SETTINGS = web.AppKey("settings", Settings)
+PROXY = web.AppKey("proxy", aiohttp.ClientSession)
+FORWARDED = "X-VQ-Forwarded-By"
+_HOP_HEADERS = {"host", "connection", "keep-alive", "transfer-encoding", "content-length",
+                "te", "trailer", "upgrade", "proxy-authorization", "proxy-authenticate"}
 ENCODINGS = ("utf8", "base64")
 
 _HTTP_CODES = {400: "bad_request", 404: "not_found", 405: "method_not_allowed",
@@ -63,6 +68,45 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
     except Exception:
         log.exception("request_crashed", extra={"path": request.path})
         return _json({"error": {"code": "internal", "message": "internal error"}}, 500)
+
+
+@web.middleware
+async def forward_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """With --forward: a request for a partition another node owns is proxied to that node,
+    once (a forwarded request is never forwarded again)."""
+    try:
+        return await handler(request)
+    except WrongNode as exc:
+        owner = exc.details.get("owner")
+        if not owner or FORWARDED in request.headers:
+            raise
+        return await _proxy(request, owner)
+
+
+async def _proxy(request: web.Request, owner: str) -> web.Response:
+    body = await request.read()  # cached by aiohttp if the handler read it already
+    headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP_HEADERS}
+    headers[FORWARDED] = request.app[SETTINGS].effective_node_id
+    try:
+        async with request.app[PROXY].request(
+                request.method, owner + request.rel_url.raw_path_qs, data=body or None,
+                headers=headers) as resp:
+            payload = await resp.read()
+            out = {k: v for k, v in resp.headers.items() if k.lower() not in _HOP_HEADERS}
+            out.pop("Content-Type", None)
+            return web.Response(body=payload, status=resp.status, headers=out,
+                                content_type=resp.content_type)
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        raise Unavailable("owner_unreachable", f"forwarding to {owner} failed: {exc}",
+                          owner=owner) from None
+
+
+async def _proxy_session(app: web.Application) -> AsyncIterator[None]:
+    settings = app[SETTINGS]
+    timeout = aiohttp.ClientTimeout(total=settings.max_wait_ms / 1000 + 30)
+    async with aiohttp.ClientSession(timeout=timeout, auto_decompress=False) as session:
+        app[PROXY] = session
+        yield
 
 
 # Decoding helpers -----------------------------------------------------------------------------
@@ -279,9 +323,12 @@ async def openapi(request: web.Request) -> web.Response:
 
 def create_app(service: QueueService, settings: Settings) -> web.Application:
     """The aiohttp application of one node."""
-    app = web.Application(middlewares=[error_middleware], client_max_size=settings.max_body_bytes)
+    middlewares = [error_middleware] + ([forward_middleware] if settings.forward else [])
+    app = web.Application(middlewares=middlewares, client_max_size=settings.max_body_bytes)
     app[SERVICE] = service
     app[SETTINGS] = settings
+    if settings.forward:
+        app.cleanup_ctx.append(_proxy_session)
     q = "/v1/queues/{queue:[^/]+}"
     app.router.add_post(f"{q}/records", enqueue)
     app.router.add_get(f"{q}/records", read)

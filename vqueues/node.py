@@ -12,11 +12,13 @@ from aiohttp import web
 
 from vqueues import http_api, topics
 from vqueues.cache import RecordCache
+from vqueues.cluster_map import ClusterMap
 from vqueues.kafka import client_config
 from vqueues.kafka.admin import Admin
 from vqueues.kafka.fetcher import Fetcher, read_to_end
 from vqueues.kafka.group import GroupMember
 from vqueues.kafka.producer import AsyncProducer
+from vqueues.kafka.tail import TopicTail
 from vqueues.ownership import Ownership
 from vqueues.service import QueueService
 from vqueues.settings import Settings
@@ -33,6 +35,7 @@ class Node:
         self._group: GroupMember | None = None
         self._producers: list[AsyncProducer] = []
         self._fetcher: Fetcher | None = None
+        self._tail: TopicTail | None = None
         self.service: QueueService | None = None
         self.ownership: Ownership | None = None
 
@@ -57,9 +60,22 @@ class Node:
         reader_conf = self._conf(**{"group.id": f"vq-reader-{s.effective_node_id}",
                                     "fetch.wait.max.ms": s.fetch_wait_max_ms})
         self._fetcher = Fetcher(reader_conf, s.data_topic, s.fetchers)
+        cluster_map = ClusterMap(partitions)
+
+        async def write_assignments(records: list[tuple[bytes, bytes]]) -> object:
+            return await offsets.send(s.assignment_topic, 0, [(k, v, None) for k, v in records])
+
         self.ownership = Ownership(
             loop, partitions, cache,
-            functools.partial(read_to_end, reader_conf, s.offset_topic))
+            functools.partial(read_to_end, reader_conf, s.offset_topic),
+            node_id=s.effective_node_id, url=s.effective_url, cluster_map=cluster_map,
+            write_assignments=write_assignments)
+        self._tail = TopicTail(
+            self._conf(**{"group.id": f"vq-map-{s.effective_node_id}",
+                          "fetch.wait.max.ms": s.fetch_wait_max_ms}),
+            s.assignment_topic, 1,
+            lambda batch: loop.call_soon_threadsafe(cluster_map.apply, batch))
+        self._tail.start()
         self.service = QueueService(s, self.ownership, cache, data, offsets, self._fetcher)
         self._group = GroupMember(self._conf(**{
             "group.id": s.group_id, "session.timeout.ms": s.session_timeout_ms,
@@ -74,12 +90,17 @@ class Node:
                                         "bootstrap": s.bootstrap, "partitions": partitions})
 
     async def stop(self) -> None:
-        """Stop taking requests, finish those in flight, leave the group, flush producers."""
+        """Stop taking requests, finish those in flight, release the partitions and leave the
+        group (so they move at once), then flush the producers."""
+        if self.ownership is not None:
+            self.ownership.drain()
         if self._runner is not None:
             await self._runner.cleanup()
         if self._group is not None:
             # The group thread reports revocations to the loop: never block the loop on it.
             await asyncio.to_thread(self._group.stop)
+        if self._tail is not None:
+            await asyncio.to_thread(self._tail.stop)
         if self.ownership is not None:
             await self.ownership.close()
         if self.service is not None:

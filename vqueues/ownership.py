@@ -12,10 +12,11 @@ import asyncio
 import concurrent.futures
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any
 
 from vqueues.cache import RecordCache
+from vqueues.cluster_map import ClusterMap, encode_claim, encode_release
 from vqueues.errors import Unavailable, WrongNode
 from vqueues.hashing import partition_for
 from vqueues.kafka.group import Consumed
@@ -26,16 +27,26 @@ log = logging.getLogger(__name__)
 
 # Reads the offset topic's given partitions to their end: partition -> [(key, value)].
 OffsetReader = Callable[[Sequence[int]], dict[int, list[tuple[bytes | None, bytes | None]]]]
+# Writes (key, value) records to the assignment topic, durably.
+AssignmentWriter = Callable[[list[tuple[bytes, bytes]]], Awaitable[object]]
 
 
 class Ownership:
     """The group listener (thread side) and the owned partitions' registry (loop side)."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, partitions: int, cache: RecordCache,
-                 read_offsets: OffsetReader) -> None:
+                 read_offsets: OffsetReader, node_id: str = "", url: str = "",
+                 cluster_map: ClusterMap | None = None,
+                 write_assignments: AssignmentWriter | None = None) -> None:
         self.loop = loop
         self.partitions = partitions
         self.cache = cache
+        self.node_id = node_id
+        self.url = url
+        self.cluster_map = cluster_map or ClusterMap(partitions)
+        self._write_assignments = write_assignments
+        self._generation = 0
+        self.draining = False
         self.states: dict[int, PartitionState] = {}
         self.failure: str | None = None
         self._read_offsets = read_offsets
@@ -50,18 +61,14 @@ class Ownership:
         self.loop.call_soon_threadsafe(self._on_assigned, list(partitions))
 
     def revoked(self, partitions: Sequence[int], lost: bool) -> None:
-        # Wait until the loop has dropped the partitions, so no request still acts on them.
-        done: concurrent.futures.Future[None] = concurrent.futures.Future()
-
-        def run() -> None:
-            self._on_revoked(list(partitions), lost)
-            done.set_result(None)
-
-        self.loop.call_soon_threadsafe(run)
+        # Block the group thread until the partitions are dropped, their offset writes are
+        # done and the releases are written: only then may another node take them over.
+        done = asyncio.run_coroutine_threadsafe(self._revoke(list(partitions), lost), self.loop)
         try:
-            done.result(timeout=10)
-        except concurrent.futures.TimeoutError:
-            log.warning("revoke_not_acknowledged", extra={"partitions": list(partitions)})
+            done.result(timeout=20)
+        except (concurrent.futures.TimeoutError, Exception) as exc:
+            log.warning("revoke_incomplete", extra={"partitions": list(partitions),
+                                                    "error": repr(exc)})
 
     def consumed(self, batch: list[Consumed], high_watermarks: dict[int, int]) -> None:
         # Decode keys here, off the loop.
@@ -98,10 +105,30 @@ class Ownership:
             self.states[p] = PartitionState(p, self.cache)
             self._assigned_at[p] = time.monotonic()
             fresh.append(p)
-        log.info("partitions_assigned", extra={"partitions": fresh})
-        task = self.loop.create_task(self._replay_offsets(fresh))
+        self._generation = max(self._generation, self.cluster_map.generation) + 1
+        log.info("partitions_assigned", extra={"partitions": fresh,
+                                               "generation": self._generation})
+        claims = [encode_claim(p, self.node_id, self.url, self._generation) for p in fresh]
+        self.cluster_map.apply(claims)  # known here at once; the tail confirms it
+        self._spawn(self._announce(claims))
+        self._spawn(self._replay_offsets(fresh))
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = self.loop.create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+    async def _announce(self, records: list[tuple[bytes, bytes]]) -> None:
+        if self._write_assignments is None or not records:
+            return
+        for attempt in range(1, 6):
+            try:
+                await self._write_assignments(records)
+                return
+            except Exception as exc:
+                log.warning("assignment_write_failed", extra={"attempt": attempt,
+                                                              "error": str(exc)})
+                await asyncio.sleep(0.2 * attempt)
 
     async def _replay_offsets(self, partitions: list[int]) -> None:
         states = {p: self.states[p] for p in partitions}
@@ -127,11 +154,22 @@ class Ownership:
             state.mark_offsets_replayed()
             self._log_if_ready(state)
 
-    def _on_revoked(self, partitions: list[int], lost: bool) -> None:
+    async def _revoke(self, partitions: list[int], lost: bool) -> None:
+        gone = []
         for p in partitions:
             state = self.states.pop(p, None)
             if state is not None:
-                state.revoke()
+                state.revoke()  # new requests for p get wrong_node from here on
+                gone.append(state)
+        for state in gone:
+            if not await state.wait_writes(5.0):
+                log.warning("revoke_writes_pending", extra={"partition": state.partition})
+        releases = [encode_release(p, self.node_id, self._generation) for p in partitions]
+        self.cluster_map.apply(releases)
+        try:
+            await asyncio.wait_for(self._announce(releases), 5.0)
+        except TimeoutError:
+            log.warning("release_not_written", extra={"partitions": partitions})
         log.info("partitions_revoked", extra={"partitions": partitions, "lost": lost})
 
     def _on_consumed(self, by_partition: dict[int, list[tuple[str, Record]]],
@@ -185,8 +223,13 @@ class Ownership:
         """The ready state of `partition`, or WrongNode (409) / Unavailable (503)."""
         state = self.states.get(partition)
         if state is None:
-            raise WrongNode(message=f"partition {partition} is not owned by this node",
-                            partition=partition)
+            owner = self.cluster_map.owner(partition)
+            if owner is not None and owner.node != self.node_id:
+                raise WrongNode(message=f"partition {partition} is owned by {owner.url}",
+                                partition=partition, owner=owner.url, owner_node=owner.node)
+            raise WrongNode(message=f"partition {partition} is not owned by this node; "
+                                    "its owner is not known yet", partition=partition,
+                            owner=None)
         if not state.ready.is_set():
             raise Unavailable("partition_replaying",
                               f"partition {partition} is still being replayed; retry shortly",
@@ -197,6 +240,12 @@ class Ownership:
     def ready(self) -> bool:
         """Joined the group and every owned partition is ready."""
         return self.joined and all(s.ready.is_set() for s in self.states.values())
+
+    def drain(self) -> None:
+        """Shutting down: parked readers answer now, and no read parks any more."""
+        self.draining = True
+        for state in self.states.values():
+            state.wake_all()
 
     async def close(self) -> None:
         for t in list(self._tasks):

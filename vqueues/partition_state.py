@@ -8,9 +8,10 @@ the Kafka threads hand it batches, it never blocks, and it wakes waiting readers
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from array import array
 from bisect import bisect_left
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from vqueues.cache import RecordCache
@@ -63,6 +64,8 @@ class PartitionState:
         self.ready = asyncio.Event()
         self._readers: dict[str, list[asyncio.Future[None]]] = {}
         self._position_waiters: list[tuple[int, asyncio.Future[None]]] = []
+        self._writes = 0
+        self._writes_done: asyncio.Event | None = None
 
     # Feeding the state -------------------------------------------------------------------------
 
@@ -197,6 +200,34 @@ class PartitionState:
 
     def queue_names(self) -> Iterable[str]:
         return (name for name, q in self.queues.items() if q.offsets or q.consumers)
+
+    # Offset-topic writes in flight: a revocation waits for them, so the next owner's replay
+    # sees every write this node acknowledged.
+
+    @contextlib.contextmanager
+    def writing(self) -> Iterator[None]:
+        self._writes += 1
+        try:
+            yield
+        finally:
+            self._writes -= 1
+            if self._writes == 0 and self._writes_done is not None:
+                self._writes_done.set()
+
+    async def wait_writes(self, timeout_s: float) -> bool:
+        if self._writes == 0:
+            return True
+        self._writes_done = asyncio.Event()
+        try:
+            await asyncio.wait_for(self._writes_done.wait(), timeout_s)
+            return True
+        except TimeoutError:
+            return False
+
+    def wake_all(self) -> None:
+        """Wake every parked reader (shutdown: they answer with what they have)."""
+        for queue in list(self._readers):
+            self._wake(queue)
 
     # Waiting -----------------------------------------------------------------------------------
 

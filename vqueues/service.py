@@ -117,7 +117,7 @@ class QueueService:
         deadline = time.monotonic() + wait_ms / 1000
         while not offsets:
             remaining = deadline - time.monotonic()
-            if remaining <= 0:
+            if remaining <= 0 or self.ownership.draining:
                 break
             await state.wait_for_records(queue, remaining)
             state = self.ownership.require(p)
@@ -174,7 +174,8 @@ class QueueService:
                                f"consumer {consumer!r} is at {previous}; moving it back to "
                                f"{offset} needs allow_rewind", committed_offset=previous)
             key, value = encode_commit(queue, consumer, offset)
-            await self._offsets.send(self.settings.offset_topic, p, [(key, value, None)])
+            with state.writing():
+                await self._offsets.send(self.settings.offset_topic, p, [(key, value, None)])
             if not state.revoked:
                 state.apply_offset_entries([ConsumerCommit(queue, consumer, offset)])
         return {"queue": queue, "consumer": consumer, "offset": offset,
@@ -189,7 +190,8 @@ class QueueService:
                 raise NotFound("consumer_not_found",
                                f"queue {queue!r} has no consumer {consumer!r}")
             key, value = encode_consumer_deleted(queue, consumer)
-            await self._offsets.send(self.settings.offset_topic, p, [(key, value, None)])
+            with state.writing():
+                await self._offsets.send(self.settings.offset_topic, p, [(key, value, None)])
             if not state.revoked:
                 state.apply_offset_entries([ConsumerDeleted(queue, consumer)])
         return {"queue": queue, "consumer": consumer, "deleted": True, "offset": previous}
@@ -221,8 +223,9 @@ class QueueService:
             before = max(state.next_offset, self._produced_max.get(p, -1) + 1, broker_end)
             entries = [encode_queue_deleted(queue, before)]
             entries += [encode_consumer_deleted(queue, c) for c in stats.consumers]
-            await self._offsets.send(self.settings.offset_topic, p,
-                                     [(key, value, None) for key, value in entries])
+            with state.writing():
+                await self._offsets.send(self.settings.offset_topic, p,
+                                         [(key, value, None) for key, value in entries])
             if not state.revoked:
                 state.apply_offset_entries([QueueDeleted(queue, before)])
         return {"queue": queue, "deleted": True, "partition": p, "records": stats.records,
@@ -242,7 +245,7 @@ class QueueService:
     def partitions_info(self) -> dict[str, Any]:
         states = self.ownership.states
         return {
-            "partitions": self.partitions,
+            **self.ownership.cluster_map.to_json(),
             "node": self.settings.effective_node_id,
             "url": self.settings.effective_url,
             "owned": sorted(states),

@@ -52,6 +52,8 @@ class Settings:
     max_list_queues: int = _f(10000, "largest `limit` of GET /v1/queues")
     write_visible_timeout_ms: int = _f(
         2000, "an enqueue waits this long for its records to be readable before answering")
+    forward: bool = _f(False, "proxy a request for a partition another node owns to that node "
+                       "(for clients that cannot route) instead of answering 409")
     kafka_options: str = _f(
         "", "extra librdkafka settings for every client, comma-separated key=value "
         "(e.g. security.protocol=SASL_SSL,sasl.mechanism=PLAIN)")
@@ -101,7 +103,10 @@ class Settings:
             }
             if "choices" in f.metadata:
                 kw["choices"] = f.metadata["choices"]
-            kw["type"] = int if f.type in ("int", int) else str
+            if f.type in ("bool", bool):
+                kw["action"] = argparse.BooleanOptionalAction
+            else:
+                kw["type"] = int if f.type in ("int", int) else str
             parser.add_argument(flag, **kw)
 
     @classmethod
@@ -119,10 +124,13 @@ class Settings:
                 continue
             is_int = f.type in ("int", int)
             try:
-                values[f.name] = int(raw) if is_int else str(raw)
+                if f.type in ("bool", bool):
+                    values[f.name] = _to_bool(raw)
+                else:
+                    values[f.name] = int(raw) if is_int else str(raw)
             except ValueError:
                 raise ValueError(f"VQ_{f.name.upper()}/--{f.name.replace('_', '-')}: "
-                                 f"{raw!r} is not an integer") from None
+                                 f"{raw!r} is not a valid {f.type}") from None
             choices = f.metadata.get("choices")
             if choices and values[f.name] not in choices:
                 raise ValueError(f"{f.name} must be one of {choices}, not {raw!r}")
@@ -133,7 +141,7 @@ class Settings:
     def validate(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
-            if isinstance(value, int) and value < 0:
+            if isinstance(value, int) and not isinstance(value, bool) and value < 0:
                 raise ValueError(f"{f.name} must not be negative")
         for name in ("max_batch_records", "max_read_limit", "default_read_limit", "fetchers",
                      "max_body_bytes", "max_record_bytes", "max_read_bytes", "max_list_queues"):
@@ -145,6 +153,17 @@ class Settings:
 
     def with_(self, **changes: Any) -> Settings:
         return replace(self, **changes)
+
+
+def _to_bool(raw: Any) -> bool:
+    if isinstance(raw, bool):
+        return raw
+    text = str(raw).strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off", ""):
+        return False
+    raise ValueError(raw)
 
 
 def defaults() -> dict[str, Any]:

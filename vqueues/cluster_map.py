@@ -1,0 +1,75 @@
+"""The cluster map: which node owns which partition, as the assignment topic says.
+
+Assignment topic (one partition, compacted), keyed by the partition number so compaction keeps
+one record per partition:
+  b"7" -> {"v": 1, "state": "owned", "node": id, "url": url, "generation": g, "ts": ms}
+  b"7" -> {"v": 1, "state": "released", "node": id, "generation": g, "ts": ms}
+A node writes "owned" when the group assigns it a partition, with a generation one above the
+highest it has seen, and "released" when it gives the partition up. A release only counts if it
+comes from the current owner; a node that died without releasing is overwritten by the next.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class Owner:
+    node: str
+    url: str
+    generation: int
+
+
+def encode_claim(partition: int, node: str, url: str, generation: int) -> tuple[bytes, bytes]:
+    return str(partition).encode(), json.dumps({
+        "v": 1, "state": "owned", "node": node, "url": url, "generation": generation,
+        "ts": int(time.time() * 1000)}, separators=(",", ":")).encode()
+
+
+def encode_release(partition: int, node: str, generation: int) -> tuple[bytes, bytes]:
+    return str(partition).encode(), json.dumps({
+        "v": 1, "state": "released", "node": node, "generation": generation,
+        "ts": int(time.time() * 1000)}, separators=(",", ":")).encode()
+
+
+class ClusterMap:
+    """Applied on the event loop from the assignment topic's tail."""
+
+    def __init__(self, partitions: int) -> None:
+        self.partitions = partitions
+        self.owners: dict[int, Owner] = {}
+        self.generation = 0
+
+    def apply(self, records: list[tuple[bytes | None, bytes | None]]) -> None:
+        for key, value in records:
+            try:
+                p = int(key or b"")
+                body: dict[str, Any] = json.loads(value or b"null") or {}
+                generation = int(body.get("generation", 0))
+            except (ValueError, TypeError, AttributeError):
+                continue
+            if not 0 <= p < self.partitions:
+                continue
+            self.generation = max(self.generation, generation)
+            state = body.get("state")
+            if state == "owned":
+                self.owners[p] = Owner(str(body.get("node")), str(body.get("url")), generation)
+            elif state == "released":
+                current = self.owners.get(p)
+                if current is not None and current.node == body.get("node"):
+                    del self.owners[p]
+
+    def owner(self, partition: int) -> Owner | None:
+        return self.owners.get(partition)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "partitions": self.partitions,
+            "generation": self.generation,
+            "owners": {str(p): {"node": o.node, "url": o.url}
+                       for p, o in sorted(self.owners.items())},
+        }

@@ -1,0 +1,50 @@
+"""Follows a whole topic from its beginning, forever: how every node reads the assignment topic."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
+
+from vqueues.kafka import poll_batch
+
+log = logging.getLogger(__name__)
+
+
+class TopicTail:
+    """Calls `on_batch([(key, value), ...])` from its own thread for every record, in order."""
+
+    def __init__(self, conf: dict[str, Any], topic: str, partitions: int,
+                 on_batch: Callable[[list[tuple[bytes | None, bytes | None]]], None]) -> None:
+        self._consumer = Consumer({**conf, "enable.auto.commit": False,
+                                   "enable.partition.eof": False})
+        self._consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING)
+                               for p in range(partitions)])
+        self._on_batch = on_batch
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"vq-tail-{topic}", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.is_set():
+                batch = []
+                for msg in poll_batch(self._consumer, 500, 0.1):
+                    err = msg.error()
+                    if err is None:
+                        batch.append((msg.key(), msg.value()))
+                    elif err.code() != KafkaError._PARTITION_EOF:
+                        log.warning("tail_error", extra={"error": err.str()})
+                if batch:
+                    self._on_batch(batch)
+        finally:
+            self._consumer.close()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
