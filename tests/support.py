@@ -152,3 +152,46 @@ def queues_in_partition(partition: int, partitions: int, count: int, prefix: str
             out.append(name)
         i += 1
     return out
+
+
+def start_cluster(t: Topics, count: int, env: dict[int, dict[str, str]] | None = None
+                  ) -> list[NodeProcess]:
+    """`count` nodes on the same topics; returns once every partition is owned and ready."""
+    nodes = [NodeProcess(t, node_id=f"node-{i}", extra_env=(env or {}).get(i, {}))
+             for i in range(count)]
+    try:
+        for n in nodes:
+            n.start(wait_ready=False)
+        wait_settled(nodes, t.partitions)
+    except BaseException:
+        for n in nodes:
+            n.kill()
+        raise
+    return nodes
+
+
+def wait_settled(nodes: list[NodeProcess], partitions: int, timeout_s: float = 90.0
+                 ) -> dict[int, str]:
+    """Wait until the live nodes own every partition exactly once, all ready, and every
+    node's cluster map agrees; returns partition -> owner URL."""
+    deadline = time.monotonic() + timeout_s
+    live = [n for n in nodes if n.process is not None]
+    last: Any = None
+    while time.monotonic() < deadline:
+        owned: dict[int, str] = {}
+        ok = True
+        maps = []
+        for n in live:
+            status, body = http("GET", f"{n.url}/v1/partitions", timeout_s=5)
+            if status != 200:
+                ok = False
+                break
+            for p in body["ready"]:
+                ok &= p not in owned
+                owned[p] = n.url
+            maps.append({int(p): o["url"] for p, o in body["owners"].items()})
+        last = (owned, maps)
+        if ok and len(owned) == partitions and all(m == owned for m in maps):
+            return owned
+        time.sleep(0.1)
+    raise TimeoutError(f"cluster did not settle: {last}")

@@ -16,6 +16,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
+from vqueues import compat
 from vqueues.errors import BadRequest, PayloadTooLarge, Unavailable, VQError, WrongNode
 from vqueues.names import validate_name
 from vqueues.openapi import openapi_document
@@ -339,6 +340,7 @@ def create_app(service: QueueService, settings: Settings) -> web.Application:
     app.router.add_get("/v1/queues", list_queues)
     app.router.add_get("/v1/partitions", partitions)
     app.router.add_get("/v1/openapi.json", openapi)
+    app.router.add_routes(compat.routes(SERVICE, SETTINGS, _body))
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     return app

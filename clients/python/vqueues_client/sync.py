@@ -1,0 +1,69 @@
+"""A blocking facade over AsyncClient, for code without an event loop."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+from vqueues_client.client import AsyncClient, EnqueueResult, ReadResult, Value
+
+T = TypeVar("T")
+
+
+class Client:
+    """`with Client("http://node:8080") as vq: vq.enqueue("q", "x")`: every method blocks.
+
+    It runs an AsyncClient on an event loop in a background thread of its own.
+    """
+
+    def __init__(self, urls: str | list[str], **options: Any) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="vqueues-client",
+                                        daemon=True)
+        self._thread.start()
+        self._async = self._run(self._make(urls, options))
+
+    @staticmethod
+    async def _make(urls: str | list[str], options: dict[str, Any]) -> AsyncClient:
+        return AsyncClient(urls, **options)
+
+    def _run(self, coro: Coroutine[Any, Any, T]) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self._loop.is_running():
+            self._run(self._async.close())
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(5)
+            self._loop.close()
+
+    def enqueue(self, queue: str, values: list[Value] | Value,
+                headers: dict[str, str] | None = None) -> EnqueueResult:
+        return self._run(self._async.enqueue(queue, values, headers))
+
+    def read(self, queue: str, **kw: Any) -> ReadResult:
+        return self._run(self._async.read(queue, **kw))
+
+    def ack(self, queue: str, consumer: str, offset: int, *, allow_rewind: bool = False
+            ) -> dict[str, Any]:
+        return self._run(self._async.ack(queue, consumer, offset, allow_rewind=allow_rewind))
+
+    def queue_info(self, queue: str) -> dict[str, Any] | None:
+        return self._run(self._async.queue_info(queue))
+
+    def delete_queue(self, queue: str) -> dict[str, Any] | None:
+        return self._run(self._async.delete_queue(queue))
+
+    def delete_consumer(self, queue: str, consumer: str) -> dict[str, Any] | None:
+        return self._run(self._async.delete_consumer(queue, consumer))
+
+    def cluster_map(self) -> dict[str, Any]:
+        return self._run(self._async.cluster_map())

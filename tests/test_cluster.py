@@ -1,0 +1,186 @@
+"""A 3-node cluster: the map, wrong_node, --forward, the Python client, the admin script."""
+
+import asyncio
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+from vqueues_client import AsyncClient, BatchProducer, Client, consume
+
+from tests.support import create_topics, http, start_cluster
+from vqueues.hashing import partition_for
+
+ROOT = Path(__file__).resolve().parents[1]
+PARTITIONS = 12
+
+
+@pytest.fixture(scope="module")
+def cluster(bootstrap):
+    t = create_topics(bootstrap, partitions=PARTITIONS)
+    nodes = start_cluster(t, 3, env={2: {"VQ_FORWARD": "1"}})
+    try:
+        yield nodes
+    finally:
+        for n in nodes:
+            n.terminate()
+
+
+def owners(node):
+    body = http("GET", f"{node.url}/v1/partitions")[1]
+    return {int(p): o for p, o in body["owners"].items()}, body
+
+
+def test_every_node_serves_the_same_map_covering_every_partition(cluster):
+    maps = [owners(n) for n in cluster]
+    first, body = maps[0]
+    assert body["partitions"] == PARTITIONS and body["generation"] >= 1
+    assert sorted(first) == list(range(PARTITIONS))
+    assert {o["url"] for o in first.values()} == {n.url for n in cluster}
+    assert all(m == first for m, _ in maps)
+    for n in cluster:
+        mine = http("GET", f"{n.url}/v1/partitions")[1]["owned"]
+        assert mine == sorted(p for p, o in first.items() if o["url"] == n.url)
+
+
+def queue_owned_by(cluster, node):
+    m, _ = owners(cluster[0])
+    return next(f"q-{i}" for i in range(10**6)
+                if m[partition_for(f"q-{i}", PARTITIONS)]["url"] == node.url)
+
+
+def test_a_non_owner_answers_409_naming_the_partition_and_the_owners_url(cluster):
+    a, b, _ = cluster
+    q = queue_owned_by(cluster, a)
+    status, body = http("POST", f"{b.url}/v1/queues/{q}/records", {"records": [{"value": "x"}]})
+    assert status == 409
+    err = body["error"]
+    assert err["code"] == "wrong_node"
+    assert err["partition"] == partition_for(q, PARTITIONS)
+    assert err["owner"] == a.url and err["owner_node"] == "node-0"
+
+
+def test_a_forwarding_node_proxies_requests_to_the_owner(cluster):
+    a, _, fwd = cluster
+    q = queue_owned_by(cluster, a)
+    status, body = http("POST", f"{fwd.url}/v1/queues/{q}/records",
+                        {"records": [{"value": "via proxy"}]})
+    assert status == 200, body
+    status, body = http("GET", f"{fwd.url}/v1/queues/{q}/records?wait_ms=1000")
+    assert status == 200 and [r["value"] for r in body["records"]] == ["via proxy"]
+    status, body = http("GET", f"{a.url}/v1/queues/{q}")
+    assert status == 200 and body["records"] == 1
+    # Errors from the owner come back as they are.
+    status, body = http("POST", f"{fwd.url}/v1/queues/{q}/consumers/c/ack", {"offset": -1})
+    assert (status, body["error"]["code"]) == (400, "invalid_offset")
+
+
+async def test_the_client_routes_every_queue_to_its_owner(cluster):
+    async with AsyncClient(cluster[1].url) as vq:
+        queues = [f"routed-{uuid.uuid4().hex[:6]}-{i}" for i in range(30)]
+        for q in queues:
+            res = await vq.enqueue(q, [q, b"\xffbytes"], headers={"h": "1"})
+            assert res.partition == partition_for(q, PARTITIONS)
+        assert len({vq.owners[partition_for(q, PARTITIONS)] for q in queues}) == 3
+        for q in queues:
+            page = await vq.read(q)
+            assert [r.value for r in page.records] == [q.encode(), b"\xffbytes"]
+            assert page.records[0].headers == {"h": "1"}
+
+
+async def test_the_client_recovers_from_a_stale_map(cluster):
+    async with AsyncClient(cluster[0].url, refresh_interval_s=3600) as vq:
+        await vq.refresh_map()
+        q = f"stale-{uuid.uuid4().hex[:6]}"
+        p = partition_for(q, PARTITIONS)
+        right = vq.owners[p]
+        vq.owners = {k: next(n.url for n in cluster if n.url != right and "VQ_FORWARD" not in
+                             n.extra_env) for k in vq.owners}
+        res = await vq.enqueue(q, "found its way")
+        assert res.offsets and vq.owners[p] == right
+
+
+async def test_batch_producer_and_consume_deliver_every_record_once(cluster):
+    q = f"batch-{uuid.uuid4().hex[:6]}"
+    async with AsyncClient([n.url for n in cluster]) as vq:
+        async with BatchProducer(vq, linger_ms=5, max_batch=100) as producer:
+            offsets = await asyncio.gather(*(producer.send(q, f"m{i}") for i in range(250)))
+        assert len(set(offsets)) == 250 and offsets == sorted(offsets)
+        seen = []
+
+        async def handler(rec):
+            seen.append(rec.text)
+
+        handled = await consume(vq, q, "worker", handler, limit=60, wait_ms=500,
+                                max_records=250)
+        assert handled == 250 and seen == [f"m{i}" for i in range(250)]
+        info = await vq.queue_info(q)
+        assert info["consumers"] == [{"consumer": "worker", "offset": offsets[-1] + 1, "lag": 0}]
+
+
+async def test_a_failing_handler_leaves_its_record_for_the_next_consume(cluster):
+    q = f"fail-{uuid.uuid4().hex[:6]}"
+    async with AsyncClient(cluster[0].url) as vq:
+        await vq.enqueue(q, ["a", "b", "c"])
+
+        def explode_on_b(rec):
+            if rec.text == "b":
+                raise RuntimeError("boom")
+
+        with pytest.raises(RuntimeError):
+            await consume(vq, q, "w", explode_on_b, wait_ms=200)
+        page = await vq.read(q, consumer="w")
+        assert [r.text for r in page.records] == ["b", "c"]
+
+
+def test_the_sync_client_works_without_an_event_loop(cluster):
+    q = f"sync-{uuid.uuid4().hex[:6]}"
+    with Client([n.url for n in cluster]) as vq:
+        vq.enqueue(q, ["one", "two"])
+        page = vq.read(q, consumer="s")
+        assert [r.text for r in page.records] == ["one", "two"]
+        vq.ack(q, "s", page.next_offset)
+        assert vq.queue_info(q)["consumers"][0]["lag"] == 0
+        assert vq.delete_queue(q)["records"] == 2
+        assert vq.queue_info(q) is None
+
+
+def delete_queue_script(*args, stdin=None):
+    return subprocess.run([sys.executable, str(ROOT / "scripts/delete_queue.py"), *args],
+                          capture_output=True, text=True, timeout=120, input=stdin,
+                          env={**os.environ})
+
+
+def test_the_admin_script_shows_then_deletes_queues_on_their_owning_nodes(cluster):
+    run = uuid.uuid4().hex[:6]
+    queues = []
+    with Client(cluster[0].url) as vq:
+        owner_of = owners(cluster[0])[0]
+        for node in cluster:  # one queue on each node
+            q = next(f"adm-{run}-{i}" for i in range(10**5)
+                     if owner_of[partition_for(f"adm-{run}-{i}", PARTITIONS)]["url"] == node.url)
+            queues.append(q)
+            vq.enqueue(q, ["x", "y"])
+            vq.ack(q, "reader", 0)
+    url = cluster[1].url
+    dry = delete_queue_script("--url", url, "--dry-run", *queues)
+    assert dry.returncode == 0, dry.stdout + dry.stderr
+    for q in queues:
+        assert f"{q}: partition" in dry.stdout and "2 record(s)" in dry.stdout
+        assert f"{q}: would be deleted (dry run)" in dry.stdout
+        assert http("GET", f"{url}/v1/queues/{q}")[0] in (200, 409)
+    refused = delete_queue_script("--url", url, *queues, stdin="")
+    assert refused.returncode == 1 and "refusing to delete without --yes" in refused.stderr
+    done = delete_queue_script("--url", url, "--yes", *queues)
+    assert done.returncode == 0, done.stdout + done.stderr
+    for q in queues:
+        assert f"{q}: deleted (2 record(s), 1 consumer(s)" in done.stdout
+    with Client(url) as vq:
+        assert all(vq.queue_info(q) is None for q in queues)
+    missing = delete_queue_script("--url", url, "--yes", queues[0], f"never-{run}")
+    assert missing.returncode == 1
+    assert f"never-{run}: not found" in missing.stdout
+    ok = delete_queue_script("--url", url, "--yes", "--ignore-missing", f"never-{run}")
+    assert ok.returncode == 0
