@@ -7,7 +7,9 @@ Starts the embedded broker (or uses --bootstrap) and one node process, then meas
   read latency         100 cached records per request, sequential (p50/p99)
   end-to-end latency   enqueue -> a reader long-polling the queue (p50/p99)
 and the same workloads through a raw Producer/Consumer (acks=all), printing the ratio.
-Usage: .venv/bin/python scripts/bench.py [--seconds 5] [--concurrency 8]
+With --cluster N (default 3) the same workloads also run on N nodes, clients routing by the
+cluster map, reported beside the single node.
+Usage: .venv/bin/python scripts/bench.py [--seconds 5] [--concurrency 16] [--cluster 3]
 """
 
 from __future__ import annotations
@@ -16,7 +18,6 @@ import argparse
 import asyncio
 import json
 import os
-import statistics
 import subprocess
 import sys
 import time
@@ -235,10 +236,62 @@ async def wait_ready(urls: list[str], partitions: int) -> dict[int, str]:
     raise TimeoutError("nodes not ready")
 
 
-def row(name: str, vq: float, raw: float, unit: str, higher_is_better: bool) -> str:
-    ratio = vq / raw if raw else float("nan")
-    note = "of raw" if higher_is_better else "x raw"
-    return f"| {name} | {vq:,.1f} {unit} | {raw:,.1f} {unit} | {ratio:.2f} {note} |"
+async def measure_vqueues(args: argparse.Namespace, bootstrap: str, nodes: int
+                          ) -> dict[str, float]:
+    """Start `nodes` nodes on fresh topics, route by the cluster map as clients do, measure."""
+    prefix = f"bench{uuid.uuid4().hex[:6]}"
+    Admin({"bootstrap.servers": bootstrap}).create(vq_topics.specs(
+        f"{prefix}-data", f"{prefix}-offsets", f"{prefix}-assignments", args.partitions))
+    procs, urls = start_nodes(bootstrap, prefix, nodes)
+    try:
+        owners = await wait_ready(urls, args.partitions)
+
+        def route(q: str) -> str:
+            return owners[partition_for(q, args.partitions)]
+
+        out: dict[str, float] = {}
+        async with aiohttp.ClientSession() as s:
+            out["throughput"] = await vq_throughput(s, urls, args.seconds, args.concurrency,
+                                                    route)
+            await vq_latency(s, route("lat-1"), "lat-1", 20)
+            samples = {
+                "enqueue": await vq_latency(s, route("lat-1"), "lat-1", args.samples),
+                "read": await vq_read_latency(s, route("read-1"), "read-1", args.samples),
+                "e2e": await vq_e2e(s, route("e2e-1"), "e2e-1", args.samples),
+            }
+        for name, values in samples.items():
+            out[f"{name}_p50"], out[f"{name}_p99"] = pct(values, .5), pct(values, .99)
+        return out
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            p.wait(30)
+
+
+async def measure_raw(args: argparse.Namespace, bootstrap: str) -> dict[str, float]:
+    topic = f"bench{uuid.uuid4().hex[:6]}-raw"
+    Admin({"bootstrap.servers": bootstrap}).create([TopicSpec(topic, args.partitions)])
+    out = {"throughput": await asyncio.to_thread(raw_throughput, bootstrap, topic,
+                                                 args.seconds)}
+    samples = {
+        "enqueue": await asyncio.to_thread(raw_latency, bootstrap, topic, args.samples),
+        "read": await asyncio.to_thread(raw_read_latency, bootstrap, topic, args.partitions,
+                                        args.samples),
+        "e2e": await asyncio.to_thread(raw_e2e, bootstrap, topic, args.partitions,
+                                       args.samples),
+    }
+    for name, values in samples.items():
+        out[f"{name}_p50"], out[f"{name}_p99"] = pct(values, .5), pct(values, .99)
+    return out
+
+
+ROWS = [("throughput", "enqueue throughput, batches of 100 x 100 B", "rec/s"),
+        *((f"{m}_{p}", f"{label} {p}", "ms")
+          for m, label in (("enqueue", "enqueue latency, 1 record,"),
+                           ("read", "read latency, 100 records,"),
+                           ("e2e", "end-to-end latency (enqueue -> long poll),"))
+          for p in ("p50", "p99"))]
 
 
 async def run(args: argparse.Namespace) -> None:
@@ -247,75 +300,40 @@ async def run(args: argparse.Namespace) -> None:
     if not bootstrap:
         broker = EmbeddedBroker().start()
         bootstrap = broker.bootstrap
-    prefix = f"bench{uuid.uuid4().hex[:6]}"
-    admin = Admin({"bootstrap.servers": bootstrap})
-    admin.create(vq_topics.specs(
-        f"{prefix}-data", f"{prefix}-offsets", f"{prefix}-assignments", args.partitions))
-    # The raw client gets a topic of its own, so the node does not index its records.
-    admin.create([TopicSpec(f"{prefix}-raw", args.partitions)])
-    procs, urls = start_nodes(bootstrap, prefix, args.nodes)
     try:
-        owners = await wait_ready(urls, args.partitions)
-
-        def route(q: str) -> str:
-            return owners[partition_for(q, args.partitions)]
-
-        topic = f"{prefix}-raw"
-        lines = [f"# vqueues bench: {args.nodes} node(s), {args.partitions} partitions, "
-                 f"broker {'embedded tansu' if broker else bootstrap}, "
-                 f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}",
-                 "| measure | vqueues | raw confluent-kafka | ratio |", "|---|---|---|---|"]
-        raw_tp = await asyncio.to_thread(raw_throughput, bootstrap, topic, args.seconds)
-        async with aiohttp.ClientSession() as s:
-            vq_tp = await vq_throughput(s, urls, args.seconds, args.concurrency, route)
-            lines.append(row("enqueue throughput (batches of 100 x 100 B)", vq_tp, raw_tp,
-                             "rec/s", True))
-            q = "lat-1"
-            base = route(q)
-            await vq_latency(s, base, q, 20)
-            vq_l = await vq_latency(s, base, q, args.samples)
-            raw_l = await asyncio.to_thread(raw_latency, bootstrap, topic, args.samples)
-            lines.append(row("enqueue latency p50, 1 record", pct(vq_l, .5), pct(raw_l, .5),
-                             "ms", False))
-            lines.append(row("enqueue latency p99, 1 record", pct(vq_l, .99), pct(raw_l, .99),
-                             "ms", False))
-            q = "read-1"
-            vq_r = await vq_read_latency(s, route(q), q, args.samples)
-            raw_r = await asyncio.to_thread(raw_read_latency, bootstrap, topic, args.partitions,
-                                            args.samples)
-            lines.append(row("read latency p50, 100 records", pct(vq_r, .5), pct(raw_r, .5),
-                             "ms", False))
-            lines.append(row("read latency p99, 100 records", pct(vq_r, .99), pct(raw_r, .99),
-                             "ms", False))
-            q = "e2e-1"
-            vq_e = await vq_e2e(s, route(q), q, args.samples)
-            raw_e = await asyncio.to_thread(raw_e2e, bootstrap, topic, args.partitions,
-                                            args.samples)
-            lines.append(row("end-to-end latency p50", pct(vq_e, .5), pct(raw_e, .5), "ms",
-                             False))
-            lines.append(row("end-to-end latency p99", pct(vq_e, .99), pct(raw_e, .99), "ms",
-                             False))
-        lines.append(f"(samples per latency: {args.samples}; throughput window "
-                     f"{args.seconds}s; HTTP requests in flight: {args.concurrency}; "
-                     f"mean e2e {statistics.mean(vq_e) * 1000:.1f} ms)")
-        print("\n".join(lines))
+        raw = await measure_raw(args, bootstrap)
+        modes = {"1 node": await measure_vqueues(args, bootstrap, 1)}
+        if args.cluster:
+            modes[f"{args.cluster} nodes"] = await measure_vqueues(args, bootstrap, args.cluster)
     finally:
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            p.wait(30)
         if broker:
             broker.stop()
+    head = " | ".join(f"vqueues {m} | ratio" for m in modes)
+    lines = [f"# vqueues bench, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: "
+             f"{args.partitions} partitions, broker {'embedded tansu' if broker else bootstrap}",
+             f"| measure | raw confluent-kafka | {head} |",
+             "|---" * (2 + 2 * len(modes)) + "|"]
+    for key, label, unit in ROWS:
+        cells = []
+        for res in modes.values():
+            ratio = res[key] / raw[key] if raw[key] else float("nan")
+            cells.append(f"{res[key]:,.1f} {unit} | "
+                         f"{ratio:.2f}{' of raw' if key == 'throughput' else 'x raw'}")
+        lines.append(f"| {label} | {raw[key]:,.1f} {unit} | {' | '.join(cells)} |")
+    lines.append(f"(latency samples: {args.samples}; throughput window {args.seconds}s with "
+                 f"{args.concurrency} requests in flight; clients route by the cluster map)")
+    print("\n".join(lines))
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--bootstrap", help="an existing Kafka/Redpanda (default: embedded broker)")
-    ap.add_argument("--nodes", type=int, default=1)
+    ap.add_argument("--cluster", type=int, default=3,
+                    help="also measure a cluster of this many nodes (0: single node only)")
     ap.add_argument("--partitions", type=int, default=16)
     ap.add_argument("--seconds", type=float, default=5.0)
-    ap.add_argument("--concurrency", type=int, default=8)
+    ap.add_argument("--concurrency", type=int, default=16)
     ap.add_argument("--samples", type=int, default=300)
     asyncio.run(run(ap.parse_args()))
 

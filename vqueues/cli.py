@@ -23,7 +23,8 @@ DEV_ENV = {"VQ_SESSION_TIMEOUT_MS": "6000", "VQ_HEARTBEAT_INTERVAL_MS": "500",
            "VQ_FETCH_WAIT_MAX_MS": "10"}
 
 
-def _parser() -> argparse.ArgumentParser:
+def build_parser() -> argparse.ArgumentParser:
+    """The `vqueues` command line (also used to check the compose file's commands)."""
     parser = argparse.ArgumentParser(prog="vqueues", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -55,7 +56,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    args = build_parser().parse_args(argv)
     if args.command == "serve":
         return _serve(args)
     if args.command == "dev":
