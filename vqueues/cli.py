@@ -52,7 +52,60 @@ def build_parser() -> argparse.ArgumentParser:
     for name in ("data_topic", "offset_topic", "assignment_topic", "kafka_options"):
         create.add_argument("--" + name.replace("_", "-"), dest=name, default=None,
                             help=f"[env VQ_{name.upper()}]")
+    pipe = sub.add_parser("pipeline", help="the Spark pipeline over the data topic")
+    psub = pipe.add_subparsers(dest="pipeline_command", required=True)
+    prun = psub.add_parser("run", help="archive records and per-queue metrics to Parquet")
+    add_pipeline_arguments(prun)
     return parser
+
+
+def add_pipeline_arguments(p: argparse.ArgumentParser) -> None:
+    """The pipeline's flags (shared with scripts/pipeline.py for spark-submit)."""
+    p.add_argument("--bootstrap", default=os.environ.get("VQ_BOOTSTRAP"),
+                   help="Kafka bootstrap servers [env VQ_BOOTSTRAP]")
+    p.add_argument("--topic", default=os.environ.get("VQ_DATA_TOPIC", "vq-data"),
+                   help="the data topic [env VQ_DATA_TOPIC; default vq-data]")
+    p.add_argument("--output", required=True, help="directory for archive/ and metrics/")
+    p.add_argument("--checkpoint", required=True, help="directory for the Spark checkpoints")
+    p.add_argument("--source", choices=("vqueues", "kafka"), default="vqueues",
+                   help="vqueues: our Python source (default); kafka: Spark's Kafka connector, "
+                        "where its jar is on the classpath")
+    p.add_argument("--trigger", default="available-now",
+                   help="available-now (default: process what is there, then stop) or a "
+                        "processing-time interval such as '30 seconds'")
+    p.add_argument("--starting-offsets", default="earliest",
+                   help='earliest (default), latest or {"<topic>": {"0": offset}}')
+    p.add_argument("--max-records-per-trigger", type=int, default=None)
+    p.add_argument("--watermark-delay", default="1 minute",
+                   help="how late a record may arrive and still count in its minute")
+    p.add_argument("--jobs", default="archive,metrics", help="archive, metrics or both")
+    p.add_argument("--master", default=None,
+                   help="Spark master (default: local[*], or spark-submit's)")
+    p.add_argument("--kafka-option", action="append", default=[], metavar="KEY=VALUE",
+                   help="Kafka client setting for the source, e.g. security.protocol=SSL")
+
+
+def run_pipeline(args: argparse.Namespace, master_default: str | None = "local[*]") -> int:
+    from vqueues.pipeline.jobs import PipelineOptions, run, spark_session
+
+    if not args.bootstrap:
+        print("vqueues pipeline: --bootstrap (or VQ_BOOTSTRAP) is required", file=sys.stderr)
+        return 2
+    kafka_options = dict(kv.split("=", 1) for kv in args.kafka_option)
+    opts = PipelineOptions(
+        bootstrap=args.bootstrap, output=args.output, checkpoint=args.checkpoint,
+        topic=args.topic, source=args.source, trigger=args.trigger,
+        starting_offsets=args.starting_offsets,
+        max_records_per_trigger=args.max_records_per_trigger,
+        watermark_delay=args.watermark_delay,
+        jobs=tuple(j.strip() for j in args.jobs.split(",") if j.strip()),
+        kafka_options=kafka_options)
+    spark = spark_session(args.master or master_default)
+    try:
+        run(spark, opts)
+    finally:
+        spark.stop()
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -61,6 +114,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _serve(args)
     if args.command == "dev":
         return _dev(args)
+    if args.command == "pipeline":
+        logs.setup("info", "text")
+        return run_pipeline(args)
     return _topics_create(args)
 
 

@@ -1,0 +1,202 @@
+"""The Spark pipeline on a local Spark (local[2]) against the real (embedded) broker."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+
+from vqueues.kafka.admin import Admin, TopicSpec
+from vqueues.kafka.ranges import OffsetRanges
+
+pyspark = pytest.importorskip("pyspark", reason="the pipeline extra (pyspark) is not installed")
+
+from vqueues.pipeline.jobs import PipelineOptions, run, spark_session  # noqa: E402
+
+QUEUES = ["orders", "tenant/42/jobs", "k=v", "ünïcødé-😀", "a::b"]
+MINUTE_MS = 60_000
+
+
+@pytest.fixture(scope="module")
+def spark():
+    session = spark_session("local[2]")
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()
+
+
+def new_topic(bootstrap, partitions=4):
+    name = f"pipe-{uuid.uuid4().hex[:8]}"
+    Admin({"bootstrap.servers": bootstrap}).create([TopicSpec(name, partitions)])
+    return name
+
+
+def produce(bootstrap, topic, count, start_ms, spread_minutes=5, tag="r"):
+    """`count` records over QUEUES, timestamps spread over `spread_minutes` minutes; batched."""
+    p = Producer({"bootstrap.servers": bootstrap, "partitioner": "murmur2", "linger.ms": 20})
+    sent = []
+    for i in range(count):
+        q = QUEUES[i % len(QUEUES)]
+        ts = start_ms + (i * spread_minutes * MINUTE_MS) // count
+        value = f"{tag}{i}".encode() * (1 + i % 3)
+        p.produce(topic, key=q.encode(), value=value, timestamp=ts,
+                  headers=[("n", str(i).encode())])
+        sent.append((q, ts, value))
+    assert p.flush(30) == 0
+    return sent
+
+
+def kafka_records(bootstrap, topic):
+    """Everything in the topic, read with a plain consumer: (partition, offset) -> record."""
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": uuid.uuid4().hex,
+                  "enable.partition.eof": True, "enable.auto.commit": False})
+    parts = OffsetRanges({"bootstrap.servers": bootstrap}, topic).partitions()
+    c.assign([TopicPartition(topic, p, 0) for p in parts])
+    out, eof = {}, set()
+    while len(eof) < len(parts):
+        m = c.poll(1.0)
+        if m is None:
+            continue
+        if m.error():
+            assert m.error().code() == KafkaError._PARTITION_EOF
+            eof.add(m.partition())
+            continue
+        out[(m.partition(), m.offset())] = (m.key().decode(), m.value(), m.timestamp()[1],
+                                            tuple(m.headers() or ()))
+    c.close()
+    return out
+
+
+def archived(spark, out):
+    rows = spark.read.parquet(str(out / "archive")).collect()
+    return [(r.partition, r.offset, r.queue, bytes(r.value), int(r.timestamp.timestamp() * 1000),
+             tuple((h.key, bytes(h.value)) for h in r.headers)) for r in rows]
+
+
+def options(bootstrap, topic, tmp, **kw):
+    return PipelineOptions(bootstrap=bootstrap, topic=topic, output=str(tmp / "out"),
+                           checkpoint=str(tmp / "ckpt"), **kw)
+
+
+def test_true_end_offsets_on_this_broker_even_when_producers_batch(bootstrap):
+    topic = new_topic(bootstrap)
+    produce(bootstrap, topic, 2000, int(time.time() * 1000))
+    per_partition = Counter(p for p, _ in kafka_records(bootstrap, topic))
+    ranges = OffsetRanges({"bootstrap.servers": bootstrap}, topic)
+    try:
+        parts = ranges.partitions()
+        assert ranges.ends(parts) == {p: per_partition.get(p, 0) for p in parts}
+    finally:
+        ranges.close()
+
+
+def test_archive_holds_exactly_the_records_and_a_restart_adds_no_duplicate_or_gap(
+        spark, bootstrap, tmp_path):
+    topic = new_topic(bootstrap)
+    start = int(time.time() * 1000) - 30 * MINUTE_MS
+    produce(bootstrap, topic, 1500, start, tag="first")
+    run(spark, options(bootstrap, topic, tmp_path))
+    first = archived(spark, tmp_path / "out")
+    assert len(first) == 1500
+    # The query is stopped; more records arrive; the query restarts from its checkpoint.
+    produce(bootstrap, topic, 700, start + 10 * MINUTE_MS, tag="second")
+    run(spark, options(bootstrap, topic, tmp_path))
+    rows = archived(spark, tmp_path / "out")
+    keys = [(p, o) for p, o, *_ in rows]
+    assert len(keys) == len(set(keys)) == 2200, "duplicates or gaps after the restart"
+    expected = kafka_records(bootstrap, topic)
+    assert set(keys) == set(expected)
+    for p, o, queue, value, ts, headers in rows:
+        k_queue, k_value, k_ts, k_headers = expected[(p, o)]
+        assert (queue, value, ts, headers) == (k_queue, k_value, k_ts, k_headers)
+
+
+def test_queue_names_with_slash_equals_and_unicode_are_archived_and_read_back(
+        spark, bootstrap, tmp_path):
+    topic = new_topic(bootstrap)
+    sent = produce(bootstrap, topic, 250, int(time.time() * 1000))
+    run(spark, options(bootstrap, topic, tmp_path, jobs=("archive",)))
+    table = spark.read.parquet(str(tmp_path / "out" / "archive"))
+    counts = {r.queue: r["count"] for r in table.groupBy("queue").count().collect()}
+    assert counts == dict(Counter(q for q, _, _ in sent))
+    for q in QUEUES:
+        only = table.where(table.queue == q).collect()
+        assert only and {r.queue for r in only} == {q}
+
+
+def test_metrics_equal_counts_and_bytes_computed_independently(spark, bootstrap, tmp_path):
+    topic = new_topic(bootstrap)
+    start = (int(time.time() * 1000) // MINUTE_MS - 20) * MINUTE_MS
+    sent = produce(bootstrap, topic, 1200, start, spread_minutes=6)
+    # A later record moves the watermark past the last full minute.
+    produce(bootstrap, topic, 1, start + 15 * MINUTE_MS, tag="late")
+    run(spark, options(bootstrap, topic, tmp_path, jobs=("metrics",)))
+    expected: dict = {}
+    for q, ts, value in sent:
+        key = (q, ts // MINUTE_MS * MINUTE_MS)
+        n, b = expected.get(key, (0, 0))
+        expected[key] = (n + 1, b + len(value))
+    rows = spark.read.parquet(str(tmp_path / "out" / "metrics")).collect()
+    got = {(r.queue, int(r.minute.timestamp() * 1000)): (r.records, r.bytes) for r in rows}
+    assert got == expected  # every closed minute, exactly; the late record's minute is open
+
+
+def test_max_offsets_per_trigger_splits_the_backlog_into_bounded_micro_batches(
+        spark, bootstrap, tmp_path):
+    topic = new_topic(bootstrap)
+    produce(bootstrap, topic, 1000, int(time.time() * 1000))
+    (query,) = run(spark, options(bootstrap, topic, tmp_path, jobs=("archive",),
+                                  max_records_per_trigger=300), wait=False)
+    query.awaitTermination()
+    sizes = [p["numInputRows"] for p in query.recentProgress if p["numInputRows"]]
+    assert sum(sizes) == 1000 and max(sizes) <= 300 and len(sizes) >= 4
+
+
+def test_starting_offsets_latest_and_per_partition_json(spark, bootstrap, tmp_path):
+    topic = new_topic(bootstrap, partitions=2)
+    produce(bootstrap, topic, 100, int(time.time() * 1000))
+    run(spark, options(bootstrap, topic, tmp_path / "latest", jobs=("archive",),
+                       starting_offsets="latest"))
+    assert list((tmp_path / "latest/out/archive").rglob("*.parquet")) == []
+    ends = Counter(p for p, _ in kafka_records(bootstrap, topic))
+    start = json.dumps({topic: {"0": ends[0] - 3, "1": -2}})
+    run(spark, options(bootstrap, topic, tmp_path / "json", jobs=("archive",),
+                       starting_offsets=start))
+    rows = archived(spark, tmp_path / "json/out")
+    assert Counter(p for p, *_ in rows) == {p: n for p, n in {0: 3, 1: ends[1]}.items() if n}
+
+
+def test_a_processing_time_trigger_keeps_up_with_new_records(spark, bootstrap, tmp_path):
+    topic = new_topic(bootstrap)
+    (query,) = run(spark, options(bootstrap, topic, tmp_path, jobs=("archive",),
+                                  trigger="1 second"), wait=False)
+    try:
+        produce(bootstrap, topic, 300, int(time.time() * 1000))
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            query.processAllAvailable()
+            if spark.read.parquet(str(tmp_path / "out/archive")).count() >= 300:
+                break
+            time.sleep(0.5)
+        assert spark.read.parquet(str(tmp_path / "out/archive")).count() == 300
+    finally:
+        query.stop()
+
+
+def test_the_pipeline_command_runs_end_to_end(bootstrap, tmp_path):
+    topic = new_topic(bootstrap)
+    produce(bootstrap, topic, 200, int(time.time() * 1000))
+    out = subprocess.run(
+        [sys.executable, "-m", "vqueues", "pipeline", "run", "--bootstrap", bootstrap,
+         "--topic", topic, "--output", str(tmp_path / "out"), "--checkpoint",
+         str(tmp_path / "ckpt"), "--master", "local[2]", "--jobs", "archive"],
+        capture_output=True, text=True, timeout=300, env={**os.environ})
+    assert out.returncode == 0, out.stderr[-3000:]
+    files = list(Path(tmp_path / "out/archive").rglob("*.parquet"))
+    assert files and {f.parent.parent.name.split("=")[0] for f in files} == {"queue"}

@@ -1,0 +1,112 @@
+"""Offset ranges of a topic's partitions: their true ends, and reading [start, end) of one.
+
+Used by the Spark source. The end of a partition is found by consuming to its EOF from the
+uncached latest offset: on Kafka that offset is exact and the EOF comes at once; on the embedded
+broker it can be the first offset of the last batch + 1, so at most one batch is read. The EOF
+event carries the true end on both (see docs/adr/0003-replay-end.md).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaError, TopicPartition
+
+from vqueues.kafka import poll_batch
+
+Message = Any  # confluent_kafka.Message
+
+
+def _consumer(conf: dict[str, Any]) -> Consumer:
+    return Consumer({"group.id": "vqueues-ranges", **conf, "enable.auto.commit": False,
+                     "enable.partition.eof": True, "auto.offset.reset": "earliest"})
+
+
+class OffsetRanges:
+    """Driver-side: partition list, earliest offsets and true end offsets of one topic."""
+
+    def __init__(self, conf: dict[str, Any], topic: str) -> None:
+        self.topic = topic
+        self._consumer = _consumer(conf)
+
+    def partitions(self, timeout_s: float = 30.0) -> list[int]:
+        md = self._consumer.list_topics(self.topic, timeout=timeout_s)
+        tm = md.topics.get(self.topic)
+        if tm is None or tm.error is not None:
+            raise RuntimeError(f"topic {self.topic!r} not found: {tm.error if tm else ''}")
+        return sorted(tm.partitions)
+
+    def earliest(self, partitions: Sequence[int], timeout_s: float = 30.0) -> dict[int, int]:
+        out = {}
+        for p in partitions:
+            low, _ = self._consumer.get_watermark_offsets(
+                TopicPartition(self.topic, p), timeout=timeout_s, cached=False)
+            out[p] = max(int(low), 0)
+        return out
+
+    def ends(self, partitions: Sequence[int], timeout_s: float = 30.0) -> dict[int, int]:
+        """The true end (high watermark) of each partition."""
+        tps = []
+        for p in partitions:
+            low, guess = self._consumer.get_watermark_offsets(
+                TopicPartition(self.topic, p), timeout=timeout_s, cached=False)
+            tps.append(TopicPartition(self.topic, p, max(int(guess), int(low), 0)))
+        ends: dict[int, int] = {}
+        self._consumer.assign(tps)
+        deadline = time.monotonic() + timeout_s
+        try:
+            while len(ends) < len(tps):
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"finding the end of {self.topic} timed out")
+                for msg in poll_batch(self._consumer, 10000, 0.1):
+                    err = msg.error()
+                    if err is None:
+                        continue
+                    if err.code() == KafkaError._PARTITION_EOF:
+                        ends[msg.partition()] = msg.offset()
+                    else:
+                        raise RuntimeError(f"Kafka: {err.str()}")
+        finally:
+            self._consumer.unassign()
+        return ends
+
+    def close(self) -> None:
+        self._consumer.close()
+
+
+def read_range(conf: dict[str, Any], topic: str, partition: int, start: int, end: int,
+               batch_size: int = 10000, idle_timeout_s: float = 60.0
+               ) -> Iterator[list[Message]]:
+    """Yield lists of up to `batch_size` messages with start <= offset < end, in order."""
+    if start >= end:
+        return
+    consumer = _consumer(conf)
+    try:
+        consumer.assign([TopicPartition(topic, partition, start)])
+        last_progress = time.monotonic()
+        position = start
+        while position < end:
+            msgs = poll_batch(consumer, min(batch_size, end - position), 0.5)
+            out = []
+            for msg in msgs:
+                err = msg.error()
+                if err is not None:
+                    if err.code() == KafkaError._PARTITION_EOF:
+                        position = end  # nothing more exists (gaps at the end of the range)
+                        break
+                    raise RuntimeError(f"Kafka: {err.str()}")
+                off = msg.offset()
+                if off >= end:
+                    position = end
+                    break
+                out.append(msg)
+                position = off + 1
+            if out:
+                last_progress = time.monotonic()
+                yield out
+            elif time.monotonic() - last_progress > idle_timeout_s:
+                raise TimeoutError(f"no progress reading {topic}[{partition}] at {position}")
+    finally:
+        consumer.close()
