@@ -13,7 +13,7 @@ from vqueues.settings import Settings
 ROOT = Path(__file__).resolve().parents[1]
 COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
 SERVICES = COMPOSE["services"]
-VQ_SERVICES = {n: s for n, s in SERVICES.items() if s.get("image", "").startswith("vqueues")}
+VQ_SERVICES = {n: s for n, s in SERVICES.items() if s.get("image", "").startswith("vqueues:")}
 ENV_NAMES = {f"VQ_{f.name.upper()}" for f in fields(Settings)}
 
 
@@ -48,6 +48,14 @@ def test_nodes_publish_only_on_loopback_and_advertise_their_published_port():
         assert host == "127.0.0.1"
         args = build_parser().parse_args(service["command"])
         assert args.advertised_url == f"http://127.0.0.1:{published}"
+
+
+def test_the_optional_pipeline_service_runs_the_pipeline_command():
+    service = SERVICES["pipeline"]
+    assert service["profiles"] == ["pipeline"]
+    args = build_parser().parse_args(service["command"])
+    assert args.command == "pipeline" and args.trigger == "1 minute"
+    assert (ROOT / service["build"]["dockerfile"]).exists()
 
 
 def test_the_dockerfile_installs_the_server_and_the_client():

@@ -19,8 +19,8 @@ from vqueues.kafka import poll_batch
 Message = Any  # confluent_kafka.Message
 
 
-def _consumer(conf: dict[str, Any]) -> Consumer:
-    return Consumer({"group.id": "vqueues-ranges", **conf, "enable.auto.commit": False,
+def _consumer(conf: dict[str, Any], **extra: Any) -> Consumer:
+    return Consumer({"group.id": "vqueues-ranges", **extra, **conf, "enable.auto.commit": False,
                      "enable.partition.eof": True, "auto.offset.reset": "earliest"})
 
 
@@ -82,7 +82,10 @@ def read_range(conf: dict[str, Any], topic: str, partition: int, start: int, end
     """Yield lists of up to `batch_size` messages with start <= offset < end, in order."""
     if start >= end:
         return
-    consumer = _consumer(conf)
+    # One partition, read straight through: fetch big and prefetch deep.
+    consumer = _consumer(conf, **{"fetch.max.bytes": 64 * 1024 * 1024,
+                                  "max.partition.fetch.bytes": 16 * 1024 * 1024,
+                                  "queued.min.messages": 200000})
     try:
         consumer.assign([TopicPartition(topic, partition, start)])
         last_progress = time.monotonic()

@@ -16,35 +16,36 @@ ARROW_SCHEMA = pa.schema([
 ])
 
 
-def _queue(key: bytes | None) -> str | None:
-    if key is None:
-        return None
+def _queues(keys: pa.Array) -> pa.Array:
+    """Keys as UTF-8 strings; a key that is not valid UTF-8 (or absent) gives null."""
     try:
-        return key.decode("utf-8")
-    except UnicodeDecodeError:
-        return None
+        return keys.cast(pa.string())
+    except (pa.ArrowInvalid, pa.ArrowTypeError):
+        out = []
+        for k in keys.to_pylist():
+            try:
+                out.append(None if k is None else k.decode("utf-8"))
+            except UnicodeDecodeError:
+                out.append(None)
+        return pa.array(out, pa.string())
 
 
 def to_record_batch(msgs: Sequence[Any]) -> pa.RecordBatch:
-    keys, values, topics, parts, offsets, stamps, types, headers, queues = (
-        [], [], [], [], [], [], [], [], [])
-    for m in msgs:
-        key = m.key()
-        keys.append(key)
-        values.append(m.value())
-        topics.append(m.topic())
-        parts.append(m.partition())
-        offsets.append(m.offset())
-        ts_type, ts = m.timestamp()
-        stamps.append(ts * 1000 if ts >= 0 else None)
-        types.append(max(ts_type - 1, 0))  # librdkafka 1/2 = Kafka's 0 (create) / 1 (append)
-        h = m.headers()
-        headers.append([{"key": k, "value": v} for k, v in h] if h else [])
-        queues.append(_queue(key))
+    """Messages of one partition (as `read_range` yields them) as one record batch."""
+    n = len(msgs)
+    first = msgs[0]
+    keys = pa.array([m.key() for m in msgs], pa.binary())
+    stamps = [m.timestamp() for m in msgs]
     return pa.RecordBatch.from_arrays([
-        pa.array(keys, pa.binary()), pa.array(values, pa.binary()),
-        pa.array(topics, pa.string()), pa.array(parts, pa.int32()),
-        pa.array(offsets, pa.int64()), pa.array(stamps, pa.timestamp("us", tz="UTC")),
-        pa.array(types, pa.int32()), pa.array(headers, pa.list_(HEADER)),
-        pa.array(queues, pa.string()),
+        keys,
+        pa.array([m.value() for m in msgs], pa.binary()),
+        pa.array([first.topic()] * n, pa.string()),
+        pa.array([first.partition()] * n, pa.int32()),
+        pa.array([m.offset() for m in msgs], pa.int64()),
+        pa.array([ts * 1000 if ts >= 0 else None for _, ts in stamps],
+                 pa.timestamp("us", tz="UTC")),
+        # librdkafka's 1/2 are Kafka's 0 (CreateTime) / 1 (LogAppendTime).
+        pa.array([max(kind - 1, 0) for kind, _ in stamps], pa.int32()),
+        pa.array([m.headers() or [] for m in msgs], pa.list_(HEADER)),
+        _queues(keys),
     ], schema=ARROW_SCHEMA)

@@ -98,6 +98,8 @@ def archive_query(df: Any, opts: PipelineOptions) -> Any:
         F.coalesce("queue", F.lit("__no_queue__")).alias("queue"),
         F.date_format("timestamp", "yyyy-MM-dd").alias("date"),
         "partition", "offset", "timestamp", "headers", "key", "value")
+    # One task per queue directory: a file per queue and batch, not one per queue and task.
+    out = out.repartition("queue")
     writer = (out.writeStream.format("parquet").queryName("vqueues_archive")
               .partitionBy("queue", "date")
               .option("path", str(Path(opts.output) / "archive"))

@@ -1,0 +1,135 @@
+#!/usr/bin/env python3
+"""Records per second through the vqueues Spark source into the Parquet archive, against a plain
+confluent-kafka consumer reading the same records, in one run on the same broker.
+
+Usage: .venv/bin/python scripts/bench_pipeline.py [--records 500000] [--partitions 16]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from vqueues.broker import EmbeddedBroker  # noqa: E402
+from vqueues.kafka.admin import Admin, TopicSpec  # noqa: E402
+from vqueues.pipeline.jobs import (  # noqa: E402
+    PipelineOptions,
+    read_stream,
+    run,
+    spark_session,
+)
+
+
+def fill(bootstrap: str, topic: str, count: int, queues: int) -> None:
+    p = Producer({"bootstrap.servers": bootstrap, "partitioner": "murmur2", "linger.ms": 20,
+                  "batch.num.messages": 10000, "queue.buffering.max.messages": 1000000})
+    keys = [f"queue-{i}".encode() for i in range(queues)]
+    value = b"x" * 100
+    for i in range(count):
+        while True:
+            try:
+                p.produce(topic, key=keys[i % queues], value=value, headers=[("h", b"v")])
+                break
+            except BufferError:
+                p.poll(0.05)
+    p.flush(120)
+
+
+def plain_read(bootstrap: str, topic: str, partitions: int, count: int) -> float:
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": uuid.uuid4().hex,
+                  "enable.partition.eof": True, "enable.auto.commit": False})
+    c.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
+    t0, n, eof = time.perf_counter(), 0, set()
+    while len(eof) < partitions:
+        for m in c.consume(10000, 0.5):
+            if m.error():
+                if m.error().code() == KafkaError._PARTITION_EOF:
+                    eof.add(m.partition())
+                continue
+            n += 1
+    elapsed = time.perf_counter() - t0
+    c.close()
+    assert n == count, (n, count)
+    return n / elapsed
+
+
+def timed(spark: Any, opts: PipelineOptions, sink: str | None) -> tuple[float, float]:
+    """Run one availableNow query; (wall seconds, seconds spent executing its batches)."""
+    t0 = time.perf_counter()
+    if sink == "noop":
+        query = (read_stream(spark, opts).writeStream.format("noop")
+                 .option("checkpointLocation", opts.checkpoint).trigger(availableNow=True)
+                 .start())
+        query.awaitTermination()
+    else:
+        (query,) = run(spark, opts)
+    wall = time.perf_counter() - t0
+    batch = sum(p["durationMs"].get("addBatch", 0) for p in query.recentProgress) / 1000
+    return wall, max(batch, 1e-3)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--records", type=int, default=500_000)
+    ap.add_argument("--partitions", type=int, default=16)
+    ap.add_argument("--queues", type=int, default=1000)
+    ap.add_argument("--master", default="local[2]")
+    args = ap.parse_args()
+    broker = EmbeddedBroker().start()
+    try:
+        topic = f"benchpipe-{uuid.uuid4().hex[:6]}"
+        Admin({"bootstrap.servers": broker.bootstrap}).create(
+            [TopicSpec(topic, args.partitions)])
+        fill(broker.bootstrap, topic, args.records, args.queues)
+        raw = plain_read(broker.bootstrap, topic, args.partitions, args.records)
+        spark = spark_session(args.master)
+        spark.sparkContext.setLogLevel("ERROR")
+        with tempfile.TemporaryDirectory() as tmp:
+            # Warm the JVM and the Python workers on a small topic first: the first query of a
+            # session pays ~7 s of start-up that is not the source's speed.
+            warm = f"{topic}-warm"
+            Admin({"bootstrap.servers": broker.bootstrap}).create([TopicSpec(warm, 2)])
+            fill(broker.bootstrap, warm, 10_000, 10)
+            timed(spark, PipelineOptions(bootstrap=broker.bootstrap, topic=warm,
+                                         output=f"{tmp}/warm", checkpoint=f"{tmp}/ckpt-warm",
+                                         jobs=("archive",)), None)
+            source = timed(spark, PipelineOptions(
+                bootstrap=broker.bootstrap, topic=topic, output=f"{tmp}/none",
+                checkpoint=f"{tmp}/ckpt-noop"), "noop")
+            archive = timed(spark, PipelineOptions(
+                bootstrap=broker.bootstrap, topic=topic, output=f"{tmp}/out",
+                checkpoint=f"{tmp}/ckpt", jobs=("archive",)), None)
+            archived = spark.read.parquet(f"{tmp}/out/archive").count()
+        spark.stop()
+        assert archived == args.records, (archived, args.records)
+        n = args.records
+        print(f"# vqueues pipeline bench, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: "
+              f"{n:,} records of 100 B over {args.queues} queues, "
+              f"{args.partitions} partitions, Spark {args.master}, embedded broker")
+        print("| path | records/s, whole query | ratio | records/s, batch execution | ratio |")
+        print("|---|---|---|---|---|")
+        print(f"| plain confluent-kafka consumer, 1 thread (read only) | {raw:,.0f} | 1.00 "
+              "| | |")
+        for label, (wall, batch) in (("vqueues source -> no-op sink", source),
+                                     ("vqueues source -> Parquet archive", archive)):
+            print(f"| {label} | {n / wall:,.0f} | {n / wall / raw:.2f} | {n / batch:,.0f} | "
+                  f"{n / batch / raw:.2f} |")
+        print("(whole query: availableNow from start to termination, warm session; batch "
+              "execution: the micro-batches' addBatch time)")
+    finally:
+        broker.stop()
+
+
+if __name__ == "__main__":
+    main()
