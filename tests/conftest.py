@@ -1,13 +1,14 @@
 """Fixtures: the Kafka-compatible broker every test runs against, topics and nodes.
 
 The broker is, in order of preference: an external Kafka/Redpanda named by VQ_TEST_BOOTSTRAP;
-Redpanda started by testcontainers when VQ_TEST_REDPANDA=1 and a Docker engine is reachable;
-otherwise the embedded broker (tansu) on a free loopback port.
+Redpanda started by testcontainers where a Docker engine answers (VQ_TEST_REDPANDA=0 turns that
+off, =1 insists on it); otherwise the embedded broker (tansu) on a free loopback port.
 """
 
 from __future__ import annotations
 
 import os
+import socket
 from collections.abc import Iterator
 
 import aiohttp
@@ -17,15 +18,33 @@ from tests.support import NodeProcess, Topics, create_topics
 from vqueues.broker import EmbeddedBroker
 
 
-def _redpanda() -> Iterator[str] | None:
-    if os.environ.get("VQ_TEST_REDPANDA") != "1":
-        return None
+def _docker_engine() -> bool:
+    """Does a Docker engine answer? (A plain /_ping, so no client socket is left open.)"""
+    if os.environ.get("VQ_TEST_REDPANDA") == "0":
+        return False
+    host = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
+    answered = False
     try:
-        import docker
+        if host.startswith("unix://"):
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+                s.settimeout(3)
+                s.connect(host[len("unix://"):])
+                s.sendall(b"GET /_ping HTTP/1.0\r\nHost: docker\r\n\r\n")
+                status_line = s.recv(1024).split(b"\r\n", 1)[0]
+                answered = status_line.startswith(b"HTTP/1.") and b" 200" in status_line
+        else:
+            hostport = host.split("://", 1)[-1]
+            h, _, port = hostport.rpartition(":")
+            with socket.create_connection((h, int(port)), timeout=3):
+                answered = True
+    except OSError:
+        answered = False
+    if not answered and os.environ.get("VQ_TEST_REDPANDA") == "1":
+        raise RuntimeError("VQ_TEST_REDPANDA=1 but no Docker engine answers")
+    return answered
 
-        docker.from_env().ping()
-    except Exception:
-        return None
+
+def _redpanda() -> Iterator[str]:
     from testcontainers.kafka import RedpandaContainer
 
     def gen() -> Iterator[str]:
@@ -39,7 +58,7 @@ def _redpanda() -> Iterator[str] | None:
 def broker_kind() -> str:
     if os.environ.get("VQ_TEST_BOOTSTRAP"):
         return "external"
-    if os.environ.get("VQ_TEST_REDPANDA") == "1":
+    if _docker_engine():
         return "redpanda"
     return "embedded"
 
@@ -50,9 +69,8 @@ def bootstrap(broker_kind: str) -> Iterator[str]:
     if external:
         yield external
         return
-    rp = _redpanda()
-    if rp is not None:
-        yield from rp
+    if broker_kind == "redpanda":
+        yield from _redpanda()
         return
     broker = EmbeddedBroker().start()
     try:
@@ -65,8 +83,9 @@ def bootstrap(broker_kind: str) -> Iterator[str]:
 def real_kafka(broker_kind: str) -> None:
     """Skips a test that needs real Kafka semantics on the embedded broker."""
     if broker_kind == "embedded":
-        pytest.skip("needs real Kafka/Redpanda semantics the embedded broker (tansu) lacks; "
-                    "set VQ_TEST_BOOTSTRAP or VQ_TEST_REDPANDA=1 to run it")
+        pytest.skip("needs real Kafka/Redpanda semantics the embedded broker (tansu) lacks "
+                    "(delete_records, retention); set VQ_TEST_BOOTSTRAP or run where Docker "
+                    "is available to run it")
 
 
 @pytest.fixture(scope="module")

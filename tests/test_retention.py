@@ -1,0 +1,29 @@
+"""Records removed from Kafka (retention, delete_records) are skipped by reads."""
+
+import pytest
+from confluent_kafka import TopicPartition
+from confluent_kafka.admin import AdminClient
+
+from tests.support import NodeProcess, create_topics, http
+
+
+@pytest.mark.usefixtures("real_kafka")
+def test_records_below_the_log_start_are_skipped_and_next_offset_moves_past_them(bootstrap):
+    t = create_topics(bootstrap, partitions=1)
+    # A tiny cache, so reads of old records go to Kafka.
+    node = NodeProcess(t, extra_env={"VQ_CACHE_MAX_BYTES": "1000"}).start()
+    try:
+        status, body = http("POST", f"{node.url}/v1/queues/old/records",
+                            {"records": [{"value": f"v{i}"} for i in range(20)]})
+        assert status == 200
+        offsets = body["offsets"]
+        admin = AdminClient({"bootstrap.servers": bootstrap})
+        futures = admin.delete_records([TopicPartition(t.data, 0, offsets[10])])
+        for f in futures.values():
+            f.result(30)
+        status, got = http("GET", f"{node.url}/v1/queues/old/records?offset=0&limit=100")
+        assert status == 200
+        assert [r["value"] for r in got["records"]] == [f"v{i}" for i in range(10, 20)]
+        assert got["next_offset"] == offsets[-1] + 1
+    finally:
+        node.terminate()
