@@ -133,3 +133,37 @@ async def test_partitions_health_readiness_and_openapi(client, node, topics):
     for path in ("/v1/queues/{queue}/records", "/v1/queues/{queue}/consumers/{consumer}/ack",
                  "/v1/queues/{queue}", "/v1/queues", "/v1/partitions", "/healthz", "/readyz"):
         assert path in doc["paths"]
+
+
+def _metric(text, name, **labels):
+    """A sample's value from Prometheus text, matched by name and label set (any order)."""
+    want = {f'{k}="{v}"' for k, v in labels.items()}
+    for line in text.splitlines():
+        if line.startswith("#"):
+            continue
+        series, _, value = line.rpartition(" ")
+        metric, _, raw = series.partition("{")
+        if metric == name and set(filter(None, raw.rstrip("}").split(","))) == want:
+            return float(value)
+    return 0.0
+
+
+async def test_metrics_count_requests_by_route_template_and_records(client, node, topics):
+    async with client.get(f"{node.url}/metrics") as r:
+        before = await r.text()
+    q = qname()
+    await enqueue(client, node, q, "a", "b", "c")
+    await read(client, node, q)
+    async with client.get(f"{node.url}/metrics") as r:
+        assert r.status == 200 and r.content_type == "text/plain"
+        after = await r.text()
+    assert _metric(after, "vq_records_enqueued_total") - \
+        _metric(before, "vq_records_enqueued_total") == 3
+    assert _metric(after, "vq_records_read_total") - _metric(before, "vq_records_read_total") >= 3
+    route = "/v1/queues/{queue}/records"
+    assert _metric(after, "vq_http_requests_total", route=route, method="POST",
+                   status="200") >= 1
+    assert q not in after  # queue names never become label values
+    assert _metric(after, "vq_partitions_owned") == topics.partitions
+    assert _metric(after, "vq_partitions_ready") == topics.partitions
+    assert _metric(after, "vq_cache_bytes") > 0

@@ -10,11 +10,13 @@ import base64
 import binascii
 import json
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import aiohttp
 from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from vqueues import compat
 from vqueues.errors import BadRequest, PayloadTooLarge, Unavailable, VQError, WrongNode
@@ -108,6 +110,32 @@ async def _proxy_session(app: web.Application) -> AsyncIterator[None]:
     async with aiohttp.ClientSession(timeout=timeout, auto_decompress=False) as session:
         app[PROXY] = session
         yield
+
+
+@web.middleware
+async def metrics_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Counts and times every request by route template (not by queue name)."""
+    started = time.perf_counter()
+    info = request.match_info.route.resource
+    route = info.canonical if info is not None else "unmatched"
+    status = 500
+    try:
+        response = await handler(request)
+        status = response.status
+        return response
+    except web.HTTPException as exc:
+        status = exc.status
+        raise
+    finally:
+        metrics = request.app[SERVICE].metrics
+        metrics.requests.labels(route, request.method, str(status)).inc()
+        metrics.request_seconds.labels(route, request.method).observe(
+            time.perf_counter() - started)
+
+
+async def metrics(request: web.Request) -> web.Response:
+    body = generate_latest(request.app[SERVICE].metrics.registry)
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
 # Decoding helpers -----------------------------------------------------------------------------
@@ -324,7 +352,9 @@ async def openapi(request: web.Request) -> web.Response:
 
 def create_app(service: QueueService, settings: Settings) -> web.Application:
     """The aiohttp application of one node."""
-    middlewares = [error_middleware] + ([forward_middleware] if settings.forward else [])
+    middlewares = [metrics_middleware, error_middleware]
+    if settings.forward:
+        middlewares.append(forward_middleware)
     app = web.Application(middlewares=middlewares, client_max_size=settings.max_body_bytes)
     app[SERVICE] = service
     app[SETTINGS] = settings
@@ -341,6 +371,7 @@ def create_app(service: QueueService, settings: Settings) -> web.Application:
     app.router.add_get("/v1/partitions", partitions)
     app.router.add_get("/v1/openapi.json", openapi)
     app.router.add_routes(compat.routes(SERVICE, SETTINGS, _body))
+    app.router.add_get("/metrics", metrics)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     return app

@@ -77,6 +77,7 @@ class Node:
             lambda batch: loop.call_soon_threadsafe(cluster_map.apply, batch))
         self._tail.start()
         self.service = QueueService(s, self.ownership, cache, data, offsets, self._fetcher)
+        self.service.register_gauges()
         self._group = GroupMember(self._conf(**{
             "group.id": s.group_id, "session.timeout.ms": s.session_timeout_ms,
             "heartbeat.interval.ms": s.heartbeat_interval_ms,

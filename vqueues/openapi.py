@@ -99,6 +99,8 @@ def openapi_document(s: Settings) -> dict[str, Any]:
                                        "responses": {"200": _ok("Object")}}},
             "/v1/openapi.json": {"get": {"summary": "This document",
                                          "responses": {"200": _ok("Object")}}},
+            "/metrics": {"get": {"summary": "Prometheus metrics (text format)",
+                                 "responses": {"200": {"description": "metrics"}}}},
             "/healthz": {"get": {"summary": "Liveness", "responses": {"200": _ok("Object")}}},
             "/readyz": {"get": {"summary": "Ready when every owned partition is replayed",
                                 "responses": {"200": _ok("Object"), "503": _ok("Object")}}},

@@ -20,6 +20,7 @@ from vqueues.cluster_map import ClusterMap, encode_claim, encode_release
 from vqueues.errors import Unavailable, WrongNode
 from vqueues.hashing import partition_for
 from vqueues.kafka.group import Consumed
+from vqueues.metrics import Metrics
 from vqueues.partition_state import PartitionState
 from vqueues.records import OffsetEntry, Record, decode_offset_entry
 
@@ -37,7 +38,8 @@ class Ownership:
     def __init__(self, loop: asyncio.AbstractEventLoop, partitions: int, cache: RecordCache,
                  read_offsets: OffsetReader, node_id: str = "", url: str = "",
                  cluster_map: ClusterMap | None = None,
-                 write_assignments: AssignmentWriter | None = None) -> None:
+                 write_assignments: AssignmentWriter | None = None,
+                 metrics: Metrics | None = None) -> None:
         self.loop = loop
         self.partitions = partitions
         self.cache = cache
@@ -45,6 +47,7 @@ class Ownership:
         self.url = url
         self.cluster_map = cluster_map or ClusterMap(partitions)
         self._write_assignments = write_assignments
+        self.metrics = metrics or Metrics()
         self._generation = 0
         self.draining = False
         self.states: dict[int, PartitionState] = {}
@@ -52,7 +55,6 @@ class Ownership:
         self._read_offsets = read_offsets
         self._assigned_at: dict[int, float] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
-        self.skipped_records = 0
         self.joined = False
 
     # Thread side: called by the group thread ---------------------------------------------------
@@ -105,6 +107,7 @@ class Ownership:
             self.states[p] = PartitionState(p, self.cache)
             self._assigned_at[p] = time.monotonic()
             fresh.append(p)
+        self.metrics.rebalances.inc(len(fresh))
         self._generation = max(self._generation, self.cluster_map.generation) + 1
         log.info("partitions_assigned", extra={"partitions": fresh,
                                                "generation": self._generation})
@@ -170,6 +173,7 @@ class Ownership:
             await asyncio.wait_for(self._announce(releases), 5.0)
         except TimeoutError:
             log.warning("release_not_written", extra={"partitions": partitions})
+        self.metrics.revocations.labels(lost=str(lost).lower()).inc(len(gone))
         log.info("partitions_revoked", extra={"partitions": partitions, "lost": lost})
 
     def _on_consumed(self, by_partition: dict[int, list[tuple[str, Record]]],
@@ -182,7 +186,7 @@ class Ownership:
             ok = []
             for queue, rec in records:
                 if queue not in state.queues and partition_for(queue, self.partitions) != p:
-                    self.skipped_records += 1
+                    self.metrics.records_skipped.inc()
                     continue
                 ok.append((queue, rec))
             was_ready = state.ready.is_set()
@@ -194,7 +198,7 @@ class Ownership:
         for p, nxt in skipped.items():
             state = self.states.get(p)
             if state is not None:
-                self.skipped_records += 1
+                self.metrics.records_skipped.inc()
                 state.skip_to(nxt)
 
     def _on_end(self, partition: int, next_offset: int) -> None:
@@ -210,6 +214,7 @@ class Ownership:
     def _log_if_ready(self, state: PartitionState) -> None:
         started = self._assigned_at.pop(state.partition, None)
         if state.ready.is_set() and started is not None:
+            self.metrics.replay_seconds.observe(time.monotonic() - started)
             log.info("partition_ready", extra={
                 "partition": state.partition, "queues": len(state.queues),
                 "next_offset": state.next_offset,

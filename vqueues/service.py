@@ -66,6 +66,7 @@ class QueueService:
                  fetcher: Fetcher) -> None:
         self.settings = settings
         self.ownership = ownership
+        self.metrics = ownership.metrics
         self.partitions = ownership.partitions
         self.cache = cache
         self._data = data_producer
@@ -95,6 +96,7 @@ class QueueService:
         acked = await self._data.send(self.settings.data_topic, p,
                                       [(key, value, headers) for value, headers in records])
         offsets = [o for o, _ in acked]
+        self.metrics.records_enqueued.inc(len(offsets))
         if self.settings.producer_acks == "0" or min(offsets) < 0:
             return p, None
         last = offsets[-1]
@@ -131,6 +133,7 @@ class QueueService:
             if kept and budget < 0:
                 break
             kept.append(rec)
+        self.metrics.records_read.inc(len(kept))
         if kept:
             next_offset = kept[-1].offset + 1
         elif offsets:
@@ -178,6 +181,7 @@ class QueueService:
                 await self._offsets.send(self.settings.offset_topic, p, [(key, value, None)])
             if not state.revoked:
                 state.apply_offset_entries([ConsumerCommit(queue, consumer, offset)])
+            self.metrics.acks.inc()
         return {"queue": queue, "consumer": consumer, "offset": offset,
                 "previous_offset": previous}
 
@@ -228,6 +232,7 @@ class QueueService:
                                          [(key, value, None) for key, value in entries])
             if not state.revoked:
                 state.apply_offset_entries([QueueDeleted(queue, before)])
+            self.metrics.queues_deleted.inc()
         return {"queue": queue, "deleted": True, "partition": p, "records": stats.records,
                 "consumers": sorted(stats.consumers), "deleted_before": before}
 
@@ -251,6 +256,20 @@ class QueueService:
             "owned": sorted(states),
             "ready": sorted(p for p, s in states.items() if s.ready.is_set()),
         }
+
+    def register_gauges(self) -> None:
+        states = self.ownership.states
+        m = self.metrics
+        m.gauge("vq_partitions_owned", "partitions this node owns", lambda: len(states))
+        m.gauge("vq_partitions_ready", "owned partitions that finished replay",
+                lambda: sum(1 for s in states.values() if s.ready.is_set()))
+        m.gauge("vq_queues", "queues held in the owned partitions",
+                lambda: sum(len(s.queues) for s in states.values()))
+        m.gauge("vq_cache_bytes", "recent-record cache size", lambda: self.cache.bytes)
+        m.gauge("vq_cache_records", "records in the recent-record cache",
+                lambda: len(self.cache))
+        m.gauge("vq_cluster_generation", "highest generation in the cluster map",
+                lambda: self.ownership.cluster_map.generation)
 
     def close(self) -> None:
         self._fetch_pool.shutdown(wait=True, cancel_futures=True)

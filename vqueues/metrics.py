@@ -1,0 +1,42 @@
+"""Prometheus metrics of one node, served at GET /metrics (prometheus-client, a registry each).
+
+Counters move where the work happens (service, ownership); gauges are read when scraped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+LATENCY_BUCKETS = (.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30)
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter("vq_http_requests", "HTTP requests answered",
+                                ["route", "method", "status"], registry=r)
+        self.request_seconds = Histogram("vq_http_request_seconds", "HTTP request latency",
+                                         ["route", "method"], buckets=LATENCY_BUCKETS,
+                                         registry=r)
+        self.records_enqueued = Counter("vq_records_enqueued", "records written by enqueue",
+                                        registry=r)
+        self.records_read = Counter("vq_records_read", "records returned by reads", registry=r)
+        self.acks = Counter("vq_acks", "consumer offsets committed", registry=r)
+        self.queues_deleted = Counter("vq_queues_deleted", "queues deleted", registry=r)
+        self.records_skipped = Counter(
+            "vq_records_skipped", "data records not indexed (no key, or another partitioner "
+            "put them in a partition their queue does not route to)", registry=r)
+        self.replay_seconds = Histogram(
+            "vq_partition_replay_seconds", "time from assignment to a partition being ready",
+            buckets=(.1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120, 300), registry=r)
+        self.rebalances = Counter("vq_partitions_assigned", "partitions assigned to this node",
+                                  registry=r)
+        self.revocations = Counter("vq_partitions_revoked", "partitions taken from this node",
+                                   ["lost"], registry=r)
+
+    def gauge(self, name: str, doc: str, read: Callable[[], float]) -> None:
+        """A gauge whose value is read at scrape time."""
+        Gauge(name, doc, registry=self.registry).set_function(read)
