@@ -11,7 +11,7 @@ import argparse
 import os
 import socket
 from collections.abc import Mapping, Sequence
-from dataclasses import MISSING, dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 
@@ -151,9 +151,6 @@ class Settings:
             raise ValueError("default_read_limit must not exceed max_read_limit")
         self.kafka_extra()
 
-    def with_(self, **changes: Any) -> Settings:
-        return replace(self, **changes)
-
 
 def _to_bool(raw: Any) -> bool:
     if isinstance(raw, bool):
@@ -164,8 +161,3 @@ def _to_bool(raw: Any) -> bool:
     if text in ("0", "false", "no", "off", ""):
         return False
     raise ValueError(raw)
-
-
-def defaults() -> dict[str, Any]:
-    """Field name to default value, for documentation."""
-    return {f.name: f.default for f in fields(Settings) if f.default is not MISSING}

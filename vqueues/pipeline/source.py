@@ -153,9 +153,6 @@ class VQueuesKafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableN
             end = _cap(begin, end, limit.max_rows)
         return end
 
-    def reportLatestOffset(self) -> dict[str, int] | None:
-        return None
-
     def partitions(self, start: dict[str, int], end: dict[str, int]) -> list[InputPartition]:
         out: list[InputPartition] = []
         for p, until in sorted(end.items(), key=lambda kv: int(kv[0])):
