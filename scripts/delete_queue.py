@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Callable
 
 from vqueues_client import Client, VQError
 
@@ -43,6 +44,22 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("give a node URL with --url or VQ_URL")
 
     failed = 0
+
+    def attempt(q: str, call: Callable[[str], dict | None], failure: str, missing: str
+                ) -> dict | None:
+        """Run `call(q)`; report and count a failure or a missing queue."""
+        nonlocal failed
+        try:
+            res = call(q)
+        except VQError as exc:
+            print(f"{q}: {failure}: {exc}")
+            failed += 1
+            return None
+        if res is None:
+            print(f"{q}: {missing}")
+            failed += 0 if args.ignore_missing else 1
+        return res
+
     with Client(urls, deadline_s=args.deadline_s) as vq:
         try:
             vq.cluster_map()
@@ -51,18 +68,10 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         found: list[str] = []
         for q in args.queues:
-            try:
-                info = vq.queue_info(q)
-            except VQError as exc:
-                print(f"{q}: FAILED to inspect: {exc}")
-                failed += 1
-                continue
-            if info is None:
-                print(f"{q}: not found")
-                failed += 0 if args.ignore_missing else 1
-                continue
-            print(f"{q}: {describe(info)}")
-            found.append(q)
+            info = attempt(q, vq.queue_info, "FAILED to inspect", "not found")
+            if info is not None:
+                print(f"{q}: {describe(info)}")
+                found.append(q)
         if args.dry_run:
             for q in found:
                 print(f"{q}: would be deleted (dry run)")
@@ -77,16 +86,8 @@ def main(argv: list[str] | None = None) -> int:
                 print("nothing deleted")
                 return 1
         for q in found:
-            try:
-                res = vq.delete_queue(q)
-            except VQError as exc:
-                print(f"{q}: FAILED: {exc}")
-                failed += 1
-                continue
-            if res is None:
-                print(f"{q}: already gone")
-                failed += 0 if args.ignore_missing else 1
-            else:
+            res = attempt(q, vq.delete_queue, "FAILED", "already gone")
+            if res is not None:
                 print(f"{q}: deleted ({res['records']} record(s), "
                       f"{len(res['consumers'])} consumer(s); records below offset "
                       f"{res['deleted_before']} are gone)")
