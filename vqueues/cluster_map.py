@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,7 +45,7 @@ class ClusterMap:
         self.owners: dict[int, Owner] = {}
         self.generation = 0
 
-    def apply(self, records: list[tuple[bytes | None, bytes | None]]) -> None:
+    def apply(self, records: Sequence[tuple[bytes | None, bytes | None]]) -> None:
         for key, value in records:
             try:
                 p = int(key or b"")
@@ -65,11 +66,3 @@ class ClusterMap:
 
     def owner(self, partition: int) -> Owner | None:
         return self.owners.get(partition)
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "partitions": self.partitions,
-            "generation": self.generation,
-            "owners": {str(p): {"node": o.node, "url": o.url}
-                       for p, o in sorted(self.owners.items())},
-        }

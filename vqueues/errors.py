@@ -1,64 +1,116 @@
-"""One error hierarchy: each error has a stable `code`, an HTTP `status` and a `retriable` flag.
+"""One error registry: every code the API can return, declared once with its HTTP status, whether
+a client may retry it, and one line of meaning.
 
-The HTTP layer renders every `VQError` as `{"error": {"code", "message", ...details}}`.
+`VQError(code, message, **details)` takes its status and retriable flag from the registry; the HTTP
+layer renders it as `{"error": {"code", "message", "retriable", ...details}}`. docs/api.md lists
+exactly these codes (a unit test checks it).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 
-class VQError(Exception):
-    """Base of every client-visible error."""
+@dataclass(frozen=True, slots=True)
+class ErrorSpec:
+    status: int
+    retriable: bool
+    meaning: str
 
-    status = 500
+
+def _e(status: int, retriable: bool, meaning: str) -> ErrorSpec:
+    return ErrorSpec(status, retriable, meaning)
+
+
+REGISTRY: dict[str, ErrorSpec] = {
+    # 400: the request is wrong; retrying it unchanged cannot succeed.
+    "malformed_json": _e(400, False, "the body is not a JSON object"),
+    "invalid_records": _e(400, False, "`records` is missing, empty or not an array"),
+    "invalid_record": _e(400, False, "a record has a bad value, encoding, header or unknown field"),
+    "too_many_records": _e(400, False, "more records in one request than `max_batch_records`"),
+    "invalid_name": _e(400, False, "a queue or consumer name is empty, over 249 UTF-8 bytes, "
+                                   "or has control characters"),
+    "invalid_parameter": _e(400, False, "a parameter has the wrong type or an unknown value"),
+    "limit_out_of_range": _e(400, False, "an integer parameter is outside its documented range"),
+    "invalid_offset": _e(400, False, "an ack's offset is missing, not an integer, or negative"),
+    "offset_out_of_range": _e(400, False, "an ack's offset is past the partition's end"),
+    "missing_field": _e(400, False, "(compat routes) a required field is missing"),
+    "bad_request": _e(400, False, "the HTTP request itself is malformed"),
+    # 404, 405, 415: nothing there.
+    "not_found": _e(404, False, "no such route"),
+    "queue_not_found": _e(404, False, "the queue has no records and no consumers"),
+    "consumer_not_found": _e(404, False, "the queue has no such consumer"),
+    "method_not_allowed": _e(405, False, "the route does not take this method"),
+    "unsupported_media_type": _e(415, False, "the body's content type is not accepted"),
+    # 409: the state does not allow it (wrong_node: ask the owner instead).
+    "wrong_node": _e(409, True, "another node owns the queue's partition; `owner` names it "
+                                "when known"),
+    "rewind_not_allowed": _e(409, False, "an ack below the committed offset without "
+                                         "`allow_rewind`"),
+    # 413: too big.
+    "payload_too_large": _e(413, False, "the body is over `max_body_bytes`"),
+    "record_too_large": _e(413, False, "a decoded record value is over `max_record_bytes`"),
+    # 503: temporary; retry after `Retry-After`.
+    "partition_replaying": _e(503, True, "the partition is still being replayed"),
+    "broker_error": _e(503, True, "a Kafka operation failed"),
+    "broker_timeout": _e(503, True, "Kafka did not answer in time"),
+    "broker_unreachable": _e(503, True, "no Kafka broker answered"),
+    "producer_queue_full": _e(503, True, "the node's Kafka producer queue is full"),
+    "owner_unreachable": _e(503, True, "(with --forward) the owner did not answer"),
+    # 500: a bug, logged with its traceback.
+    "internal": _e(500, False, "an unexpected error; the node logged it"),
+}
+
+
+class VQError(Exception):
+    """Base of every client-visible error; `code` must be in REGISTRY."""
+
     code = "internal"
-    retriable = False
 
     def __init__(self, code: str | None = None, message: str = "", **details: Any) -> None:
-        super().__init__(message or code or self.code)
-        if code:
-            self.code = code
-        self.message = message or self.code
+        code = code or self.code
+        spec = REGISTRY.get(code)
+        if spec is None:
+            raise KeyError(f"error code {code!r} is not in the registry")
+        super().__init__(message or code)
+        self.code = code
+        self.status = spec.status
+        self.retriable = spec.retriable
+        self.message = message or spec.meaning
         self.details = details
 
     def to_json(self) -> dict[str, Any]:
-        return {"error": {"code": self.code, "message": self.message, **self.details}}
+        return {"error": {"code": self.code, "message": self.message,
+                          "retriable": self.retriable, **self.details}}
 
 
 class BadRequest(VQError):
-    status = 400
-    code = "bad_request"
+    code = "invalid_parameter"
 
 
 class NotFound(VQError):
-    status = 404
     code = "not_found"
 
 
 class Conflict(VQError):
-    status = 409
-    code = "conflict"
+    code = "rewind_not_allowed"
 
 
-class WrongNode(Conflict):
+class WrongNode(VQError):
     """The queue's partition is owned by another node (or none)."""
 
     code = "wrong_node"
-    retriable = True
 
 
 class PayloadTooLarge(VQError):
-    status = 413
     code = "payload_too_large"
 
 
 class Unavailable(VQError):
     """Temporarily unable to serve (partition replaying, broker unreachable)."""
 
-    status = 503
-    code = "unavailable"
-    retriable = True
+    code = "broker_error"
 
     def __init__(self, code: str | None = None, message: str = "", retry_after_s: int = 1,
                  **details: Any) -> None:
@@ -67,7 +119,7 @@ class Unavailable(VQError):
 
 
 class BrokerError(Unavailable):
-    """A Kafka operation failed; translated at the adapter's edge."""
+    """A Kafka operation failed; translated at the Kafka adapter's edge."""
 
     code = "broker_error"
 

@@ -12,33 +12,32 @@ import asyncio
 import itertools
 import logging
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Coroutine, Sequence
 from typing import Any
 
 from vqueues.cache import RecordCache
 from vqueues.cluster_map import ClusterMap, encode_claim, encode_release
 from vqueues.errors import Unavailable, WrongNode
 from vqueues.hashing import partition_for
-from vqueues.kafka.group import Consumed
 from vqueues.metrics import Metrics
 from vqueues.partition_state import PartitionState
 from vqueues.records import OffsetEntry, Record, decode_offset_entry
+from vqueues.storage import Consumed, Log, OffsetLog
 
 log = logging.getLogger(__name__)
 
-# Reads the offset topic's given partitions to their end: partition -> [(key, value)].
-OffsetReader = Callable[[Sequence[int]], dict[int, list[tuple[bytes | None, bytes | None]]]]
-# Writes (key, value) records to the assignment topic, durably.
-AssignmentWriter = Callable[[list[tuple[bytes, bytes]]], Awaitable[object]]
-
 
 class Ownership:
-    """The group listener (thread side) and the owned partitions' registry (loop side)."""
+    """The group listener (thread side) and the owned partitions' registry (loop side).
+
+    `offset_log` is replayed on assignment; claims and releases go to `assignment_log` (partition
+    0 of the single-partition assignment topic), when given.
+    """
 
     def __init__(self, loop: asyncio.AbstractEventLoop, partitions: int, cache: RecordCache,
-                 read_offsets: OffsetReader, node_id: str = "", url: str = "",
+                 offset_log: OffsetLog, node_id: str = "", url: str = "",
                  cluster_map: ClusterMap | None = None,
-                 write_assignments: AssignmentWriter | None = None,
+                 assignment_log: Log | None = None,
                  metrics: Metrics | None = None) -> None:
         self.loop = loop
         self.partitions = partitions
@@ -46,13 +45,13 @@ class Ownership:
         self.node_id = node_id
         self.url = url
         self.cluster_map = cluster_map or ClusterMap(partitions)
-        self._write_assignments = write_assignments
+        self._assignment_log = assignment_log
         self.metrics = metrics or Metrics()
         self._generation = 0
         self.draining = False
         self.states: dict[int, PartitionState] = {}
         self.failure: str | None = None
-        self._read_offsets = read_offsets
+        self._offset_log = offset_log
         self._assigned_at: dict[int, float] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         self.joined = False
@@ -122,11 +121,11 @@ class Ownership:
         task.add_done_callback(self._tasks.discard)
 
     async def _announce(self, records: list[tuple[bytes, bytes]]) -> None:
-        if self._write_assignments is None or not records:
+        if self._assignment_log is None or not records:
             return
         for attempt in range(1, 6):
             try:
-                await self._write_assignments(records)
+                await self._assignment_log.append(0, [(k, v, None) for k, v in records])
                 return
             except Exception as exc:
                 log.warning("assignment_write_failed", extra={"attempt": attempt,
@@ -137,7 +136,7 @@ class Ownership:
         states = {p: self.states[p] for p in partitions}
         for attempt in itertools.count(1):
             try:
-                raw = await asyncio.to_thread(self._read_offsets, partitions)
+                raw = await asyncio.to_thread(self._offset_log.read_to_end, partitions)
                 break
             except Exception as exc:
                 log.warning("offset_replay_failed", extra={"partitions": partitions,

@@ -15,7 +15,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from vqueues.cache import RecordCache
-from vqueues.records import ConsumerCommit, ConsumerDeleted, OffsetEntry, QueueDeleted, Record
+from vqueues.records import ConsumerAcked, ConsumerDeleted, OffsetEntry, QueueDeleted, Record
 
 
 class QueueIndex:
@@ -115,7 +115,7 @@ class PartitionState:
     def apply_offset_entries(self, entries: Iterable[OffsetEntry]) -> None:
         """Apply offset-topic entries in log order (replay, or our own writes)."""
         for e in entries:
-            if isinstance(e, ConsumerCommit):
+            if isinstance(e, ConsumerAcked):
                 self.queue(e.queue).consumers[e.consumer] = e.offset
             elif isinstance(e, ConsumerDeleted):
                 q = self.queues.get(e.queue)

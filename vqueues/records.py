@@ -20,6 +20,9 @@ from dataclasses import dataclass
 
 FORMAT_VERSION = 1
 
+# (key, value) of one offset-topic record; value None is a tombstone.
+OffsetRecord = tuple[bytes, bytes | None]
+
 
 @dataclass(slots=True, frozen=True)
 class Record:
@@ -40,7 +43,9 @@ class Record:
 
 
 @dataclass(slots=True, frozen=True)
-class ConsumerCommit:
+class ConsumerAcked:
+    """A consumer's committed offset moved (an ack)."""
+
     queue: str
     consumer: str
     offset: int
@@ -58,7 +63,7 @@ class QueueDeleted:
     deleted_before: int
 
 
-OffsetEntry = ConsumerCommit | ConsumerDeleted | QueueDeleted
+OffsetEntry = ConsumerAcked | ConsumerDeleted | QueueDeleted
 
 
 def _key(*parts: str) -> bytes:
@@ -70,24 +75,13 @@ def _value(**fields: int) -> bytes:
     return json.dumps(body, separators=(",", ":")).encode()
 
 
-def consumer_key(queue: str, consumer: str) -> bytes:
-    return _key("c", queue, consumer)
-
-
-def queue_key(queue: str) -> bytes:
-    return _key("q", queue)
-
-
-def encode_commit(queue: str, consumer: str, offset: int) -> tuple[bytes, bytes]:
-    return consumer_key(queue, consumer), _value(offset=offset)
-
-
-def encode_consumer_deleted(queue: str, consumer: str) -> tuple[bytes, None]:
-    return consumer_key(queue, consumer), None
-
-
-def encode_queue_deleted(queue: str, deleted_before: int) -> tuple[bytes, bytes]:
-    return queue_key(queue), _value(deleted_before=deleted_before)
+def encode_offset_entry(entry: OffsetEntry) -> OffsetRecord:
+    """The offset-topic record of `entry`."""
+    if isinstance(entry, ConsumerAcked):
+        return _key("c", entry.queue, entry.consumer), _value(offset=entry.offset)
+    if isinstance(entry, ConsumerDeleted):
+        return _key("c", entry.queue, entry.consumer), None
+    return _key("q", entry.queue), _value(deleted_before=entry.deleted_before)
 
 
 def decode_offset_entry(key: bytes | None, value: bytes | None) -> OffsetEntry | None:
@@ -99,7 +93,7 @@ def decode_offset_entry(key: bytes | None, value: bytes | None) -> OffsetEntry |
         if parts[0] == "c" and len(parts) == 3:
             if value is None:
                 return ConsumerDeleted(parts[1], parts[2])
-            return ConsumerCommit(parts[1], parts[2], int(json.loads(value)["offset"]))
+            return ConsumerAcked(parts[1], parts[2], int(json.loads(value)["offset"]))
         if parts[0] == "q" and len(parts) == 2 and value is not None:
             return QueueDeleted(parts[1], int(json.loads(value)["deleted_before"]))
     except (ValueError, KeyError, TypeError, IndexError):

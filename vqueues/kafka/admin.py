@@ -7,9 +7,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
-from vqueues.errors import BrokerError
+from vqueues.kafka import kafka_errors, translate
 
 
 @dataclass(frozen=True)
@@ -39,16 +39,14 @@ class Admin:
                 if err.code() == KafkaError.TOPIC_ALREADY_EXISTS:
                     outcome[name] = "exists"
                 else:
-                    raise BrokerError("broker_error", f"creating {name}: {err.str()}") from None
+                    raise translate(err, f"creating {name}") from None
         return outcome
 
     def partition_counts(self, topics: Sequence[str], timeout_s: float = 10.0
                          ) -> dict[str, int | None]:
         """Partition count of each topic; None where the topic does not exist."""
-        try:
+        with kafka_errors("listing topics"):
             md = self._admin.list_topics(timeout=timeout_s)
-        except KafkaException as exc:
-            raise BrokerError("broker_unreachable", f"Kafka: {exc.args[0].str()}") from None
         out: dict[str, int | None] = {}
         for t in topics:
             tm = md.topics.get(t)
@@ -56,5 +54,6 @@ class Admin:
         return out
 
     def delete(self, topics: Sequence[str], timeout_s: float = 30.0) -> None:
-        for fut in self._admin.delete_topics(list(topics), request_timeout=timeout_s).values():
-            fut.result(timeout_s)
+        with kafka_errors("deleting topics"):
+            for fut in self._admin.delete_topics(list(topics), request_timeout=timeout_s).values():
+                fut.result(timeout_s)

@@ -1,4 +1,5 @@
-"""Reads given offsets of one partition: the way a read reaches records older than the cache."""
+"""Reads given offsets of one partition: the way a read reaches records older than the cache.
+Implements `RecordFetcher` (vqueues/storage.py)."""
 
 from __future__ import annotations
 
@@ -8,10 +9,10 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, TopicPartition
+from confluent_kafka import Consumer, TopicPartition
 
 from vqueues.errors import BrokerError
-from vqueues.kafka import poll_batch
+from vqueues.kafka import kafka_errors, poll
 from vqueues.kafka.group import to_record
 from vqueues.records import Record
 
@@ -33,7 +34,8 @@ class Fetcher:
         }
         self._topic = topic
         self._pool: queue.Queue[Consumer] = queue.Queue()
-        self._all = [Consumer(conf) for _ in range(size)]
+        with kafka_errors("fetcher"):
+            self._all = [Consumer(conf) for _ in range(size)]
         for c in self._all:
             self._pool.put(c)
 
@@ -51,7 +53,8 @@ class Fetcher:
         try:
             i = 0
             while i < len(offsets):
-                consumer.assign([TopicPartition(self._topic, partition, offsets[i])])
+                with kafka_errors("fetch"):
+                    consumer.assign([TopicPartition(self._topic, partition, offsets[i])])
                 i = self._read_run(consumer, offsets, i, found, deadline)
         finally:
             consumer.unassign()
@@ -65,23 +68,18 @@ class Fetcher:
             if time.monotonic() > deadline:
                 raise BrokerError("broker_timeout", "reading records from Kafka timed out")
             span = offsets[min(len(offsets) - 1, i + 999)] - offsets[i] + 1
-            msgs = poll_batch(consumer, max(1, min(span, 1000)), 0.05)
-            for msg in msgs:
-                err = msg.error()
-                if err is not None:
-                    if err.code() == KafkaError._PARTITION_EOF:
-                        # Nothing past the end: the rest of the wanted offsets do not exist.
-                        return len(offsets)
-                    raise BrokerError("broker_error", f"Kafka: {err.str()}",
-                                      kafka_error=err.name())
+            polled = poll(consumer, max(1, min(span, 1000)), 0.05)
+            for msg in polled.messages:
                 off = msg.offset()
                 while i < len(offsets) and offsets[i] < off:
                     i += 1  # that record no longer exists
                 if i < len(offsets) and offsets[i] == off:
                     found[off] = to_record(msg)
                     i += 1
-            if msgs and i < len(offsets):
-                last = msgs[-1].offset()
+            if polled.ends:
+                return len(offsets)  # nothing past the end: the rest do not exist
+            if polled.messages and i < len(offsets):
+                last = polled.messages[-1].offset()
                 if offsets[i] - last > SEEK_GAP:
                     return i  # the caller seeks to offsets[i]
         return i
@@ -90,42 +88,13 @@ class Fetcher:
         """The broker's high watermark, uncached (may underestimate on tansu: see ADR 0003)."""
         consumer = self._pool.get()
         try:
-            _low, high = consumer.get_watermark_offsets(
-                TopicPartition(self._topic, partition), timeout=timeout_s, cached=False)
+            with kafka_errors("high watermark"):
+                _low, high = consumer.get_watermark_offsets(
+                    TopicPartition(self._topic, partition), timeout=timeout_s, cached=False)
             return int(high)
-        except Exception:
-            return -1
         finally:
             self._pool.put(consumer)
 
     def close(self) -> None:
         for c in self._all:
             c.close()
-
-
-def read_to_end(conf: dict[str, Any], topic: str, partitions: Sequence[int],
-                timeout_s: float = 120.0) -> dict[int, list[tuple[bytes | None, bytes | None]]]:
-    """Read `partitions` of `topic` from the beginning to their end: (key, value) per record."""
-    out: dict[int, list[tuple[bytes | None, bytes | None]]] = {p: [] for p in partitions}
-    if not partitions:
-        return out
-    consumer = Consumer({**conf, "enable.auto.commit": False, "enable.partition.eof": True,
-                         "auto.offset.reset": "earliest"})
-    try:
-        consumer.assign([TopicPartition(topic, p, -2) for p in partitions])
-        pending = set(partitions)
-        deadline = time.monotonic() + timeout_s
-        while pending:
-            if time.monotonic() > deadline:
-                raise BrokerError("broker_timeout", f"replaying {topic} timed out")
-            for msg in poll_batch(consumer, 1000, 0.05):
-                err = msg.error()
-                if err is None:
-                    out[msg.partition()].append((msg.key(), msg.value()))
-                elif err.code() == KafkaError._PARTITION_EOF:
-                    pending.discard(msg.partition())
-                else:
-                    raise BrokerError("broker_error", f"Kafka: {err.str()}")
-    finally:
-        consumer.close()
-    return out

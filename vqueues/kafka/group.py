@@ -10,29 +10,19 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Any
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
-from vqueues.kafka import poll_batch
+from vqueues.kafka import kafka_errors, poll
 from vqueues.records import Record
+from vqueues.storage import Consumed, GroupListener
 
 log = logging.getLogger(__name__)
 
-# (partition, key, record) of one consumed data record.
-Consumed = tuple[int, bytes | None, Record]
-
-
-class GroupListener(Protocol):
-    def assigned(self, partitions: Sequence[int]) -> None: ...
-    def revoked(self, partitions: Sequence[int], lost: bool) -> None: ...
-    def consumed(self, batch: list[Consumed], high_watermarks: dict[int, int]) -> None: ...
-    def reached_end(self, partition: int, next_offset: int) -> None: ...
-    def failed(self, error: str) -> None: ...
-
 
 def to_record(msg: Any) -> Record:
+    """A consumed confluent-kafka message as a Record."""
     headers = msg.headers()
     return Record(msg.offset(), msg.timestamp()[1], msg.value(),
                   tuple(headers) if headers else ())
@@ -50,7 +40,8 @@ class GroupMember:
             "auto.offset.reset": "earliest",
             "partition.assignment.strategy": "cooperative-sticky",
         }
-        self._consumer = Consumer(conf)
+        with kafka_errors("group"):
+            self._consumer = Consumer(conf)
         self._topic = topic
         self._listener = listener
         self._batch_size = batch_size
@@ -86,28 +77,11 @@ class GroupMember:
         consumer = self._consumer
         try:
             while not self._stop.is_set():
-                msgs = poll_batch(consumer, self._batch_size, 0.05)
-                if not msgs:
-                    continue
-                batch: list[Consumed] = []
-                seen: set[int] = set()
-                for msg in msgs:
-                    err = msg.error()
-                    if err is None:
-                        batch.append((msg.partition(), msg.key(), to_record(msg)))
-                        seen.add(msg.partition())
-                    elif err.code() == KafkaError._PARTITION_EOF:
-                        if batch:
-                            self._flush(batch, seen)
-                            batch, seen = [], set()
-                        self._listener.reached_end(msg.partition(), msg.offset())
-                    else:
-                        log.warning("group_consume_error", extra={"error": err.str()})
-                        if err.fatal():
-                            self._listener.failed(err.str())
-                            return
-                if batch:
-                    self._flush(batch, seen)
+                polled = poll(consumer, self._batch_size, 0.05, strict=False)
+                if polled.messages:
+                    self._flush(polled.messages)
+                for partition, offset in polled.ends.items():
+                    self._listener.reached_end(partition, offset)
         except Exception as exc:  # the thread must report, never die silently
             log.exception("group_thread_failed")
             self._listener.failed(repr(exc))
@@ -118,11 +92,12 @@ class GroupMember:
             except Exception:
                 log.exception("group_close_failed")
 
-    def _flush(self, batch: list[Consumed], partitions: set[int]) -> None:
+    def _flush(self, messages: list[Any]) -> None:
+        batch: list[Consumed] = [(m.partition(), m.key(), to_record(m)) for m in messages]
         # The high watermark from the fetch responses is right on every broker we support;
         # the uncached lookup is not (see docs/adr/0003-replay-end.md).
         hw: dict[int, int] = {}
-        for p in partitions:
+        for p in {m.partition() for m in messages}:
             _low, high = self._consumer.get_watermark_offsets(
                 TopicPartition(self._topic, p), cached=True)
             if high >= 0:

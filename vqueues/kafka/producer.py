@@ -11,18 +11,18 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException, Producer
 
 from vqueues.errors import BrokerError, Unavailable
+from vqueues.kafka import kafka_errors, translate
+from vqueues.storage import Delivered, Outgoing
 
 log = logging.getLogger(__name__)
-
-# (key, value, headers) of one record to write.
-Outgoing = tuple[bytes | None, bytes | None, Sequence[tuple[str, bytes]] | None]
 
 
 class AsyncProducer:
     """Writes batches to explicit partitions; `send` resolves once the broker acknowledged."""
 
     def __init__(self, conf: dict[str, Any], name: str) -> None:
-        self._producer = Producer(conf)
+        with kafka_errors("producer"):
+            self._producer = Producer(conf)
         self._name = name
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._poll, name=f"vq-{name}-poll", daemon=True)
@@ -33,7 +33,7 @@ class AsyncProducer:
             self._producer.poll(0.05)
 
     async def send(self, topic: str, partition: int, records: Sequence[Outgoing],
-                   timeout_s: float = 30.0) -> list[tuple[int, int]]:
+                   timeout_s: float = 30.0) -> list[Delivered]:
         """Write `records` to `topic`/`partition`; return each one's (offset, timestamp) in order.
 
         With acks=0 the broker reports no offsets: each is -1.
@@ -53,7 +53,7 @@ class AsyncProducer:
                                           "the node's producer queue is full; retry") from None
                     await asyncio.sleep(0.01)
                 except KafkaException as exc:
-                    raise _translate(exc.args[0]) from None
+                    raise translate(exc.args[0], "produce") from None
         try:
             return await asyncio.wait_for(asyncio.shield(batch.done), timeout_s)
         except TimeoutError:
@@ -79,8 +79,8 @@ class _Batch:
 
     def __init__(self, loop: asyncio.AbstractEventLoop, size: int) -> None:
         self.loop = loop
-        self.done: asyncio.Future[list[tuple[int, int]]] = loop.create_future()
-        self.results: list[tuple[int, int]] = []
+        self.done: asyncio.Future[list[Delivered]] = loop.create_future()
+        self.results: list[Delivered] = []
         self.errors: list[KafkaError] = []
         self.pending = size
 
@@ -99,10 +99,6 @@ class _Batch:
         if self.done.done():
             return
         if self.errors:
-            self.done.set_exception(_translate(self.errors[0]))
+            self.done.set_exception(translate(self.errors[0], "delivery"))
         else:
             self.done.set_result(self.results)
-
-
-def _translate(err: KafkaError) -> BrokerError:
-    return BrokerError("broker_error", f"Kafka: {err.str()}", kafka_error=err.name())

@@ -12,11 +12,9 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, TopicPartition
+from confluent_kafka import Consumer, TopicPartition
 
-from vqueues.kafka import poll_batch
-
-Message = Any  # confluent_kafka.Message
+from vqueues.kafka import poll
 
 
 def _consumer(conf: dict[str, Any], **extra: Any) -> Consumer:
@@ -60,14 +58,7 @@ class OffsetRanges:
             while len(ends) < len(tps):
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"finding the end of {self.topic} timed out")
-                for msg in poll_batch(self._consumer, 10000, 0.1):
-                    err = msg.error()
-                    if err is None:
-                        continue
-                    if err.code() == KafkaError._PARTITION_EOF:
-                        ends[msg.partition()] = msg.offset()
-                    else:
-                        raise RuntimeError(f"Kafka: {err.str()}")
+                ends.update(poll(self._consumer, 10000, 0.1).ends)
         finally:
             self._consumer.unassign()
         return ends
@@ -78,7 +69,7 @@ class OffsetRanges:
 
 def read_range(conf: dict[str, Any], topic: str, partition: int, start: int, end: int,
                batch_size: int = 10000, idle_timeout_s: float = 60.0
-               ) -> Iterator[list[Message]]:
+               ) -> Iterator[list[Any]]:
     """Yield lists of up to `batch_size` messages with start <= offset < end, in order."""
     if start >= end:
         return
@@ -91,21 +82,17 @@ def read_range(conf: dict[str, Any], topic: str, partition: int, start: int, end
         last_progress = time.monotonic()
         position = start
         while position < end:
-            msgs = poll_batch(consumer, min(batch_size, end - position), 0.5)
+            polled = poll(consumer, min(batch_size, end - position), 0.5)
             out = []
-            for msg in msgs:
-                err = msg.error()
-                if err is not None:
-                    if err.code() == KafkaError._PARTITION_EOF:
-                        position = end  # nothing more exists (gaps at the end of the range)
-                        break
-                    raise RuntimeError(f"Kafka: {err.str()}")
+            for msg in polled.messages:
                 off = msg.offset()
                 if off >= end:
                     position = end
                     break
                 out.append(msg)
                 position = off + 1
+            if polled.ends:
+                position = end  # nothing more exists (gaps at the end of the range)
             if out:
                 last_progress = time.monotonic()
                 yield out

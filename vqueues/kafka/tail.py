@@ -7,9 +7,10 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
-from vqueues.kafka import poll_batch
+from vqueues.kafka import poll
+from vqueues.storage import Entry
 
 log = logging.getLogger(__name__)
 
@@ -18,7 +19,7 @@ class TopicTail:
     """Calls `on_batch([(key, value), ...])` from its own thread for every record, in order."""
 
     def __init__(self, conf: dict[str, Any], topic: str, partitions: int,
-                 on_batch: Callable[[list[tuple[bytes | None, bytes | None]]], None]) -> None:
+                 on_batch: Callable[[list[Entry]], object]) -> None:
         self._consumer = Consumer({**conf, "enable.auto.commit": False,
                                    "enable.partition.eof": False})
         self._consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING)
@@ -33,15 +34,11 @@ class TopicTail:
     def _run(self) -> None:
         try:
             while not self._stop.is_set():
-                batch = []
-                for msg in poll_batch(self._consumer, 500, 0.1):
-                    err = msg.error()
-                    if err is None:
-                        batch.append((msg.key(), msg.value()))
-                    elif err.code() != KafkaError._PARTITION_EOF:
-                        log.warning("tail_error", extra={"error": err.str()})
-                if batch:
-                    self._on_batch(batch)
+                polled = poll(self._consumer, 500, 0.1, strict=False)
+                if polled.messages:
+                    self._on_batch([(m.key(), m.value()) for m in polled.messages])
+        except Exception:  # the map goes stale, which clients survive; say so loudly
+            log.exception("tail_failed")
         finally:
             self._consumer.close()
 

@@ -1,0 +1,43 @@
+import pytest
+
+from vqueues.errors import BadRequest
+from vqueues.names import validate_name
+from vqueues.settings import Settings
+
+
+@pytest.mark.parametrize("name", ["a", "a::b", "tenant/42", "ünïcødé", "😀", "x" * 249])
+def test_names_of_1_to_249_utf8_bytes_are_accepted(name):
+    assert validate_name(name) == name
+
+
+@pytest.mark.parametrize("name", ["", "x" * 250, "é" * 125, "a\nb", "tab\there", "nul\x00"])
+def test_empty_long_or_control_character_names_are_rejected(name):
+    with pytest.raises(BadRequest) as err:
+        validate_name(name)
+    assert err.value.code == "invalid_name"
+
+
+def test_flags_beat_environment_which_beats_defaults():
+    s = Settings.load({"http_port": 9000}, env={"VQ_HTTP_PORT": "7000", "VQ_NODE_ID": "n1"})
+    assert (s.http_port, s.node_id, s.data_topic) == (9000, "n1", "vq-data")
+
+
+def test_bad_settings_are_refused_with_the_field_named():
+    with pytest.raises(ValueError, match="HTTP_PORT"):
+        Settings.load(env={"VQ_HTTP_PORT": "eighty"})
+    with pytest.raises(ValueError, match="producer_acks"):
+        Settings.load(env={"VQ_PRODUCER_ACKS": "2"})
+    with pytest.raises(ValueError, match="not key=value"):
+        Settings.load(env={"VQ_KAFKA_OPTIONS": "security.protocol"})
+
+
+def test_the_configuration_doc_lists_every_setting_as_generated():
+    import importlib.util
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    spec = importlib.util.spec_from_file_location("gen", root / "scripts/gen_config_doc.py")
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)
+    assert (root / "docs/configuration.md").read_text() == gen.render(), \
+        "docs/configuration.md is stale: run scripts/gen_config_doc.py"

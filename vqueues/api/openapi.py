@@ -1,0 +1,153 @@
+"""The OpenAPI 3.1 document served at GET /v1/openapi.json.
+
+Query parameters come from `params` (the same specs that validate requests), answer schemas
+from the service's result types (msgspec derives them), request-body limits and the error codes
+from Settings and the error registry: nothing here can drift from what the node does.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from vqueues import __version__
+from vqueues.api import params
+from vqueues.api.codec import ReadPage
+from vqueues.errors import REGISTRY
+from vqueues.names import MAX_NAME_BYTES
+from vqueues.results import (
+    AckResult,
+    ConsumerDeletion,
+    EnqueueResult,
+    PartitionsInfo,
+    QueueDeletion,
+    QueueInfo,
+    QueueList,
+)
+from vqueues.settings import Settings
+
+_ANSWERS = (EnqueueResult, ReadPage, AckResult, ConsumerDeletion, QueueInfo, QueueDeletion,
+            QueueList, PartitionsInfo)
+_TEMPLATE = "#/components/schemas/{name}"
+
+
+def _ref(name: str) -> dict[str, str]:
+    return {"$ref": _TEMPLATE.format(name=name)}
+
+
+def _ok(schema: str, description: str = "OK") -> dict[str, Any]:
+    return {"description": description,
+            "content": {"application/json": {"schema": _ref(schema)}}}
+
+
+_ERR = {"description": "error (see the Error schema for every code)",
+        "content": {"application/json": {"schema": _ref("Error")}}}
+
+
+def _request_schemas(s: Settings) -> dict[str, Any]:
+    return {
+        "EnqueueRequest": {"type": "object", "required": ["records"], "properties": {
+            "records": {"type": "array", "minItems": 1, "maxItems": s.max_batch_records,
+                        "items": {"type": "object", "required": ["value"],
+                                  "additionalProperties": False, "properties": {
+                                      "value": {"type": ["string", "null"],
+                                                "description": "at most "
+                                                f"{s.max_record_bytes} bytes decoded"},
+                                      "encoding": {"enum": ["utf8", "base64"],
+                                                   "default": "utf8"},
+                                      "headers": {"type": "object",
+                                                  "additionalProperties":
+                                                      {"type": "string"}}}}}}},
+        "AckRequest": {"type": "object", "required": ["offset"], "properties": {
+            "offset": {"type": "integer", "minimum": 0},
+            "allow_rewind": {"type": "boolean", "default": False}}},
+        "Error": {"type": "object", "required": ["error"], "properties": {"error": {
+            "type": "object", "required": ["code", "message", "retriable"],
+            "properties": {"code": {"enum": sorted(REGISTRY)}, "message": {"type": "string"},
+                           "retriable": {"type": "boolean"}}}}},
+        "Object": {"type": "object"},
+    }
+
+
+def openapi_document(s: Settings) -> dict[str, Any]:
+    name = {"type": "string", "minLength": 1,
+            "description": f"1 to {MAX_NAME_BYTES} UTF-8 bytes, no control characters; "
+                           "URL-encode `/` as %2F"}
+    queue_p = {"name": "queue", "in": "path", "required": True, "schema": name}
+    consumer_p = {"name": "consumer", "in": "path", "required": True, "schema": name}
+    errors = {"400": _ERR, "409": _ERR, "503": _ERR}
+    _, answers = msgspec.json.schema_components(_ANSWERS, ref_template=_TEMPLATE)
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "vqueues", "version": __version__,
+                 "description": "Very many named queues on one Kafka topic. Every error is "
+                                "{\"error\": {\"code\", \"message\", \"retriable\"}}; 409 "
+                                "`wrong_node` means another node owns the queue's partition; "
+                                "503 carries Retry-After."},
+        "paths": {
+            "/v1/queues/{queue}/records": {
+                "post": {
+                    "summary": "Enqueue records (answered after the broker acknowledged them)",
+                    "parameters": [queue_p],
+                    "requestBody": {"required": True, "content": {"application/json": {
+                        "schema": _ref("EnqueueRequest")}}},
+                    "responses": {"200": _ok("EnqueueResult"), "413": _ERR, **errors},
+                },
+                "get": {
+                    "summary": "Read records from the explicit offset, the consumer's committed "
+                               "offset, or the queue's first retained record",
+                    "parameters": [
+                        queue_p,
+                        {"name": "consumer", "in": "query", "schema": name},
+                        params.READ_OFFSET.openapi(s),
+                        params.READ_LIMIT.openapi(s),
+                        params.READ_WAIT_MS.openapi(s),
+                        {"name": "encoding", "in": "query",
+                         "schema": {"enum": ["utf8", "base64"], "default": "utf8"}},
+                    ],
+                    "responses": {"200": _ok("ReadPage"), **errors},
+                },
+            },
+            "/v1/queues/{queue}/consumers/{consumer}/ack": {
+                "post": {
+                    "summary": "Commit the consumer's next offset to read (durable)",
+                    "parameters": [queue_p, consumer_p],
+                    "requestBody": {"required": True, "content": {"application/json": {
+                        "schema": _ref("AckRequest")}}},
+                    "responses": {"200": _ok("AckResult"), **errors},
+                },
+            },
+            "/v1/queues/{queue}/consumers/{consumer}": {
+                "delete": {"summary": "Delete a consumer", "parameters": [queue_p, consumer_p],
+                           "responses": {"200": _ok("ConsumerDeletion"), "404": _ERR,
+                                         **errors}},
+            },
+            "/v1/queues/{queue}": {
+                "get": {"summary": "A queue's partition, records, offsets and consumers' lag",
+                        "parameters": [queue_p],
+                        "responses": {"200": _ok("QueueInfo"), "404": _ERR, **errors}},
+                "delete": {"summary": "Delete the queue and its consumers",
+                           "parameters": [queue_p],
+                           "responses": {"200": _ok("QueueDeletion"), "404": _ERR, **errors}},
+            },
+            "/v1/queues": {
+                "get": {"summary": "Queues held by this node",
+                        "parameters": [
+                            {"name": "prefix", "in": "query", "schema": {"type": "string"}},
+                            {"name": "after", "in": "query", "schema": {"type": "string"}},
+                            params.LIST_LIMIT.openapi(s)],
+                        "responses": {"200": _ok("QueueList"), "400": _ERR}},
+            },
+            "/v1/partitions": {"get": {"summary": "The cluster map and this node's partitions",
+                                       "responses": {"200": _ok("PartitionsInfo")}}},
+            "/v1/openapi.json": {"get": {"summary": "This document",
+                                         "responses": {"200": _ok("Object")}}},
+            "/metrics": {"get": {"summary": "Prometheus metrics (text format)",
+                                 "responses": {"200": {"description": "metrics"}}}},
+            "/healthz": {"get": {"summary": "Liveness", "responses": {"200": _ok("Object")}}},
+            "/readyz": {"get": {"summary": "Ready when every owned partition is replayed",
+                                "responses": {"200": _ok("Object"), "503": _ok("Object")}}},
+        },
+        "components": {"schemas": {**answers, **_request_schemas(s)}},
+    }

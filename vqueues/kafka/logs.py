@@ -1,0 +1,62 @@
+"""The `Log` and `OffsetLog` seams (vqueues/storage.py) on confluent-kafka."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
+from vqueues.errors import BrokerError
+from vqueues.kafka import kafka_errors, poll
+from vqueues.kafka.producer import AsyncProducer
+from vqueues.storage import Delivered, Entry, Outgoing
+
+
+class TopicLog:
+    """One topic written through a shared `AsyncProducer`."""
+
+    def __init__(self, producer: AsyncProducer, topic: str) -> None:
+        self.producer = producer
+        self.topic = topic
+
+    async def append(self, partition: int, records: Sequence[Outgoing]) -> list[Delivered]:
+        return await self.producer.send(self.topic, partition, records)
+
+
+class KafkaOffsetLog(TopicLog):
+    """The offset topic: written like any topic, replayed with `read_to_end`."""
+
+    def __init__(self, producer: AsyncProducer, topic: str, reader_conf: dict[str, Any]) -> None:
+        super().__init__(producer, topic)
+        self.reader_conf = reader_conf
+
+    def read_to_end(self, partitions: Sequence[int]) -> dict[int, list[Entry]]:
+        return read_to_end(self.reader_conf, self.topic, partitions)
+
+
+def read_to_end(conf: dict[str, Any], topic: str, partitions: Sequence[int],
+                timeout_s: float = 120.0) -> dict[int, list[Entry]]:
+    """Read `partitions` of `topic` from the beginning to their end: (key, value) per record."""
+    out: dict[int, list[Entry]] = {p: [] for p in partitions}
+    if not partitions:
+        return out
+    with kafka_errors(f"replaying {topic}"):
+        consumer = Consumer({**conf, "enable.auto.commit": False, "enable.partition.eof": True,
+                             "auto.offset.reset": "earliest"})
+    try:
+        with kafka_errors(f"replaying {topic}"):
+            consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions])
+        pending = set(partitions)
+        deadline = time.monotonic() + timeout_s
+        while pending:
+            if time.monotonic() > deadline:
+                raise BrokerError("broker_timeout", f"replaying {topic} timed out")
+            polled = poll(consumer, 1000, 0.05)
+            for msg in polled.messages:
+                out[msg.partition()].append((msg.key(), msg.value()))
+            pending.difference_update(polled.ends)
+    finally:
+        consumer.close()
+    return out

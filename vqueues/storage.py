@@ -1,0 +1,60 @@
+"""The seams between the queue rules and Kafka: what the service and the ownership lifecycle need
+of the data log, the offset log and the record fetcher, as Protocols.
+
+`vqueues/kafka/` implements them on confluent-kafka; the unit tests implement them in memory
+(tests/unit/fakes.py). Nothing above this seam imports the Kafka adapter's classes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+from vqueues.records import Record
+
+# (key, value, headers) of one record to write.
+Outgoing = tuple[bytes | None, bytes | None, Sequence[tuple[str, bytes]] | None]
+# (offset, timestamp) the broker gave one written record; (-1, -1) when unknown (acks=0).
+Delivered = tuple[int, int]
+# (key, value) of one record read back from a log.
+Entry = tuple[bytes | None, bytes | None]
+# (partition, key, record) of one data record the group's tail consumed.
+Consumed = tuple[int, bytes | None, Record]
+
+
+class GroupListener(Protocol):
+    """What the group member reports, from its own thread (the ownership lifecycle's input)."""
+
+    def assigned(self, partitions: Sequence[int]) -> None: ...
+    def revoked(self, partitions: Sequence[int], lost: bool) -> None: ...
+    def consumed(self, batch: list[Consumed], high_watermarks: dict[int, int]) -> None: ...
+    def reached_end(self, partition: int, next_offset: int) -> None: ...
+    def failed(self, error: str) -> None: ...
+
+
+class Log(Protocol):
+    """A topic the node writes to, by explicit partition."""
+
+    async def append(self, partition: int, records: Sequence[Outgoing]) -> list[Delivered]:
+        """Write `records` in order; return each one's (offset, timestamp) once acknowledged."""
+        ...
+
+
+class OffsetLog(Log, Protocol):
+    """The offset topic: written by the partition's owner, read back whole on assignment."""
+
+    def read_to_end(self, partitions: Sequence[int]) -> dict[int, list[Entry]]:
+        """Blocking: every (key, value) of `partitions` from the beginning to their end."""
+        ...
+
+
+class RecordFetcher(Protocol):
+    """Reads data records by offset: how a read reaches records older than the cache."""
+
+    def fetch(self, partition: int, offsets: Sequence[int]) -> dict[int, Record]:
+        """Blocking: the records at `offsets` (ascending) that still exist."""
+        ...
+
+    def high_watermark(self, partition: int) -> int:
+        """Blocking: the broker's end of `partition` (may be low on tansu: ADR 3)."""
+        ...
