@@ -1,4 +1,6 @@
-"""The `vqueues` command: serve, dev, topics create."""
+"""The `vqueues` command: serve, dev, topics create, pipeline run.
+
+The dev supervisor is in vqueues/dev.py."""
 
 from __future__ import annotations
 
@@ -7,21 +9,14 @@ import asyncio
 import logging
 import os
 import signal
-import subprocess
 import sys
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from vqueues import logs, topics
 from vqueues.errors import ConfigError
 from vqueues.settings import Settings
 
 log = logging.getLogger("vqueues.cli")
-
-# Settings `vqueues dev` gives its nodes: a first group join in seconds on the embedded broker.
-DEV_ENV = {"VQ_SESSION_TIMEOUT_MS": "6000", "VQ_HEARTBEAT_INTERVAL_MS": "500",
-           "VQ_FETCH_WAIT_MAX_MS": "10"}
-
 
 def build_parser() -> argparse.ArgumentParser:
     """The `vqueues` command line (also used to check the compose file's commands)."""
@@ -171,106 +166,9 @@ def _topics_create(args: argparse.Namespace) -> int:
     return 0
 
 
-def _get_json(url: str) -> tuple[int, dict]:
-    import json
-    import urllib.error
-    import urllib.request
-
-    try:
-        with urllib.request.urlopen(url, timeout=2) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as exc:
-        return exc.code, {}
-    except (OSError, ValueError):
-        return 0, {}
-
-
-def _wait_ready(urls: list[str], nodes: list[subprocess.Popen[bytes]],
-                stopping: Callable[[], bool], timeout_s: float = 120.0) -> bool:
-    """Wait until every node answers /readyz and the partitions are all owned."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline and not stopping():
-        if any(n.poll() is not None for n in nodes):
-            return False
-        owned: list[int] = []
-        ready = True
-        for url in urls:
-            status, body = _get_json(f"{url}/readyz")
-            ready &= status == 200
-            owned += body.get("ready", [])
-        if ready and len(owned) == len(set(owned)) == _get_json(
-                f"{urls[0]}/v1/partitions")[1].get("partitions"):
-            return True
-        time.sleep(0.2)
-    return False
-
-
-def _banner(urls: list[str], bootstrap: str, partitions: int) -> str:
-    from vqueues.hashing import partition_for
-
-    demo = partition_for("demo", partitions)
-    owner = next((u for u in urls if demo in _get_json(f"{u}/v1/partitions")[1].get("owned", [])),
-                 urls[0])
-    json_h = "-H 'Content-Type: application/json'"
-    lines = [f"vqueues is running on the embedded broker at {bootstrap}",
-             *(f"  node {i}: {u}" for i, u in enumerate(urls)),
-             "",
-             "Try it (queue 'demo' lives on " + owner + "):",
-             f"  curl -s -X POST {owner}/v1/queues/demo/records {json_h} "
-             "-d '{\"records\": [{\"value\": \"hello\"}]}'",
-             f"  curl -s '{owner}/v1/queues/demo/records?consumer=me'",
-             f"  curl -s -X POST {owner}/v1/queues/demo/consumers/me/ack {json_h} "
-             "-d '{\"offset\": 1}'",
-             f"  curl -s {owner}/v1/queues/demo",
-             f"  curl -s {urls[0]}/v1/partitions",
-             "",
-             "Press Ctrl-C to stop."]
-    return "\n".join(lines)
-
-
 def _dev(args: argparse.Namespace) -> int:
-    from vqueues.broker import EmbeddedBroker
-    from vqueues.kafka import client_config
-    from vqueues.kafka.admin import Admin
+    from vqueues.dev import run_dev
 
     logs.setup("info", args.log_format)
-    stopping = False
-
-    def on_signal(signum: int, frame: object) -> None:
-        nonlocal stopping
-        stopping = True
-
-    signal.signal(signal.SIGINT, on_signal)
-    signal.signal(signal.SIGTERM, on_signal)
-    broker = EmbeddedBroker(args.broker_port).start()
-    nodes: list[subprocess.Popen[bytes]] = []
-    try:
-        topics.create(Admin(client_config(broker.bootstrap)), topics.specs(
-            "vq-data", "vq-offsets", "vq-assignments", args.partitions, replication_factor=1))
-        for i in range(args.nodes):
-            env = {**DEV_ENV, **os.environ, "VQ_BOOTSTRAP": broker.bootstrap,
-                   "VQ_HTTP_PORT": str(args.http_port + i), "VQ_NODE_ID": f"node-{i}",
-                   "VQ_LOG_FORMAT": args.log_format}
-            nodes.append(subprocess.Popen([sys.executable, "-m", "vqueues", "serve"], env=env))
-        urls = [f"http://127.0.0.1:{args.http_port + i}" for i in range(args.nodes)]
-        if _wait_ready(urls, nodes, lambda: stopping):
-            log.info("dev_cluster_ready", extra={"bootstrap": broker.bootstrap, "nodes": urls})
-            print(_banner(urls, broker.bootstrap, args.partitions), flush=True)
-        while not stopping:
-            for n in nodes:
-                if n.poll() is not None:
-                    log.error("node_exited", extra={"pid": n.pid, "status": n.returncode})
-                    stopping = True
-            time.sleep(0.2)
-    finally:
-        for n in nodes:
-            if n.poll() is None:
-                n.send_signal(signal.SIGTERM)
-        for n in nodes:
-            try:
-                n.wait(20)
-            except subprocess.TimeoutExpired:
-                n.kill()
-                n.wait()
-        broker.stop()
-    return 0
+    return run_dev(nodes=args.nodes, partitions=args.partitions, http_port=args.http_port,
+                   broker_port=args.broker_port, log_format=args.log_format)

@@ -4,19 +4,19 @@ started and stopped in the right order."""
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 from typing import Any
 
 from aiohttp import web
 
-from vqueues import http_api, topics
+from vqueues import api, topics
 from vqueues.cache import RecordCache
 from vqueues.cluster_map import ClusterMap
 from vqueues.kafka import client_config
 from vqueues.kafka.admin import Admin
-from vqueues.kafka.fetcher import Fetcher, read_to_end
+from vqueues.kafka.fetcher import Fetcher
 from vqueues.kafka.group import GroupMember
+from vqueues.kafka.logs import KafkaOffsetLog, TopicLog
 from vqueues.kafka.producer import AsyncProducer
 from vqueues.kafka.tail import TopicTail
 from vqueues.ownership import Ownership
@@ -61,29 +61,26 @@ class Node:
                                     "fetch.wait.max.ms": s.fetch_wait_max_ms})
         self._fetcher = Fetcher(reader_conf, s.data_topic, s.fetchers)
         cluster_map = ClusterMap(partitions)
-
-        async def write_assignments(records: list[tuple[bytes, bytes]]) -> object:
-            return await offsets.send(s.assignment_topic, 0, [(k, v, None) for k, v in records])
-
+        offset_log = KafkaOffsetLog(offsets, s.offset_topic, reader_conf)
         self.ownership = Ownership(
-            loop, partitions, cache,
-            functools.partial(read_to_end, reader_conf, s.offset_topic),
+            loop, partitions, cache, offset_log,
             node_id=s.effective_node_id, url=s.effective_url, cluster_map=cluster_map,
-            write_assignments=write_assignments)
+            assignment_log=TopicLog(offsets, s.assignment_topic))
         self._tail = TopicTail(
             self._conf(**{"group.id": f"vq-map-{s.effective_node_id}",
                           "fetch.wait.max.ms": s.fetch_wait_max_ms}),
             s.assignment_topic, 1,
             lambda batch: loop.call_soon_threadsafe(cluster_map.apply, batch))
         self._tail.start()
-        self.service = QueueService(s, self.ownership, cache, data, offsets, self._fetcher)
+        self.service = QueueService(s, self.ownership, cache, TopicLog(data, s.data_topic),
+                                    offset_log, self._fetcher)
         self.service.register_gauges()
         self._group = GroupMember(self._conf(**{
             "group.id": s.group_id, "session.timeout.ms": s.session_timeout_ms,
             "heartbeat.interval.ms": s.heartbeat_interval_ms,
             "fetch.wait.max.ms": s.fetch_wait_max_ms}), s.data_topic, self.ownership)
         self._group.start()
-        app = http_api.create_app(self.service, s)
+        app = api.create_app(self.service, s)
         self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=10.0)
         await self._runner.setup()
         await web.TCPSite(self._runner, s.http_host, s.http_port).start()

@@ -1,76 +1,57 @@
 """The queue rules: enqueue, read, ack, inspect and delete. HTTP calls these; they call down to
-the owned partitions' state and the Kafka adapter."""
+the owned partitions' state and the storage seams (vqueues/storage.py). Every function returns a
+typed result (vqueues/results.py)."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from typing import Any
 
 from vqueues.cache import RecordCache
 from vqueues.errors import BadRequest, Conflict, NotFound
 from vqueues.hashing import partition_for
-from vqueues.kafka.fetcher import Fetcher
-from vqueues.kafka.producer import AsyncProducer
+from vqueues.locks import KeyedLocks
 from vqueues.ownership import Ownership
-from vqueues.partition_state import QueueStats
+from vqueues.partition_state import PartitionState
 from vqueues.records import (
-    ConsumerCommit,
+    ConsumerAcked,
     ConsumerDeleted,
+    OffsetEntry,
     QueueDeleted,
     Record,
-    encode_commit,
-    encode_consumer_deleted,
-    encode_queue_deleted,
+    encode_offset_entry,
+)
+from vqueues.results import (
+    AckResult,
+    ConsumerDeletion,
+    ConsumerInfo,
+    EnqueueResult,
+    OwnerInfo,
+    PartitionsInfo,
+    QueueDeletion,
+    QueueInfo,
+    QueueList,
+    ReadResult,
 )
 from vqueues.settings import Settings
+from vqueues.storage import Log, OffsetLog, RecordFetcher
 
-
-@dataclass(slots=True)
-class ReadResult:
-    partition: int
-    records: list[Record]
-    next_offset: int
-
-
-class KeyedLocks:
-    """One asyncio.Lock per key, dropped when nobody holds or waits for it."""
-
-    def __init__(self) -> None:
-        self._locks: dict[Any, tuple[asyncio.Lock, int]] = {}
-
-    @contextlib.asynccontextmanager
-    async def hold(self, key: Any) -> AsyncIterator[None]:
-        lock, users = self._locks.get(key, (None, 0))
-        if lock is None:
-            lock = asyncio.Lock()
-        self._locks[key] = (lock, users + 1)
-        try:
-            async with lock:
-                yield
-        finally:
-            lock, users = self._locks[key]
-            if users == 1:
-                del self._locks[key]
-            else:
-                self._locks[key] = (lock, users - 1)
+# (value, headers) of one record to enqueue.
+NewRecord = tuple[bytes | None, list[tuple[str, bytes]]]
 
 
 class QueueService:
     def __init__(self, settings: Settings, ownership: Ownership, cache: RecordCache,
-                 data_producer: AsyncProducer, offset_producer: AsyncProducer,
-                 fetcher: Fetcher) -> None:
+                 data_log: Log, offset_log: OffsetLog, fetcher: RecordFetcher) -> None:
         self.settings = settings
         self.ownership = ownership
         self.metrics = ownership.metrics
         self.partitions = ownership.partitions
         self.cache = cache
-        self._data = data_producer
-        self._offsets = offset_producer
+        self._data = data_log
+        self._offsets = offset_log
         self._fetcher = fetcher
         self._fetch_pool = ThreadPoolExecutor(settings.fetchers, thread_name_prefix="vq-fetch")
         self._locks = KeyedLocks()
@@ -82,10 +63,8 @@ class QueueService:
 
     # Records ---------------------------------------------------------------------------------
 
-    async def enqueue(self, queue: str,
-                      records: Sequence[tuple[bytes | None, list[tuple[str, bytes]]]]
-                      ) -> tuple[int, list[int] | None]:
-        """Write records to the queue; return (partition, offsets) once the broker acked them.
+    async def enqueue(self, queue: str, records: Sequence[NewRecord]) -> EnqueueResult:
+        """Write records to the queue; answer once the broker acked them.
 
         The answer waits (up to write_visible_timeout_ms) until the records are readable here,
         so a read right after an enqueue sees them. With acks=0 offsets are unknown: None.
@@ -93,17 +72,16 @@ class QueueService:
         p = self.partition_of(queue)
         state = self.ownership.require(p)
         key = queue.encode("utf-8")
-        acked = await self._data.send(self.settings.data_topic, p,
-                                      [(key, value, headers) for value, headers in records])
+        acked = await self._data.append(p, [(key, value, headers) for value, headers in records])
         offsets = [o for o, _ in acked]
         self.metrics.records_enqueued.inc(len(offsets))
         if self.settings.producer_acks == "0" or min(offsets) < 0:
-            return p, None
+            return EnqueueResult(p, None)
         last = offsets[-1]
         if last > self._produced_max.get(p, -1):
             self._produced_max[p] = last
         await state.wait_indexed(last, self.settings.write_visible_timeout_ms / 1000)
-        return p, offsets
+        return EnqueueResult(p, offsets)
 
     async def read(self, queue: str, consumer: str | None, offset: int | None, limit: int,
                    wait_ms: int) -> ReadResult:
@@ -159,11 +137,23 @@ class QueueService:
                 self._fetch_pool, self._fetcher.fetch, partition, missing))
         return [found[o] for o in offsets if o in found]
 
+    # Offset-topic writes ---------------------------------------------------------------------
+
+    async def _write_entries(self, state: PartitionState, entries: Sequence[OffsetEntry]) -> None:
+        """Write entries to the offset topic (acks=all), then apply them unless the partition
+        was revoked meanwhile: the next owner replays them instead. A revocation waits for
+        writes in flight, so the next owner's replay sees every write this node answered."""
+        with state.writing():
+            await self._offsets.append(
+                state.partition, [(*encode_offset_entry(e), None) for e in entries])
+        if not state.revoked:
+            state.apply_offset_entries(entries)
+
     # Consumers -------------------------------------------------------------------------------
 
     async def ack(self, queue: str, consumer: str, offset: int, allow_rewind: bool
-                  ) -> dict[str, Any]:
-        """Commit `offset` (the next offset to read) for the consumer, durably."""
+                  ) -> AckResult:
+        """Move the consumer's committed offset (the next offset to read) to `offset`, durably."""
         p = self.partition_of(queue)
         async with self._locks.hold(("c", queue, consumer)):
             state = self.ownership.require(p)
@@ -176,16 +166,11 @@ class QueueService:
                 raise Conflict("rewind_not_allowed",
                                f"consumer {consumer!r} is at {previous}; moving it back to "
                                f"{offset} needs allow_rewind", committed_offset=previous)
-            key, value = encode_commit(queue, consumer, offset)
-            with state.writing():
-                await self._offsets.send(self.settings.offset_topic, p, [(key, value, None)])
-            if not state.revoked:
-                state.apply_offset_entries([ConsumerCommit(queue, consumer, offset)])
+            await self._write_entries(state, [ConsumerAcked(queue, consumer, offset)])
             self.metrics.acks.inc()
-        return {"queue": queue, "consumer": consumer, "offset": offset,
-                "previous_offset": previous}
+        return AckResult(queue, consumer, offset, previous)
 
-    async def delete_consumer(self, queue: str, consumer: str) -> dict[str, Any]:
+    async def delete_consumer(self, queue: str, consumer: str) -> ConsumerDeletion:
         p = self.partition_of(queue)
         async with self._locks.hold(("c", queue, consumer)):
             state = self.ownership.require(p)
@@ -193,23 +178,21 @@ class QueueService:
             if previous is None:
                 raise NotFound("consumer_not_found",
                                f"queue {queue!r} has no consumer {consumer!r}")
-            key, value = encode_consumer_deleted(queue, consumer)
-            with state.writing():
-                await self._offsets.send(self.settings.offset_topic, p, [(key, value, None)])
-            if not state.revoked:
-                state.apply_offset_entries([ConsumerDeleted(queue, consumer)])
-        return {"queue": queue, "consumer": consumer, "deleted": True, "offset": previous}
+            await self._write_entries(state, [ConsumerDeleted(queue, consumer)])
+        return ConsumerDeletion(queue, consumer, True, previous)
 
     # Queues ----------------------------------------------------------------------------------
 
-    def queue_stats(self, queue: str) -> QueueStats:
+    def queue_info(self, queue: str) -> QueueInfo:
         p = self.partition_of(queue)
         stats = self.ownership.require(p).stats(queue)
         if stats is None:
             raise NotFound("queue_not_found", f"queue {queue!r} has no records and no consumers")
-        return stats
+        return QueueInfo(stats.queue, p, stats.records, stats.first_offset, stats.last_offset,
+                         [ConsumerInfo(name, off, lag)
+                          for name, (off, lag) in stats.consumers.items()])
 
-    async def delete_queue(self, queue: str) -> dict[str, Any]:
+    async def delete_queue(self, queue: str) -> QueueDeletion:
         """Delete the queue and its consumers: a marker in the offset topic hides every record
         below the partition's current end, for this node and every later owner."""
         p = self.partition_of(queue)
@@ -225,19 +208,14 @@ class QueueService:
             broker_end = await loop.run_in_executor(
                 self._fetch_pool, self._fetcher.high_watermark, p)
             before = max(state.next_offset, self._produced_max.get(p, -1) + 1, broker_end)
-            entries = [encode_queue_deleted(queue, before)]
-            entries += [encode_consumer_deleted(queue, c) for c in stats.consumers]
-            with state.writing():
-                await self._offsets.send(self.settings.offset_topic, p,
-                                         [(key, value, None) for key, value in entries])
-            if not state.revoked:
-                state.apply_offset_entries([QueueDeleted(queue, before)])
+            entries: list[OffsetEntry] = [QueueDeleted(queue, before)]
+            entries += [ConsumerDeleted(queue, c) for c in stats.consumers]
+            await self._write_entries(state, entries)
             self.metrics.queues_deleted.inc()
-        return {"queue": queue, "deleted": True, "partition": p, "records": stats.records,
-                "consumers": sorted(stats.consumers), "deleted_before": before}
+        return QueueDeletion(queue, True, p, stats.records, sorted(stats.consumers), before)
 
-    def list_queues(self, prefix: str, after: str | None, limit: int) -> dict[str, Any]:
-        names = []
+    def list_queues(self, prefix: str, after: str | None, limit: int) -> QueueList:
+        names: list[str] = []
         for state in self.ownership.states.values():
             if not state.ready.is_set():
                 continue
@@ -245,17 +223,16 @@ class QueueService:
                          if n.startswith(prefix) and (after is None or n > after))
         names.sort()
         page = names[:limit]
-        return {"queues": page, "next_after": page[-1] if len(names) > limit else None}
+        return QueueList(page, page[-1] if len(names) > limit else None)
 
-    def partitions_info(self) -> dict[str, Any]:
+    def partitions_info(self) -> PartitionsInfo:
         states = self.ownership.states
-        return {
-            **self.ownership.cluster_map.to_json(),
-            "node": self.settings.effective_node_id,
-            "url": self.settings.effective_url,
-            "owned": sorted(states),
-            "ready": sorted(p for p, s in states.items() if s.ready.is_set()),
-        }
+        cmap = self.ownership.cluster_map
+        return PartitionsInfo(
+            partitions=cmap.partitions, generation=cmap.generation,
+            owners={str(p): OwnerInfo(o.node, o.url) for p, o in sorted(cmap.owners.items())},
+            node=self.settings.effective_node_id, url=self.settings.effective_url,
+            owned=sorted(states), ready=sorted(p for p, s in states.items() if s.ready.is_set()))
 
     def register_gauges(self) -> None:
         states = self.ownership.states

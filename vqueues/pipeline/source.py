@@ -68,10 +68,11 @@ class VQueuesKafkaSource(DataSource):
         self.topic = opts.get("subscribe") or opts.get("topic") or ""
         if not self.topic or "," in self.topic:
             raise ValueError(f"{SOURCE_NAME}: option subscribe must name exactly one topic")
-        self.starting = opts.get("startingoffsets", "earliest")
-        if self.starting not in ("earliest", "latest"):
+        raw_start = opts.get("startingoffsets", "earliest")
+        self.starting: str | dict[str, int] = raw_start
+        if raw_start not in ("earliest", "latest"):
             try:
-                parsed = json.loads(self.starting)[self.topic]
+                parsed = json.loads(raw_start)[self.topic]
                 self.starting = {str(p): int(o) for p, o in parsed.items()}
             except (ValueError, KeyError, TypeError, AttributeError):
                 raise ValueError(f"{SOURCE_NAME}: startingOffsets must be earliest, latest or "

@@ -1,0 +1,40 @@
+"""The aiohttp application of one node: middlewares, routes, and the proxy's client session."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from vqueues.api import compat, handlers
+from vqueues.api.keys import SERVICE, SETTINGS
+from vqueues.api.middlewares import error_middleware, metrics_middleware
+from vqueues.api.proxy import forward_middleware, proxy_session
+from vqueues.service import QueueService
+from vqueues.settings import Settings
+
+
+def create_app(service: QueueService, settings: Settings) -> web.Application:
+    """The application serving `service`; limits come from `settings` (docs/api.md)."""
+    middlewares = [metrics_middleware, error_middleware]
+    if settings.forward:
+        middlewares.append(forward_middleware)
+    app = web.Application(middlewares=middlewares, client_max_size=settings.max_body_bytes)
+    app[SERVICE] = service
+    app[SETTINGS] = settings
+    if settings.forward:
+        app.cleanup_ctx.append(proxy_session)
+    q = "/v1/queues/{queue:[^/]+}"
+    c = q + "/consumers/{consumer:[^/]+}"
+    app.router.add_post(f"{q}/records", handlers.enqueue)
+    app.router.add_get(f"{q}/records", handlers.read)
+    app.router.add_post(f"{c}/ack", handlers.ack)
+    app.router.add_delete(c, handlers.delete_consumer)
+    app.router.add_get(q, handlers.queue_info)
+    app.router.add_delete(q, handlers.delete_queue)
+    app.router.add_get("/v1/queues", handlers.list_queues)
+    app.router.add_get("/v1/partitions", handlers.partitions)
+    app.router.add_get("/v1/openapi.json", handlers.openapi)
+    app.router.add_routes(compat.routes())
+    app.router.add_get("/metrics", handlers.metrics)
+    app.router.add_get("/healthz", handlers.healthz)
+    app.router.add_get("/readyz", handlers.readyz)
+    return app

@@ -1,0 +1,133 @@
+"""The wire form of records and answers: request bodies in, JSON out (msgspec encodes the
+service's typed results directly, and the OpenAPI document takes its schemas from these types)."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from typing import Any
+
+import msgspec
+from aiohttp import web
+
+from vqueues.errors import BadRequest, PayloadTooLarge
+from vqueues.records import Record
+from vqueues.service import NewRecord
+from vqueues.settings import Settings
+
+ENCODINGS = ("utf8", "base64")
+_RECORD_FIELDS = {"value", "encoding", "headers"}
+_encoder = msgspec.json.Encoder()
+
+
+class RecordOut(msgspec.Struct, omit_defaults=True):
+    """A record as a read returns it; `encoding` only when it differs from the one asked for."""
+
+    offset: int
+    timestamp: int
+    value: str | None
+    headers: dict[str, str | None]
+    encoding: str | None = None
+
+
+class ReadPage(msgspec.Struct):
+    partition: int
+    records: list[RecordOut]
+    next_offset: int
+
+
+def respond(body: Any, status: int = 200, headers: dict[str, str] | None = None
+            ) -> web.Response:
+    """A JSON answer; `body` may be a typed result, a msgspec Struct or plain data."""
+    return web.Response(body=_encoder.encode(body), status=status,
+                        content_type="application/json", headers=headers)
+
+
+async def read_body(request: web.Request) -> dict[str, Any]:
+    """The request's JSON object (aiohttp enforces client_max_size: 413)."""
+    raw = await request.read()
+    try:
+        body = msgspec.json.decode(raw) if raw else None
+    except msgspec.DecodeError as exc:
+        raise BadRequest("malformed_json", f"request body is not valid JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise BadRequest("malformed_json", "request body must be a JSON object")
+    return body
+
+
+def _decode_value(value: Any, encoding: str, i: int) -> bytes | None:
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise BadRequest("invalid_record", f"records[{i}].value must be a string or null")
+    if encoding == "utf8":
+        return value.encode("utf-8", "surrogatepass")
+    try:
+        return base64.b64decode(value, validate=True)
+    except (binascii.Error, ValueError):
+        raise BadRequest("invalid_record", f"records[{i}].value is not valid base64") from None
+
+
+def decode_records(body: dict[str, Any], settings: Settings) -> list[NewRecord]:
+    """An enqueue body's records, validated against the settings' limits."""
+    items = body.get("records")
+    if not isinstance(items, list) or not items:
+        raise BadRequest("invalid_records", "body must have a non-empty array `records`")
+    if len(items) > settings.max_batch_records:
+        raise BadRequest("too_many_records", f"at most {settings.max_batch_records} records "
+                         f"per request, got {len(items)}", max=settings.max_batch_records)
+    out = []
+    for i, item in enumerate(items):
+        if not isinstance(item, dict) or "value" not in item:
+            raise BadRequest("invalid_record", f"records[{i}] must be an object with `value`")
+        unknown = set(item) - _RECORD_FIELDS
+        if unknown:
+            raise BadRequest("invalid_record", f"records[{i}] has unknown fields {sorted(unknown)}")
+        encoding = item.get("encoding", "utf8")
+        if encoding not in ENCODINGS:
+            raise BadRequest("invalid_record", f"records[{i}].encoding must be utf8 or base64")
+        value = _decode_value(item["value"], encoding, i)
+        if value is not None and len(value) > settings.max_record_bytes:
+            raise PayloadTooLarge("record_too_large", f"records[{i}] is {len(value)} bytes; "
+                                  f"at most {settings.max_record_bytes}",
+                                  max=settings.max_record_bytes)
+        headers = item.get("headers") or {}
+        if not isinstance(headers, dict) or not all(
+                isinstance(k, str) and isinstance(v, str) for k, v in headers.items()):
+            raise BadRequest("invalid_record",
+                             f"records[{i}].headers must map strings to strings")
+        out.append((value, [(k, v.encode("utf-8")) for k, v in headers.items()]))
+    return out
+
+
+def _encode_bytes(data: bytes, encoding: str) -> tuple[str, str]:
+    if encoding == "utf8":
+        try:
+            return data.decode("utf-8"), "utf8"
+        except UnicodeDecodeError:
+            pass
+    return base64.b64encode(data).decode("ascii"), "base64"
+
+
+def encode_record(rec: Record, encoding: str) -> RecordOut:
+    """A record on the wire; a value or header that is not UTF-8 falls back to base64 (marked)."""
+    used = encoding
+    value = None
+    if rec.value is not None:
+        value, used = _encode_bytes(rec.value, encoding)
+    headers: dict[str, str | None] = {}
+    if rec.headers:
+        raw = dict(rec.headers)
+        if used == "utf8":
+            try:
+                headers = {k: (v.decode("utf-8") if v is not None else None)
+                           for k, v in raw.items()}
+            except UnicodeDecodeError:
+                used = "base64"
+                if rec.value is not None:
+                    value = base64.b64encode(rec.value).decode("ascii")
+        if used == "base64":
+            headers = {k: (base64.b64encode(v).decode("ascii") if v is not None else None)
+                       for k, v in raw.items()}
+    return RecordOut(rec.offset, rec.timestamp, value, headers,
+                     used if used != encoding else None)

@@ -1,0 +1,115 @@
+"""The v1 handlers: each decodes the request, calls one service function, encodes the result."""
+
+from __future__ import annotations
+
+import msgspec
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from vqueues.api import params
+from vqueues.api.codec import (
+    ENCODINGS,
+    ReadPage,
+    decode_records,
+    encode_record,
+    read_body,
+    respond,
+)
+from vqueues.api.keys import SERVICE, SETTINGS
+from vqueues.api.openapi import openapi_document
+from vqueues.errors import BadRequest
+from vqueues.names import validate_name
+
+
+def _queue(request: web.Request) -> str:
+    return validate_name(request.match_info["queue"], "queue")
+
+
+def _consumer(request: web.Request) -> str:
+    return validate_name(request.match_info["consumer"], "consumer")
+
+
+async def enqueue(request: web.Request) -> web.Response:
+    queue = _queue(request)
+    records = decode_records(await read_body(request), request.app[SETTINGS])
+    return respond(await request.app[SERVICE].enqueue(queue, records))
+
+
+async def read(request: web.Request) -> web.Response:
+    settings = request.app[SETTINGS]
+    queue = _queue(request)
+    consumer = request.query.get("consumer")
+    if consumer is not None:
+        validate_name(consumer, "consumer")
+    offset = params.READ_OFFSET.parse(request.query, settings)
+    limit = params.READ_LIMIT.require(request.query, settings)
+    wait_ms = params.READ_WAIT_MS.require(request.query, settings)
+    encoding = request.query.get("encoding", "utf8")
+    if encoding not in ENCODINGS:
+        raise BadRequest("invalid_parameter", "encoding must be utf8 or base64")
+    result = await request.app[SERVICE].read(queue, consumer, offset, limit, wait_ms)
+    return respond(ReadPage(result.partition,
+                            [encode_record(r, encoding) for r in result.records],
+                            result.next_offset))
+
+
+async def ack(request: web.Request) -> web.Response:
+    queue = _queue(request)
+    consumer = _consumer(request)
+    body = await read_body(request)
+    offset = body.get("offset")
+    if isinstance(offset, bool) or not isinstance(offset, int):
+        raise BadRequest("invalid_offset", "`offset` (the next offset to read) must be an integer")
+    if offset < 0:
+        raise BadRequest("invalid_offset", "`offset` must not be negative")
+    allow_rewind = body.get("allow_rewind", False)
+    if not isinstance(allow_rewind, bool):
+        raise BadRequest("invalid_parameter", "`allow_rewind` must be true or false")
+    return respond(await request.app[SERVICE].ack(queue, consumer, offset, allow_rewind))
+
+
+async def queue_info(request: web.Request) -> web.Response:
+    return respond(request.app[SERVICE].queue_info(_queue(request)))
+
+
+async def list_queues(request: web.Request) -> web.Response:
+    limit = params.LIST_LIMIT.require(request.query, request.app[SETTINGS])
+    return respond(request.app[SERVICE].list_queues(
+        request.query.get("prefix", ""), request.query.get("after"), limit))
+
+
+async def delete_queue(request: web.Request) -> web.Response:
+    return respond(await request.app[SERVICE].delete_queue(_queue(request)))
+
+
+async def delete_consumer(request: web.Request) -> web.Response:
+    queue = _queue(request)
+    return respond(await request.app[SERVICE].delete_consumer(queue, _consumer(request)))
+
+
+async def partitions(request: web.Request) -> web.Response:
+    return respond(request.app[SERVICE].partitions_info())
+
+
+async def healthz(request: web.Request) -> web.Response:
+    failure = request.app[SERVICE].ownership.failure
+    if failure:
+        return respond({"status": "failed", "error": failure}, 500)
+    return respond({"status": "ok"})
+
+
+async def readyz(request: web.Request) -> web.Response:
+    service = request.app[SERVICE]
+    info = msgspec.to_builtins(service.partitions_info())
+    if service.ownership.ready and not service.ownership.failure:
+        return respond({"status": "ready", **info})
+    return respond({"status": "not_ready", **info}, 503, {"Retry-After": "1"})
+
+
+async def openapi(request: web.Request) -> web.Response:
+    return respond(openapi_document(request.app[SETTINGS]))
+
+
+async def metrics(request: web.Request) -> web.Response:
+    body = generate_latest(request.app[SERVICE].metrics.registry)
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
