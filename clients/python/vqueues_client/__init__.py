@@ -1,6 +1,6 @@
 """Partition-aware Python client for vqueues."""
 
-from vqueues_client.client import AsyncClient, EnqueueResult, ReadResult, Record
+from vqueues_client.client import AsyncClient, EnqueueResult, NewRecord, ReadResult, Record
 from vqueues_client.consumer import consume
 from vqueues_client.errors import DeadlineExceeded, VQError
 from vqueues_client.hashing import murmur2, partition_for
@@ -8,7 +8,8 @@ from vqueues_client.producer import BatchProducer
 from vqueues_client.sync import Client
 
 __all__ = [
-    "AsyncClient", "BatchProducer", "Client", "DeadlineExceeded", "EnqueueResult", "ReadResult",
+    "AsyncClient", "BatchProducer", "Client", "DeadlineExceeded", "EnqueueResult", "NewRecord",
+    "ReadResult",
     "Record", "VQError", "consume", "murmur2", "partition_for",
 ]
 __version__ = "0.1.0"

@@ -44,6 +44,14 @@ class EnqueueResult:
     offsets: list[int] | None
 
 
+@dataclass(frozen=True, slots=True)
+class NewRecord:
+    """One record to enqueue with headers of its own (a batch may mix them)."""
+
+    value: Value
+    headers: dict[str, str] | None = None
+
+
 def _encode_value(value: Value, headers: dict[str, str] | None) -> dict[str, Any]:
     item: dict[str, Any]
     if isinstance(value, bytes | bytearray | memoryview):
@@ -53,6 +61,12 @@ def _encode_value(value: Value, headers: dict[str, str] | None) -> dict[str, Any
     if headers:
         item["headers"] = headers
     return item
+
+
+def _encode_item(item: Value | NewRecord, headers: dict[str, str] | None) -> dict[str, Any]:
+    if isinstance(item, NewRecord):
+        return _encode_value(item.value, item.headers)
+    return _encode_value(item, headers)
 
 
 def _decode_record(raw: dict[str, Any]) -> Record:
@@ -128,12 +142,13 @@ class AsyncClient:
                 except (aiohttp.ClientError, TimeoutError) as exc:
                     last = exc
                     continue
+                assert isinstance(body, dict)
                 self.partitions = int(body["partitions"])
                 self.owners = {int(p): o["url"] for p, o in body.get("owners", {}).items()}
                 self.generation = int(body.get("generation", 0))
                 self._map_at = time.monotonic()
                 return body
-            raise VQError(0, "no_node_reachable", f"no node answered: {last}")
+            raise VQError(0, "no_node_reachable", f"no node answered: {last}", retriable=True)
 
     async def _owner_url(self, queue: str) -> str:
         if self.partitions is None or time.monotonic() - self._map_at > self.refresh_interval_s:
@@ -165,7 +180,8 @@ class AsyncClient:
                         return body
                     err = (body or {}).get("error", {}) if isinstance(body, dict) else {}
                     last = VQError(r.status, err.get("code", "http_error"),
-                                   err.get("message", r.reason or ""), err)
+                                   err.get("message", r.reason or ""), err,
+                                   retriable=err.get("retriable") is True)
                     if r.status == 404 and ok404:
                         return None
                     if r.status == 409 and last.code == "wrong_node":
@@ -176,7 +192,7 @@ class AsyncClient:
                     if not last.retriable:
                         raise last
             except (aiohttp.ClientConnectionError, TimeoutError) as exc:
-                last = VQError(0, "connection_error", f"{base}: {exc}")
+                last = VQError(0, "connection_error", f"{base}: {exc}", retriable=True)
                 await self._refresh_quietly()
             remaining = deadline - time.monotonic()
             if remaining <= 0:
@@ -184,6 +200,13 @@ class AsyncClient:
             if url_override is None:
                 await asyncio.sleep(min(remaining, random.uniform(0, delay)))  # full jitter
                 delay = min(self.backoff_max_s, delay * 2)
+
+    async def _call_obj(self, method: str, queue: str | None, path: str, **kw: Any
+                        ) -> dict[str, Any] | None:
+        """`_call` for routes that answer a JSON object (or None on an allowed 404)."""
+        body = await self._call(method, queue, path, **kw)
+        assert body is None or isinstance(body, dict), body
+        return body
 
     async def _refresh_quietly(self) -> None:
         with contextlib.suppress(VQError):
@@ -195,15 +218,17 @@ class AsyncClient:
 
     # The API -----------------------------------------------------------------------------------
 
-    async def enqueue(self, queue: str, values: list[Value] | Value,
+    async def enqueue(self, queue: str,
+                      values: list[Value | NewRecord] | Value | NewRecord,
                       headers: dict[str, str] | None = None) -> EnqueueResult:
-        """Enqueue one value or a list; `bytes` go base64, `str` as UTF-8.
+        """Enqueue one value or a list, in one request and in this order; `bytes` go base64,
+        `str` as UTF-8. `headers` apply to plain values; a `NewRecord` carries its own.
 
         A retried enqueue (after a connection error) may write twice: at-least-once.
         """
         items = values if isinstance(values, list) else [values]
         body = await self._call("POST", queue, f"/v1/queues/{self._q(queue)}/records",
-                                json={"records": [_encode_value(v, headers) for v in items]})
+                                json={"records": [_encode_item(v, headers) for v in items]})
         return EnqueueResult(body["partition"], body["offsets"])
 
     async def read(self, queue: str, *, consumer: str | None = None, offset: int | None = None,
@@ -220,20 +245,23 @@ class AsyncClient:
     async def ack(self, queue: str, consumer: str, offset: int, *,
                   allow_rewind: bool = False) -> dict[str, Any]:
         """Commit `offset`, the consumer's next offset to read."""
-        return await self._call(
+        body = await self._call_obj(
             "POST", queue, f"/v1/queues/{self._q(queue)}/consumers/{self._q(consumer)}/ack",
             json={"offset": offset, "allow_rewind": allow_rewind})
+        assert body is not None
+        return body
 
     async def queue_info(self, queue: str) -> dict[str, Any] | None:
         """The queue's partition, record count, offsets and consumers; None if unknown."""
-        return await self._call("GET", queue, f"/v1/queues/{self._q(queue)}", ok404=True)
+        return await self._call_obj("GET", queue, f"/v1/queues/{self._q(queue)}", ok404=True)
 
     async def delete_queue(self, queue: str) -> dict[str, Any] | None:
         """Delete the queue and its consumers; None if it did not exist."""
-        return await self._call("DELETE", queue, f"/v1/queues/{self._q(queue)}", ok404=True)
+        return await self._call_obj("DELETE", queue, f"/v1/queues/{self._q(queue)}",
+                                    ok404=True)
 
     async def delete_consumer(self, queue: str, consumer: str) -> dict[str, Any] | None:
-        return await self._call(
+        return await self._call_obj(
             "DELETE", queue, f"/v1/queues/{self._q(queue)}/consumers/{self._q(consumer)}",
             ok404=True)
 

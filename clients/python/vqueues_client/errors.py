@@ -1,4 +1,4 @@
-"""Errors the client raises: the server's error code, HTTP status and message."""
+"""Errors the client raises: the server's error code, HTTP status, message and retriable flag."""
 
 from __future__ import annotations
 
@@ -6,20 +6,20 @@ from typing import Any
 
 
 class VQError(Exception):
-    """An error answer from vqueues (or a transport failure, status 0)."""
+    """An error answer from vqueues, or a transport failure (status 0).
+
+    `retriable` is the server's own `retriable` field of the error body (its error registry
+    decides); a transport failure is retriable, and an answer without that field is not.
+    """
 
     def __init__(self, status: int, code: str, message: str,
-                 details: dict[str, Any] | None = None) -> None:
+                 details: dict[str, Any] | None = None, *, retriable: bool = False) -> None:
         super().__init__(f"{status} {code}: {message}")
         self.status = status
         self.code = code
         self.message = message
         self.details = details or {}
-
-    @property
-    def retriable(self) -> bool:
-        return self.status in (0, 409, 429, 502, 503, 504) and self.code not in (
-            "rewind_not_allowed",)
+        self.retriable = retriable
 
 
 class DeadlineExceeded(VQError):

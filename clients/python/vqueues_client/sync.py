@@ -7,7 +7,7 @@ import threading
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
-from vqueues_client.client import AsyncClient, EnqueueResult, ReadResult, Value
+from vqueues_client.client import AsyncClient, EnqueueResult, NewRecord, ReadResult, Value
 
 T = TypeVar("T")
 
@@ -45,7 +45,7 @@ class Client:
             self._thread.join(5)
             self._loop.close()
 
-    def enqueue(self, queue: str, values: list[Value] | Value,
+    def enqueue(self, queue: str, values: list[Value | NewRecord] | Value | NewRecord,
                 headers: dict[str, str] | None = None) -> EnqueueResult:
         return self._run(self._async.enqueue(queue, values, headers))
 
