@@ -10,12 +10,23 @@ from __future__ import annotations
 import os
 import socket
 from collections.abc import Iterator
+from pathlib import Path
 
 import aiohttp
 import pytest
 
 from tests.support import NodeProcess, Topics, create_topics
 from vqueues.broker import EmbeddedBroker
+
+UNIT_DIR = Path(__file__).parent / "unit"
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark the unit tier (tests/unit/) before `-m` selects."""
+    for item in items:
+        if UNIT_DIR in Path(str(item.fspath)).parents:
+            item.add_marker(pytest.mark.unit)
 
 
 def _docker_engine() -> bool:

@@ -1,0 +1,65 @@
+"""In-memory stand-ins for the storage seams (vqueues/storage.py), for the unit tier only.
+
+Never used where a test claims Kafka behaviour: those tests run against a real broker.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from vqueues.records import Record
+from vqueues.storage import Delivered, Entry, GroupListener, Outgoing
+
+
+class MemoryLog:
+    """A topic in memory: per partition a list of (key, value, headers), offsets from 0.
+
+    With a `tail` listener, appended records are delivered to it as the group's tail would
+    deliver them (so read-your-writes works in unit tests).
+    """
+
+    def __init__(self, tail: GroupListener | None = None) -> None:
+        self.partitions: dict[int, list[Outgoing]] = {}
+        self.tail = tail
+        self.fail_next: Exception | None = None
+        self.timestamp = 1_700_000_000_000
+
+    async def append(self, partition: int, records: Sequence[Outgoing]) -> list[Delivered]:
+        if self.fail_next is not None:
+            exc, self.fail_next = self.fail_next, None
+            raise exc
+        log = self.partitions.setdefault(partition, [])
+        out: list[Delivered] = []
+        consumed = []
+        for key, value, headers in records:
+            offset = len(log)
+            log.append((key, value, headers))
+            out.append((offset, self.timestamp))
+            consumed.append((partition, key, Record(offset, self.timestamp, value,
+                                                    tuple(headers or ()))))
+        if self.tail is not None:
+            self.tail.consumed(consumed, {partition: len(log)})
+        return out
+
+    def read_to_end(self, partitions: Sequence[int]) -> dict[int, list[Entry]]:
+        return {p: [(k, v) for k, v, _ in self.partitions.get(p, [])] for p in partitions}
+
+    def end(self, partition: int) -> int:
+        return len(self.partitions.get(partition, []))
+
+
+class MemoryFetcher:
+    """Reads records back from a MemoryLog by offset; counts the calls."""
+
+    def __init__(self, log: MemoryLog) -> None:
+        self.log = log
+        self.calls = 0
+
+    def fetch(self, partition: int, offsets: Sequence[int]) -> dict[int, Record]:
+        self.calls += 1
+        records = self.log.partitions.get(partition, [])
+        return {o: Record(o, self.log.timestamp, records[o][1], tuple(records[o][2] or ()))
+                for o in offsets if 0 <= o < len(records)}
+
+    def high_watermark(self, partition: int) -> int:
+        return self.log.end(partition)

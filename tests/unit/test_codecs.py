@@ -1,0 +1,85 @@
+"""Codecs: offset-topic entries, the cluster map's records, and the HTTP record codec."""
+
+import base64
+
+import pytest
+
+from vqueues.api.codec import decode_records, encode_record
+from vqueues.cluster_map import ClusterMap, Owner, encode_claim, encode_release
+from vqueues.errors import VQError
+from vqueues.records import (
+    ConsumerAcked,
+    ConsumerDeleted,
+    QueueDeleted,
+    Record,
+    decode_offset_entry,
+    encode_offset_entry,
+)
+from vqueues.settings import Settings
+
+ENTRIES = [ConsumerAcked("q", "c", 0), ConsumerAcked("a::b/ü", '["c"]', 2**40),
+           ConsumerDeleted("q", "c"), QueueDeleted("q", 17)]
+
+
+@pytest.mark.parametrize("entry", ENTRIES)
+def test_every_offset_entry_survives_encoding(entry):
+    assert decode_offset_entry(*encode_offset_entry(entry)) == entry
+
+
+def test_a_consumer_deletion_is_a_tombstone_on_the_consumers_key():
+    key, value = encode_offset_entry(ConsumerDeleted("q", "c"))
+    assert value is None and key == encode_offset_entry(ConsumerAcked("q", "c", 1))[0]
+
+
+@pytest.mark.parametrize(("key", "value"), [
+    (None, b"{}"), (b"", b"{}"), (b"not json", b"{}"), (b'["x", "q"]', b"{}"),
+    (b'["c", "q", "c"]', b"{}"), (b'["q", "q"]', None), (b'["c", "q"]', b'{"offset": 1}'),
+])
+def test_records_not_written_by_vqueues_decode_to_none(key, value):
+    assert decode_offset_entry(key, value) is None
+
+
+def test_the_cluster_map_follows_claims_and_releases_by_the_current_owner_only():
+    m = ClusterMap(4)
+    m.apply([encode_claim(1, "a", "http://a", 1), encode_claim(2, "a", "http://a", 1)])
+    m.apply([encode_claim(1, "b", "http://b", 2)])
+    m.apply([encode_release(1, "a", 1)])  # a no longer owns 1: ignored
+    m.apply([encode_release(2, "a", 1)])
+    m.apply([(b"9", b"{}"), (b"x", b"{}"), (b"3", b"not json")])  # out of range, garbage
+    assert m.owners == {1: Owner("b", "http://b", 2)}
+    assert m.generation == 2
+
+
+SETTINGS = Settings(max_batch_records=3, max_record_bytes=4)
+
+
+@pytest.mark.parametrize(("body", "code"), [
+    ({}, "invalid_records"), ({"records": []}, "invalid_records"),
+    ({"records": "x"}, "invalid_records"), ({"records": [{"value": "a"}] * 4}, "too_many_records"),
+    ({"records": [{"headers": {}}]}, "invalid_record"), ({"records": [5]}, "invalid_record"),
+    ({"records": [{"value": 5}]}, "invalid_record"),
+    ({"records": [{"value": "a", "encoding": "hex"}]}, "invalid_record"),
+    ({"records": [{"value": "***", "encoding": "base64"}]}, "invalid_record"),
+    ({"records": [{"value": "a", "headers": {"k": 1}}]}, "invalid_record"),
+    ({"records": [{"value": "a", "x": 1}]}, "invalid_record"),
+    ({"records": [{"value": "12345"}]}, "record_too_large"),
+])
+def test_bad_enqueue_bodies_get_their_registry_code(body, code):
+    with pytest.raises(VQError) as err:
+        decode_records(body, SETTINGS)
+    assert err.value.code == code
+
+
+def test_enqueue_bodies_decode_values_and_headers():
+    got = decode_records({"records": [
+        {"value": "hé", "headers": {"k": "v"}}, {"value": None},
+        {"value": base64.b64encode(b"\xff\x00").decode(), "encoding": "base64"}]}, SETTINGS)
+    assert got == [("hé".encode(), [("k", b"v")]), (None, []), (b"\xff\x00", [])]
+
+
+def test_a_record_that_is_not_utf8_is_returned_base64_and_says_so():
+    rec = Record(5, 1, b"\xff", (("h", b"x"),))
+    out = encode_record(rec, "utf8")
+    assert (out.value, out.headers, out.encoding) == ("/w==", {"h": "eA=="}, "base64")
+    assert encode_record(Record(5, 1, b"ok", (("h", None),)), "utf8").encoding is None
+    assert encode_record(Record(5, 1, b"ok", ()), "base64").value == "b2s="

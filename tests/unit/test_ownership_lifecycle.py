@@ -1,0 +1,110 @@
+"""The ownership lifecycle through in-memory logs: assign -> replay -> ready -> revoke, and a
+re-assignment without a revoke. The group's thread side is called from a thread, as in a node."""
+
+import asyncio
+
+import pytest
+
+from tests.unit.fakes import MemoryLog
+from vqueues.cache import RecordCache
+from vqueues.errors import VQError
+from vqueues.hashing import partition_for
+from vqueues.ownership import Ownership
+from vqueues.records import ConsumerAcked, Record, encode_offset_entry
+
+PARTITIONS = 4
+
+
+def queue_in(p, prefix="q"):
+    return next(f"{prefix}{i}" for i in range(10**5)
+                if partition_for(f"{prefix}{i}", PARTITIONS) == p)
+
+
+async def until(cond, timeout_s=2.0):
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not cond():
+        assert asyncio.get_running_loop().time() < deadline, "condition not reached"
+        await asyncio.sleep(0.005)
+
+
+@pytest.fixture
+def logs():
+    return MemoryLog(), MemoryLog()
+
+
+def make(logs):
+    offset_log, assignment_log = logs
+    return Ownership(asyncio.get_running_loop(), PARTITIONS, RecordCache(1 << 20), offset_log,
+                     node_id="n1", url="http://n1", assignment_log=assignment_log)
+
+
+async def test_a_partition_serves_once_its_data_and_offsets_are_replayed(logs):
+    offset_log, assignment_log = logs
+    q = queue_in(1)
+    await offset_log.append(1, [(*encode_offset_entry(ConsumerAcked(q, "c", 1)), None)])
+    own = make(logs)
+    await asyncio.to_thread(own.assigned, [1])
+    await until(lambda: 1 in own.states)
+    with pytest.raises(VQError) as err:
+        own.require(1)
+    assert err.value.code == "partition_replaying"
+    await asyncio.to_thread(own.consumed, [(1, q.encode(), Record(0, 1, b"x", ())),
+                                           (1, q.encode(), Record(1, 1, b"y", ()))], {1: 2})
+    await until(lambda: own.states[1].ready.is_set())
+    state = own.require(1)
+    assert state.select(q, 0, 10) == [0, 1] and state.committed(q, "c") == 1
+    assert own.ready
+    # The claim was announced on the assignment log with the node's URL.
+    await until(lambda: assignment_log.end(0) == 1)
+    assert b"http://n1" in assignment_log.partitions[0][0][1]
+
+
+async def test_an_empty_partition_is_ready_at_its_end_event(logs):
+    own = make(logs)
+    await asyncio.to_thread(own.assigned, [2])
+    await asyncio.to_thread(own.reached_end, 2, 0)
+    await until(lambda: 2 in own.states and own.states[2].ready.is_set())
+
+
+async def test_a_revoked_partition_answers_wrong_node_and_is_released(logs):
+    _, assignment_log = logs
+    own = make(logs)
+    await asyncio.to_thread(own.assigned, [3])
+    await asyncio.to_thread(own.reached_end, 3, 0)
+    await until(lambda: 3 in own.states and own.states[3].ready.is_set())
+    state = own.states[3]
+    await asyncio.to_thread(own.revoked, [3], False)
+    assert state.revoked and 3 not in own.states
+    with pytest.raises(VQError) as err:
+        own.require(3)
+    assert err.value.code == "wrong_node"
+    assert b"released" in assignment_log.partitions[0][-1][1]
+
+
+async def test_a_reassignment_without_a_revoke_starts_a_fresh_replay(logs):
+    own = make(logs)
+    q = queue_in(0)
+    await asyncio.to_thread(own.assigned, [0])
+    await asyncio.to_thread(own.consumed, [(0, q.encode(), Record(0, 1, b"x", ()))], {0: 1})
+    await until(lambda: 0 in own.states and own.states[0].ready.is_set())
+    first = own.states[0]
+    await asyncio.to_thread(own.assigned, [0])  # no revoke in between
+    await until(lambda: own.states[0] is not first)
+    assert first.revoked
+    fresh = own.states[0]
+    assert not fresh.ready.is_set() and fresh.select(q, 0, 10) == []
+    # The group re-reads the partition from its beginning: the fresh state indexes it again.
+    await asyncio.to_thread(own.consumed, [(0, q.encode(), Record(0, 1, b"x", ()))], {0: 1})
+    await until(lambda: fresh.ready.is_set())
+    assert fresh.select(q, 0, 10) == [0]
+
+
+async def test_records_of_another_partitions_queue_are_skipped(logs):
+    own = make(logs)
+    elsewhere = queue_in(2)
+    await asyncio.to_thread(own.assigned, [1])
+    await asyncio.to_thread(own.consumed, [(1, elsewhere.encode(), Record(0, 1, b"x", ())),
+                                           (1, None, Record(1, 1, b"y", ()))], {1: 2})
+    await until(lambda: 1 in own.states and own.states[1].ready.is_set())
+    assert own.states[1].select(elsewhere, 0, 10) == []
+    assert own.states[1].next_offset == 2

@@ -1,0 +1,103 @@
+"""A partition's state: index, consumers, deletions, readiness and waiting readers."""
+
+import asyncio
+
+from vqueues.cache import RecordCache
+from vqueues.locks import KeyedLocks
+from vqueues.partition_state import PartitionState
+from vqueues.records import ConsumerAcked, ConsumerDeleted, QueueDeleted, Record
+
+
+def rec(offset, value=b"v"):
+    return Record(offset, 1, value, ())
+
+
+def state_with(records):
+    s = PartitionState(0, RecordCache(1 << 20))
+    s.apply_records(records, high_watermark=None)
+    return s
+
+
+async def test_records_are_indexed_per_queue_and_selected_from_a_start():
+    s = state_with([("a", rec(0)), ("b", rec(1)), ("a", rec(2)), ("a", rec(5))])
+    assert s.select("a", 0, 10) == [0, 2, 5]
+    assert s.select("a", 1, 10) == [2, 5]
+    assert s.select("a", 0, 2) == [0, 2]
+    assert s.select("nobody", 0, 10) == []
+    assert s.next_offset == 6 and s.first_offset("a") == 0 and s.first_offset("b") == 1
+
+
+async def test_a_refetched_record_is_not_indexed_twice():
+    s = state_with([("a", rec(0)), ("a", rec(1))])
+    s.apply_records([("a", rec(1)), ("a", rec(2))], None)
+    assert s.select("a", 0, 10) == [0, 1, 2]
+
+
+async def test_a_partition_is_ready_once_data_and_offsets_are_replayed():
+    s = PartitionState(0, RecordCache(1000))
+    s.apply_records([("a", rec(0))], high_watermark=3)
+    assert not s.ready.is_set()
+    s.skip_to(3)  # records 1 and 2 were not queue records
+    assert s.data_replayed and not s.ready.is_set()
+    s.mark_offsets_replayed()
+    assert s.ready.is_set()
+    s.revoke()
+    assert not s.ready.is_set()
+
+
+async def test_consumers_follow_acks_deletions_and_queue_deletions():
+    s = state_with([("a", rec(0)), ("a", rec(1)), ("a", rec(2))])
+    s.apply_offset_entries([ConsumerAcked("a", "c", 1), ConsumerAcked("a", "d", 0)])
+    assert s.committed("a", "c") == 1 and s.committed("a", "x") is None
+    stats = s.stats("a")
+    assert stats is not None and stats.consumers == {"c": (1, 2), "d": (0, 3)}
+    s.apply_offset_entries([ConsumerDeleted("a", "d")])
+    assert s.committed("a", "d") is None
+    s.apply_offset_entries([QueueDeleted("a", 2)])
+    assert s.select("a", 0, 10) == [2] and s.committed("a", "c") is None
+    s.apply_records([("a", rec(3))], None)
+    assert s.first_offset("a") == 2
+
+
+async def test_a_waiting_reader_wakes_for_its_queue_only():
+    s = state_with([])
+    waiter = asyncio.create_task(s.wait_for_records("a", 5))
+    await asyncio.sleep(0)
+    s.apply_records([("b", rec(0))], None)
+    await asyncio.sleep(0.01)
+    assert not waiter.done()
+    s.apply_records([("a", rec(1))], None)
+    await asyncio.wait_for(waiter, 1)
+
+
+async def test_wait_indexed_returns_when_the_offset_is_indexed_or_times_out():
+    s = state_with([("a", rec(0))])
+    assert await s.wait_indexed(0, 0.01)
+    assert not await s.wait_indexed(3, 0.01)
+    later = asyncio.create_task(s.wait_indexed(3, 5))
+    await asyncio.sleep(0)
+    s.apply_records([("a", rec(3))], None)
+    assert await asyncio.wait_for(later, 1)
+
+
+async def test_revocation_waits_for_offset_writes_in_flight():
+    s = state_with([])
+    with s.writing():
+        assert not await s.wait_writes(0.01)
+    assert await s.wait_writes(0.01)
+
+
+async def test_keyed_locks_serialise_one_key_and_are_dropped_when_free():
+    locks = KeyedLocks()
+    order = []
+
+    async def work(key, tag, hold_s):
+        async with locks.hold(key):
+            order.append(f"{tag}+")
+            await asyncio.sleep(hold_s)
+            order.append(f"{tag}-")
+
+    await asyncio.gather(work("k", "a", 0.02), work("k", "b", 0), work("other", "c", 0))
+    assert order.index("a-") < order.index("b+")  # same key: one after the other
+    assert order.index("c+") < order.index("a-")  # another key: not blocked
+    assert len(locks) == 0

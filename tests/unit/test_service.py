@@ -1,0 +1,94 @@
+"""The queue rules through in-memory logs: the service takes the storage seams, not Kafka."""
+
+import asyncio
+
+import pytest
+
+from tests.unit.fakes import MemoryFetcher, MemoryLog
+from vqueues.cache import RecordCache
+from vqueues.errors import VQError
+from vqueues.ownership import Ownership
+from vqueues.service import QueueService
+from vqueues.settings import Settings
+
+PARTITIONS = 2
+
+
+@pytest.fixture
+async def service():
+    loop = asyncio.get_running_loop()
+    cache = RecordCache(1 << 20)
+    offset_log = MemoryLog()
+    own = Ownership(loop, PARTITIONS, cache, offset_log, node_id="n", url="http://n")
+    data_log = MemoryLog(tail=own)
+    svc = QueueService(Settings(write_visible_timeout_ms=1000), own, cache, data_log,
+                       offset_log, MemoryFetcher(data_log))
+    await asyncio.to_thread(own.assigned, list(range(PARTITIONS)))
+    for p in range(PARTITIONS):
+        await asyncio.to_thread(own.reached_end, p, 0)
+    for _ in range(200):
+        if own.ready:
+            break
+        await asyncio.sleep(0.005)
+    yield svc
+    svc.close()
+
+
+async def test_enqueued_records_are_read_back_and_acked(service):
+    res = await service.enqueue("jobs", [(b"a", []), (b"b", [("h", b"1")])])
+    assert res.offsets == [0, 1]
+    page = await service.read("jobs", "w", None, 10, 0)
+    assert [r.value for r in page.records] == [b"a", b"b"] and page.next_offset == 2
+    ack = await service.ack("jobs", "w", 1, allow_rewind=False)
+    assert (ack.offset, ack.previous_offset) == (1, None)
+    assert [r.value for r in (await service.read("jobs", "w", None, 10, 0)).records] == [b"b"]
+    with pytest.raises(VQError) as err:
+        await service.ack("jobs", "w", 0, allow_rewind=False)
+    assert err.value.code == "rewind_not_allowed"
+    info = service.queue_info("jobs")
+    assert (info.records, info.consumers[0].lag) == (2, 1)
+
+
+async def test_records_older_than_the_cache_are_fetched_by_offset(service):
+    service.cache.max_bytes = 0  # nothing stays cached
+    service.cache._items.clear()
+    await service.enqueue("old", [(b"x", []), (b"y", [])])
+    page = await service.read("old", None, None, 10, 0)
+    assert [r.value for r in page.records] == [b"x", b"y"]
+    assert service._fetcher.calls == 1  # one pass for both
+
+
+async def test_a_failed_offset_write_changes_nothing(service):
+    await service.enqueue("q", [(b"x", [])])
+    service._offsets.fail_next = VQError("broker_timeout")
+    with pytest.raises(VQError):
+        await service.ack("q", "c", 1, allow_rewind=False)
+    assert (await service.read("q", "c", None, 10, 0)).records[0].value == b"x"
+
+
+async def test_deleting_a_queue_hides_its_records_and_consumers(service):
+    await service.enqueue("gone", [(b"x", [])])
+    await service.ack("gone", "c", 0, allow_rewind=False)
+    deletion = await service.delete_queue("gone")
+    assert (deletion.records, deletion.consumers) == (1, ["c"])
+    with pytest.raises(VQError) as err:
+        service.queue_info("gone")
+    assert err.value.code == "queue_not_found"
+    assert (await service.read("gone", None, 0, 10, 0)).records == []
+
+
+async def test_a_long_poll_returns_when_a_record_arrives(service):
+    reader = asyncio.create_task(service.read("lp", None, None, 10, 5000))
+    await asyncio.sleep(0.02)
+    assert not reader.done()
+    await service.enqueue("lp", [(b"hi", [])])
+    page = await asyncio.wait_for(reader, 1)
+    assert [r.value for r in page.records] == [b"hi"]
+
+
+async def test_listing_pages_by_name(service):
+    for name in ("l/c", "l/a", "l/b", "other"):
+        await service.enqueue(name, [(b"x", [])])
+    first = service.list_queues("l/", None, 2)
+    assert (first.queues, first.next_after) == (["l/a", "l/b"], "l/b")
+    assert service.list_queues("l/", "l/b", 2).queues == ["l/c"]
