@@ -1,7 +1,7 @@
 """Queue-to-partition routing, identical to the server's (Kafka's murmur2 partitioner).
 
 Kept as a copy so the client installs without the server; both are tested against the same
-vectors (../shared/testdata/murmur2_vectors.json).
+vectors (tests/data/murmur2_vectors.json in the repository).
 """
 from __future__ import annotations
 
