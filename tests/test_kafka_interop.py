@@ -56,3 +56,32 @@ def test_records_without_a_key_or_in_the_wrong_partition_are_not_served(bootstra
     assert [r["value"] for r in records] == ["good"]
     status, body = http("GET", f"{node.url}/v1/queues?prefix={q}")
     assert status == 200 and body["queues"] == [q]
+
+
+def test_own_writes_and_another_producers_writes_to_one_queue_stay_in_offset_order(
+        bootstrap, topics, node):
+    """The node indexes its own writes at their acknowledgement and the raw producer's through
+    its tail; whichever path comes first, the queue's offsets come out sorted, each record once,
+    and every enqueue is readable as soon as it is answered."""
+    q = f"mixed-{uuid.uuid4().hex[:6]}"
+    raw = Producer({"bootstrap.servers": bootstrap, "partitioner": "murmur2", "linger.ms": 0})
+    mine: list[int] = []
+    for i in range(40):
+        raw.produce(topics.data, key=q.encode(), value=f"raw-{i}".encode())
+        if i % 3 == 0:
+            raw.flush(10)  # sometimes the raw record is in Kafka before ours, sometimes not
+        status, body = http("POST", f"{node.url}/v1/queues/{q}/records",
+                            {"records": [{"value": f"own-{i}"}]})
+        assert status == 200, body
+        mine.append(body["offsets"][0])
+        status, page = http("GET", f"{node.url}/v1/queues/{q}/records?offset={mine[-1]}&limit=1")
+        assert [r["value"] for r in page["records"]] == [f"own-{i}"]  # read-your-writes
+    assert raw.flush(30) == 0
+    records = read_until(node, q, 80)
+    offsets = [r["offset"] for r in records]
+    assert len(records) == 80 and offsets == sorted(set(offsets))
+    values = [r["value"] for r in records]
+    assert [v for v in values if v.startswith("own-")] == [f"own-{i}" for i in range(40)]
+    assert [v for v in values if v.startswith("raw-")] == [f"raw-{i}" for i in range(40)]
+    status, info = http("GET", f"{node.url}/v1/queues/{q}")
+    assert info["records"] == 80

@@ -12,7 +12,7 @@ import asyncio
 import itertools
 import logging
 import time
-from collections.abc import Coroutine, Sequence
+from collections.abc import Container, Coroutine, Sequence
 from typing import Any
 
 from vqueues.cache import RecordCache
@@ -71,20 +71,27 @@ class Ownership:
             log.warning("revoke_incomplete", extra={"partitions": list(partitions),
                                                     "error": repr(exc)})
 
-    def consumed(self, batch: list[Consumed], high_watermarks: dict[int, int]) -> None:
-        # Decode keys here, off the loop.
+    def indexed(self, partition: int) -> Container[int]:
+        # Read from the group thread: a membership test of a set the loop changes is safe, and
+        # an offset only leaves it once the tail has passed it.
+        state = self.states.get(partition)
+        return state.own_indexed if state is not None else ()
+
+    def consumed(self, batch: list[Consumed], high_watermarks: dict[int, int],
+                 positions: dict[int, int]) -> None:
+        # Decode keys here, off the loop; keyless records are not queue records.
         by_partition: dict[int, list[tuple[str, Record]]] = {}
-        skipped: dict[int, int] = {}
         for p, key, rec in batch:
             try:
                 queue = key.decode("utf-8") if key else None
             except UnicodeDecodeError:
                 queue = None
             if queue is None:
-                skipped[p] = rec.offset + 1
+                self.metrics.records_skipped.inc()
                 continue
             by_partition.setdefault(p, []).append((queue, rec))
-        self.loop.call_soon_threadsafe(self._on_consumed, by_partition, high_watermarks, skipped)
+        self.loop.call_soon_threadsafe(self._on_consumed, by_partition, high_watermarks,
+                                       positions)
 
     def reached_end(self, partition: int, next_offset: int) -> None:
         self.loop.call_soon_threadsafe(self._on_end, partition, next_offset)
@@ -176,29 +183,23 @@ class Ownership:
         log.info("partitions_revoked", extra={"partitions": partitions, "lost": lost})
 
     def _on_consumed(self, by_partition: dict[int, list[tuple[str, Record]]],
-                     high_watermarks: dict[int, int], skipped: dict[int, int]) -> None:
-        for p, records in by_partition.items():
+                     high_watermarks: dict[int, int], positions: dict[int, int]) -> None:
+        for p, position in positions.items():
             state = self.states.get(p)
             if state is None:
                 continue
             # A record another partitioner put here is not served: its queue lives elsewhere.
             ok = []
-            for queue, rec in records:
+            for queue, rec in by_partition.get(p, ()):
                 if queue not in state.queues and partition_for(queue, self.partitions) != p:
                     self.metrics.records_skipped.inc()
                     continue
                 ok.append((queue, rec))
             was_ready = state.ready.is_set()
             state.apply_records(ok, high_watermarks.get(p))
-            if records:
-                state.skip_to(records[-1][1].offset + 1)
+            state.skip_to(position)
             if not was_ready:
                 self._log_if_ready(state)
-        for p, nxt in skipped.items():
-            state = self.states.get(p)
-            if state is not None:
-                self.metrics.records_skipped.inc()
-                state.skip_to(nxt)
 
     def _on_end(self, partition: int, next_offset: int) -> None:
         state = self.states.get(partition)

@@ -52,16 +52,32 @@ class QueueStats:
 
 
 class PartitionState:
+    """One owned partition's index, consumers and readiness.
+
+    Two paths index records, and both do it at the **frontier** (`next_offset`), in offset
+    order, so every queue's offsets stay sorted and no record is indexed twice:
+    - the tail (`apply_records`) delivers every record of the partition in order; `tail_offset`
+      is the next offset it will deliver;
+    - the node's own writes (`apply_own`) are indexed as soon as the broker acknowledged them,
+      if every offset below them is known; otherwise they wait (in `_own`) until the tail fills
+      the gap (another producer's record, or one not yet fetched), and a tail that gets there
+      first indexes them itself. Own writes indexed ahead of the tail are remembered
+      (`own_indexed`) so the tail skips them when it confirms them.
+    """
+
     def __init__(self, partition: int, cache: RecordCache) -> None:
         self.partition = partition
         self.cache = cache
         self.queues: dict[str, QueueIndex] = {}
-        self.next_offset = 0  # the next data offset the tail will index
+        self.next_offset = 0  # the frontier: every offset below it is indexed or not a record
+        self.tail_offset = 0  # the next data offset the tail will deliver
         self.replay_target: int | None = None  # the end seen at assignment
         self.data_replayed = False
         self.offsets_replayed = False
         self.revoked = False
         self.ready = asyncio.Event()
+        self._own: dict[int, tuple[str, Record]] = {}  # own writes waiting for the frontier
+        self.own_indexed: set[int] = set()  # own writes indexed ahead of the tail
         self._readers: dict[str, list[asyncio.Future[None]]] = {}
         self._position_waiters: list[tuple[int, asyncio.Future[None]]] = []
         self._writes = 0
@@ -69,41 +85,81 @@ class PartitionState:
 
     # Feeding the state -------------------------------------------------------------------------
 
-    def apply_records(self, records: Iterable[tuple[str, Record]], high_watermark: int | None
-                      ) -> None:
-        """Index records consumed from the data partition (in offset order)."""
-        woken: set[str] = set()
-        queues = self.queues
-        cache_put = self.cache.put
-        p = self.partition
-        nxt = self.next_offset
-        for queue, rec in records:
-            if rec.offset < nxt:
-                continue  # already indexed (a re-fetch after a reassignment)
-            nxt = rec.offset + 1
-            q = queues.get(queue)
-            if q is None:
-                q = queues[queue] = QueueIndex()
-            elif rec.offset < q.deleted_before:
-                continue
-            q.offsets.append(rec.offset)
-            cache_put(p, rec)
-            if queue in self._readers:
-                woken.add(queue)
-        self.next_offset = max(self.next_offset, nxt)
-        if high_watermark is not None and self.replay_target is None:
-            self.replay_target = high_watermark
-        self._check_data_replayed()
+    def _index(self, queue: str, rec: Record, woken: set[str]) -> None:
+        """Index `rec` at the frontier (its offset is the frontier or past a known gap)."""
+        q = self.queues.get(queue)
+        if q is None:
+            q = self.queues[queue] = QueueIndex()
+        elif rec.offset < q.deleted_before:
+            return
+        q.offsets.append(rec.offset)
+        self.cache.put(self.partition, rec)
+        if queue in self._readers:
+            woken.add(queue)
+
+    def _drain_own(self, woken: set[str]) -> None:
+        """Index the own writes the frontier has reached."""
+        own = self._own
+        while self.next_offset in own:
+            offset = self.next_offset
+            queue, rec = own.pop(offset)
+            self._index(queue, rec, woken)
+            self.own_indexed.add(offset)
+            self.next_offset = offset + 1
+
+    def _after_indexing(self, woken: set[str]) -> None:
         for queue in woken:
             self._wake(queue)
         self._wake_positions()
 
+    def apply_records(self, records: Iterable[tuple[str, Record]], high_watermark: int | None
+                      ) -> None:
+        """Index records the tail consumed from the data partition (in offset order)."""
+        woken: set[str] = set()
+        tail = self.tail_offset
+        own, own_indexed = self._own, self.own_indexed
+        for queue, rec in records:
+            offset = rec.offset
+            if offset < tail:
+                continue  # already seen (a re-fetch after a reassignment)
+            tail = offset + 1
+            if own_indexed and offset in own_indexed:
+                own_indexed.discard(offset)  # our own write, indexed at its ack
+                continue
+            if own:
+                own.pop(offset, None)  # the tail got there before the delivery report
+            if offset >= self.next_offset:
+                self.next_offset = offset + 1
+                self._index(queue, rec, woken)
+        self.tail_offset = tail
+        self._drain_own(woken)
+        if high_watermark is not None and self.replay_target is None:
+            self.replay_target = high_watermark
+        self._check_data_replayed()
+        self._after_indexing(woken)
+
+    def apply_own(self, queue: str, records: Iterable[Record]) -> None:
+        """Index records this node wrote, at once, from their delivery reports (offset order)."""
+        woken: set[str] = set()
+        for rec in records:
+            if rec.offset >= self.next_offset:
+                self._own[rec.offset] = (queue, rec)
+        self._drain_own(woken)
+        self._after_indexing(woken)
+
     def skip_to(self, next_offset: int) -> None:
-        """The tail passed records that are not queue records (no key, misrouted)."""
-        if next_offset > self.next_offset:
-            self.next_offset = next_offset
+        """The tail passed `next_offset`: records it did not deliver below that are not queue
+        records (no key, misrouted) or own writes indexed already."""
+        if next_offset > self.tail_offset:
+            self.tail_offset = next_offset
+            if self.own_indexed:
+                self.own_indexed = {o for o in self.own_indexed if o >= next_offset}
+            woken: set[str] = set()
+            if next_offset > self.next_offset:
+                self.next_offset = next_offset
+                self._drain_own(woken)
             self._check_data_replayed()
-            self._wake_positions()
+            self._after_indexing(woken)
 
     def reached_end(self, next_offset: int) -> None:
         """The tail reached the partition's end."""
@@ -130,7 +186,7 @@ class PartitionState:
 
     def _check_data_replayed(self) -> None:
         if (not self.data_replayed and self.replay_target is not None
-                and self.next_offset >= self.replay_target):
+                and self.tail_offset >= self.replay_target):
             self.data_replayed = True
             self._update_ready()
 

@@ -66,8 +66,10 @@ class QueueService:
     async def enqueue(self, queue: str, records: Sequence[NewRecord]) -> EnqueueResult:
         """Write records to the queue; answer once the broker acked them.
 
-        The answer waits (up to write_visible_timeout_ms) until the records are readable here,
-        so a read right after an enqueue sees them. With acks=0 offsets are unknown: None.
+        The records are indexed from their delivery reports, so a read right after an enqueue
+        sees them; if another producer's record sits below them and the tail has not read it
+        yet, the answer waits (up to write_visible_timeout_ms) for it. With acks=0 offsets are
+        unknown: None (those records become readable through the tail).
         """
         p = self.partition_of(queue)
         state = self.ownership.require(p)
@@ -80,7 +82,12 @@ class QueueService:
         last = offsets[-1]
         if last > self._produced_max.get(p, -1):
             self._produced_max[p] = last
-        await state.wait_indexed(last, self.settings.write_visible_timeout_ms / 1000)
+        # Readable now: the delivery reports say everything the tail would (ADR 6).
+        state.apply_own(queue, [Record(o, ts, value, tuple(headers))
+                                for (o, ts), (value, headers) in zip(acked, records,
+                                                                     strict=True)])
+        if state.next_offset <= last:  # a gap below our records: the tail fills it
+            await state.wait_indexed(last, self.settings.write_visible_timeout_ms / 1000)
         return EnqueueResult(p, offsets)
 
     async def read(self, queue: str, consumer: str | None, offset: int | None, limit: int,

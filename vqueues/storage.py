@@ -7,7 +7,7 @@ of the data log, the offset log and the record fetcher, as Protocols.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Container, Sequence
 from typing import Protocol
 
 from vqueues.records import Record
@@ -23,11 +23,18 @@ Consumed = tuple[int, bytes | None, Record]
 
 
 class GroupListener(Protocol):
-    """What the group member reports, from its own thread (the ownership lifecycle's input)."""
+    """What the group member reports, from its own thread (the ownership lifecycle's input).
+
+    `consumed` gets the batch's records, the high watermarks the fetches carried, and the next
+    offset the tail will read per partition of the batch (`positions`). Records at the offsets
+    `indexed(partition)` lists are already indexed (own writes) and may be left out of `batch`.
+    """
 
     def assigned(self, partitions: Sequence[int]) -> None: ...
     def revoked(self, partitions: Sequence[int], lost: bool) -> None: ...
-    def consumed(self, batch: list[Consumed], high_watermarks: dict[int, int]) -> None: ...
+    def indexed(self, partition: int) -> Container[int]: ...
+    def consumed(self, batch: list[Consumed], high_watermarks: dict[int, int],
+                 positions: dict[int, int]) -> None: ...
     def reached_end(self, partition: int, next_offset: int) -> None: ...
     def failed(self, error: str) -> None: ...
 

@@ -38,7 +38,7 @@ class MemoryLog:
             consumed.append((partition, key, Record(offset, self.timestamp, value,
                                                     tuple(headers or ()))))
         if self.tail is not None:
-            self.tail.consumed(consumed, {partition: len(log)})
+            self.tail.consumed(consumed, {partition: len(log)}, {partition: len(log)})
         return out
 
     def read_to_end(self, partitions: Sequence[int]) -> dict[int, list[Entry]]:

@@ -49,7 +49,8 @@ async def test_a_partition_serves_once_its_data_and_offsets_are_replayed(logs):
         own.require(1)
     assert err.value.code == "partition_replaying"
     await asyncio.to_thread(own.consumed, [(1, q.encode(), Record(0, 1, b"x", ())),
-                                           (1, q.encode(), Record(1, 1, b"y", ()))], {1: 2})
+                                           (1, q.encode(), Record(1, 1, b"y", ()))], {1: 2},
+                            {1: 2})
     await until(lambda: own.states[1].ready.is_set())
     state = own.require(1)
     assert state.select(q, 0, 10) == [0, 1] and state.committed(q, "c") == 1
@@ -85,7 +86,7 @@ async def test_a_reassignment_without_a_revoke_starts_a_fresh_replay(logs):
     own = make(logs)
     q = queue_in(0)
     await asyncio.to_thread(own.assigned, [0])
-    await asyncio.to_thread(own.consumed, [(0, q.encode(), Record(0, 1, b"x", ()))], {0: 1})
+    await asyncio.to_thread(own.consumed, [(0, q.encode(), Record(0, 1, b"x", ()))], {0: 1}, {0: 1})
     await until(lambda: 0 in own.states and own.states[0].ready.is_set())
     first = own.states[0]
     await asyncio.to_thread(own.assigned, [0])  # no revoke in between
@@ -94,7 +95,7 @@ async def test_a_reassignment_without_a_revoke_starts_a_fresh_replay(logs):
     fresh = own.states[0]
     assert not fresh.ready.is_set() and fresh.select(q, 0, 10) == []
     # The group re-reads the partition from its beginning: the fresh state indexes it again.
-    await asyncio.to_thread(own.consumed, [(0, q.encode(), Record(0, 1, b"x", ()))], {0: 1})
+    await asyncio.to_thread(own.consumed, [(0, q.encode(), Record(0, 1, b"x", ()))], {0: 1}, {0: 1})
     await until(lambda: fresh.ready.is_set())
     assert fresh.select(q, 0, 10) == [0]
 
@@ -104,7 +105,8 @@ async def test_records_of_another_partitions_queue_are_skipped(logs):
     elsewhere = queue_in(2)
     await asyncio.to_thread(own.assigned, [1])
     await asyncio.to_thread(own.consumed, [(1, elsewhere.encode(), Record(0, 1, b"x", ())),
-                                           (1, None, Record(1, 1, b"y", ()))], {1: 2})
+                                           (1, None, Record(1, 1, b"y", ()))], {1: 2},
+                            {1: 2})
     await until(lambda: 1 in own.states and own.states[1].ready.is_set())
     assert own.states[1].select(elsewhere, 0, 10) == []
     assert own.states[1].next_offset == 2

@@ -101,3 +101,47 @@ async def test_keyed_locks_serialise_one_key_and_are_dropped_when_free():
     assert order.index("a-") < order.index("b+")  # same key: one after the other
     assert order.index("c+") < order.index("a-")  # another key: not blocked
     assert len(locks) == 0
+
+
+async def test_own_writes_are_readable_at_their_ack_and_the_tail_does_not_index_them_again():
+    s = state_with([("a", rec(0))])
+    s.apply_own("a", [rec(1), rec(2)])
+    assert s.select("a", 0, 10) == [0, 1, 2] and s.next_offset == 3 and s.tail_offset == 1
+    s.apply_records([("a", rec(1)), ("a", rec(2)), ("b", rec(3))], None)
+    assert s.select("a", 0, 10) == [0, 1, 2] and s.select("b", 0, 10) == [3]
+    assert s.tail_offset == s.next_offset == 4 and not s.own_indexed
+
+
+async def test_the_tail_may_deliver_own_writes_before_their_delivery_report():
+    s = state_with([])
+    s.apply_records([("a", rec(0)), ("a", rec(1))], None)
+    s.apply_own("a", [rec(0), rec(1)])  # late reports change nothing
+    assert s.select("a", 0, 10) == [0, 1] and not s._own and not s.own_indexed
+
+
+async def test_an_own_write_above_an_unknown_offset_waits_for_the_tail_to_fill_the_gap():
+    # Another producer wrote offset 1 (queue a); our write got offset 2.
+    s = state_with([("a", rec(0))])
+    s.apply_own("a", [rec(2)])
+    assert s.select("a", 0, 10) == [0]  # not before 1 is known: a reader must not skip it
+    assert s.next_offset == 1
+    s.apply_records([("a", rec(1))], None)
+    assert s.select("a", 0, 10) == [0, 1, 2] and s.next_offset == 3
+    s.apply_records([("a", rec(2))], None)  # the tail confirms ours
+    assert s.select("a", 0, 10) == [0, 1, 2] and not s.own_indexed
+
+
+async def test_a_gap_the_tail_skips_releases_waiting_own_writes():
+    s = state_with([("a", rec(0))])
+    s.apply_own("a", [rec(3)])
+    s.skip_to(3)  # offsets 1 and 2 were keyless records
+    assert s.select("a", 0, 10) == [0, 3]
+
+
+async def test_own_writes_wake_a_waiting_reader_once_per_batch():
+    s = state_with([])
+    waiter = asyncio.create_task(s.wait_for_records("a", 5))
+    await asyncio.sleep(0)
+    s.apply_own("a", [rec(0), rec(1), rec(2)])
+    await asyncio.wait_for(waiter, 1)
+    assert await s.wait_indexed(2, 0)

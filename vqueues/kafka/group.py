@@ -93,16 +93,23 @@ class GroupMember:
                 log.exception("group_close_failed")
 
     def _flush(self, messages: list[Any]) -> None:
-        batch: list[Consumed] = [(m.partition(), m.key(), to_record(m)) for m in messages]
+        positions: dict[int, int] = {}
+        for m in messages:
+            positions[m.partition()] = m.offset() + 1
+        # Records the listener already indexed (its own writes, from their delivery reports)
+        # are not decoded again: only their position counts.
+        known = {p: self._listener.indexed(p) for p in positions}
+        batch: list[Consumed] = [(m.partition(), m.key(), to_record(m)) for m in messages
+                                 if m.offset() not in known[m.partition()]]
         # The high watermark from the fetch responses is right on every broker we support;
         # the uncached lookup is not (see docs/adr/0003-replay-end.md).
         hw: dict[int, int] = {}
-        for p in {m.partition() for m in messages}:
+        for p in positions:
             _low, high = self._consumer.get_watermark_offsets(
                 TopicPartition(self._topic, p), cached=True)
             if high >= 0:
                 hw[p] = high
-        self._listener.consumed(batch, hw)
+        self._listener.consumed(batch, hw, positions)
 
     def stop(self, timeout_s: float = 15.0) -> None:
         """Stop consuming and leave the group (revocations are reported first)."""
