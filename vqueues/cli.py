@@ -143,6 +143,13 @@ def _serve(args: argparse.Namespace) -> int:
         await node.stop()
         return 0
 
+    if settings.event_loop == "uvloop":
+        try:
+            import uvloop
+        except ImportError:
+            log.warning("uvloop_missing", extra={"using": "asyncio"})
+        else:
+            return uvloop.run(run())
     return asyncio.run(run())
 
 

@@ -4,6 +4,7 @@ started and stopped in the right order."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 from typing import Any
 
@@ -84,6 +85,10 @@ class Node:
         self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=10.0)
         await self._runner.setup()
         await web.TCPSite(self._runner, s.http_host, s.http_port).start()
+        # Collections of the young generation cost per request under load; what exists now
+        # (modules, settings, clients) lives as long as the process: keep it out of them.
+        gc.set_threshold(s.gc_young_threshold, *gc.get_threshold()[1:])
+        gc.freeze()
         log.info("node_started", extra={"node": s.effective_node_id, "url": s.effective_url,
                                         "bootstrap": s.bootstrap, "partitions": partitions})
 

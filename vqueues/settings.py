@@ -38,7 +38,9 @@ class Settings:
         25, "longest a fetch waits for data (fetch.wait.max.ms); bounds tail latency")
     producer_acks: str = _f("all", "acks for enqueued records: all, 1 or 0 (0: offsets unknown)",
                             choices=("all", "1", "0"))
-    producer_linger_ms: int = _f(2, "producer batching delay (linger.ms)")
+    producer_linger_ms: int = _f(
+        0, "producer batching delay (linger.ms); 0 sends at once when idle, and librdkafka "
+        "still batches what queues up while requests are in flight")
     cache_max_bytes: int = _f(256 * 1024 * 1024, "recent-record cache size in bytes, node-wide")
     fetchers: int = _f(4, "Kafka consumers kept for reading records older than the cache")
     max_body_bytes: int = _f(16 * 1024 * 1024, "largest accepted HTTP request body")
@@ -57,6 +59,11 @@ class Settings:
     kafka_options: str = _f(
         "", "extra librdkafka settings for every client, comma-separated key=value "
         "(e.g. security.protocol=SASL_SSL,sasl.mechanism=PLAIN)")
+    event_loop: str = _f("uvloop", "event loop: uvloop (lower latency; asyncio's if it is not "
+                         "installed) or asyncio", choices=("uvloop", "asyncio"))
+    gc_young_threshold: int = _f(
+        20000, "allocations between young garbage collections (Python's default is 700); "
+        "fewer collections under load. Objects alive at start are frozen out of collections")
     log_level: str = _f("info", "log level", choices=("debug", "info", "warning", "error"))
     log_format: str = _f("json", "log line format", choices=("json", "text"))
 
@@ -144,7 +151,8 @@ class Settings:
             if isinstance(value, int) and not isinstance(value, bool) and value < 0:
                 raise ValueError(f"{f.name} must not be negative")
         for name in ("max_batch_records", "max_read_limit", "default_read_limit", "fetchers",
-                     "max_body_bytes", "max_record_bytes", "max_read_bytes", "max_list_queues"):
+                     "max_body_bytes", "max_record_bytes", "max_read_bytes", "max_list_queues",
+                     "gc_young_threshold"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1")
         if self.default_read_limit > self.max_read_limit:

@@ -83,3 +83,32 @@ def test_a_record_that_is_not_utf8_is_returned_base64_and_says_so():
     assert (out.value, out.headers, out.encoding) == ("/w==", {"h": "eA=="}, "base64")
     assert encode_record(Record(5, 1, b"ok", (("h", None),)), "utf8").encoding is None
     assert encode_record(Record(5, 1, b"ok", ()), "base64").value == "b2s="
+
+
+@pytest.mark.parametrize(("body", "code"), [
+    (b"", "malformed_json"), (b"{not json", "malformed_json"), (b"[1]", "malformed_json"),
+    (b"{}", "invalid_records"), (b'{"records": []}', "invalid_records"),
+    (b'{"records": [{"value": "a"}, {"value": "b"}, {"value": "c"}, {"value": "d"}]}',
+     "too_many_records"),
+    (b'{"records": [{"value": "a", "x": 1}]}', "invalid_record"),
+    (b'{"records": [{"value": "a", "encoding": "hex"}]}', "invalid_record"),
+    (b'{"records": [{"value": "12345"}]}', "record_too_large"),
+    (b'{"records": [{"value": "***", "encoding": "base64"}]}', "invalid_record"),
+])
+def test_the_fast_enqueue_decoder_gives_the_same_codes(body, code):
+    from vqueues.api.codec import decode_enqueue
+
+    with pytest.raises(VQError) as err:
+        decode_enqueue(body, SETTINGS)
+    assert err.value.code == code
+
+
+def test_the_fast_enqueue_decoder_agrees_with_the_checked_one():
+    import json
+
+    from vqueues.api.codec import decode_enqueue
+
+    body = {"records": [{"value": "hé", "headers": {"k": "v"}}, {"value": None},
+                        {"value": base64.b64encode(b"\xff").decode(), "encoding": "base64"}],
+            "ignored": 1}
+    assert decode_enqueue(json.dumps(body).encode(), SETTINGS) == decode_records(body, SETTINGS)

@@ -10,7 +10,7 @@ from vqueues.api import params
 from vqueues.api.codec import (
     ENCODINGS,
     ReadPage,
-    decode_records,
+    decode_enqueue,
     encode_record,
     read_body,
     respond,
@@ -31,7 +31,7 @@ def _consumer(request: web.Request) -> str:
 
 async def enqueue(request: web.Request) -> web.Response:
     queue = _queue(request)
-    records = decode_records(await read_body(request), request.app[SETTINGS])
+    records = decode_enqueue(await request.read(), request.app[SETTINGS])
     return respond(await request.app[SERVICE].enqueue(queue, records))
 
 

@@ -39,25 +39,54 @@ class AsyncProducer:
         With acks=0 the broker reports no offsets: each is -1.
         """
         batch = _Batch(asyncio.get_running_loop(), len(records))
-        for key, value, headers in records:
-            for attempt in range(200):
-                try:
-                    self._producer.produce(topic, value=value, key=key, partition=partition,
-                                           headers=list(headers) if headers else None,
-                                           on_delivery=batch.delivered)
-                    break
-                except BufferError:
-                    # Local queue full: let the poll thread drain it, without blocking the loop.
-                    if attempt == 199:
-                        raise Unavailable("producer_queue_full",
-                                          "the node's producer queue is full; retry") from None
-                    await asyncio.sleep(0.01)
-                except KafkaException as exc:
-                    raise translate(exc.args[0], "produce") from None
+        if not any(headers for _, _, headers in records):
+            await self._produce_batch(topic, partition, records, batch)
+        else:
+            for key, value, headers in records:
+                await self._produce_one(topic, partition, key, value, headers, batch)
         try:
             return await asyncio.wait_for(asyncio.shield(batch.done), timeout_s)
         except TimeoutError:
             raise BrokerError("broker_timeout", "the broker did not acknowledge in time") from None
+
+    async def _produce_one(self, topic: str, partition: int, key: bytes | None,
+                           value: bytes | None, headers: Sequence[tuple[str, bytes]] | None,
+                           batch: _Batch) -> None:
+        for attempt in range(200):
+            try:
+                self._producer.produce(topic, value=value, key=key, partition=partition,
+                                       headers=list(headers) if headers else None,
+                                       on_delivery=batch.delivered)
+                return
+            except BufferError:
+                # Local queue full: let the poll thread drain it, without blocking the loop.
+                if attempt == 199:
+                    raise Unavailable("producer_queue_full",
+                                      "the node's producer queue is full; retry") from None
+                await asyncio.sleep(0.01)
+            except KafkaException as exc:
+                raise translate(exc.args[0], "produce") from None
+
+    async def _produce_batch(self, topic: str, partition: int, records: Sequence[Outgoing],
+                             batch: _Batch) -> None:
+        """Records without headers go to librdkafka in one call (`produce_batch` takes none).
+        If the local queue takes only part of them, the rest follow one by one, in order."""
+        messages = [{"key": key, "value": value} for key, value, _ in records]
+        try:
+            with kafka_errors("produce"):
+                queued = self._producer.produce_batch(topic, messages, partition=partition,
+                                                      on_delivery=batch.delivered)
+        except BufferError:
+            queued = 0
+        if queued < len(messages):
+            # librdkafka queues a prefix: the first failure is where the queue was full.
+            first = next((i for i, m in enumerate(messages) if "_error" in m), queued)
+            if any("_error" not in m for m in messages[first:]):
+                # Not a prefix: the order of what follows cannot be kept. Fail the request
+                # (retriable; what was queued is written: at-least-once, as documented).
+                raise Unavailable("producer_queue_full", "the node's producer queue is full")
+            for key, value, _ in records[first:]:
+                await self._produce_one(topic, partition, key, value, None, batch)
 
     def close(self, timeout_s: float = 10.0) -> None:
         """Stop the poll thread, then deliver what is queued (up to `timeout_s`).
