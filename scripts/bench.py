@@ -6,9 +6,12 @@ Starts the embedded broker (or uses --bootstrap) and one node process, then meas
   enqueue latency      one record per request, sequential (p50/p99)
   read latency         100 cached records per request, sequential (p50/p99)
   end-to-end latency   enqueue -> a reader long-polling the queue (p50/p99)
+  read throughput      cached pages of 100 records, --concurrency readers
 and the same workloads through a raw Producer/Consumer (acks=all), printing the ratio.
 With --cluster N (default 3) the same workloads also run on N nodes, clients routing by the
-cluster map, reported beside the single node.
+cluster map, reported beside the single node. Then, on a topic already holding --many-queues queues x 2 records (100,000), one node's replay
+time, enqueue throughput spread over all of them, and the embedded broker's CPU under that load
+and idle (the node's tail alone).
 Usage: .venv/bin/python scripts/bench.py [--seconds 5] [--concurrency 16] [--cluster 3]
 """
 
@@ -131,17 +134,21 @@ def raw_e2e(bootstrap: str, topic: str, partitions: int, count: int) -> list[flo
 # vqueues over HTTP ------------------------------------------------------------------------------
 
 async def vq_throughput(s: aiohttp.ClientSession, urls: list[str], seconds: float,
-                        concurrency: int, route) -> float:
+                        concurrency: int, route, queues: int = 0) -> float:
+    """Batches of 100 records, `concurrency` in flight; worker i cycles over queues tp-k with
+    k = i, i + concurrency, ... below `queues` (default: one queue per worker)."""
     body = json.dumps({"records": [{"value": VALUE}] * 100})
     count = 0
     stop = time.perf_counter() + seconds
+    queues = queues or concurrency
 
     async def worker(i: int) -> None:
         nonlocal count
-        q = f"tp-{i}"
-        url = route(q) + f"/v1/queues/{q}/records"
+        k = i % queues
         while time.perf_counter() < stop:
-            async with s.post(url, data=body,
+            q = f"tp-{k}"
+            k = (k + concurrency) % queues
+            async with s.post(route(q) + f"/v1/queues/{q}/records", data=body,
                               headers={"Content-Type": "application/json"}) as r:
                 assert r.status == 200, await r.text()
                 await r.read()
@@ -149,6 +156,27 @@ async def vq_throughput(s: aiohttp.ClientSession, urls: list[str], seconds: floa
 
     t0 = time.perf_counter()
     await asyncio.gather(*(worker(i) for i in range(concurrency)))
+    return count / (time.perf_counter() - t0)
+
+
+async def vq_read_throughput(s: aiohttp.ClientSession, base: str, q: str, seconds: float,
+                             concurrency: int) -> float:
+    """Cached pages of 100 records, `concurrency` readers in flight: records/s."""
+    async with s.post(f"{base}/v1/queues/{q}/records",
+                      json={"records": [{"value": VALUE}] * 100}) as r:
+        first = (await r.json())["offsets"][0]
+    count = 0
+    stop = time.perf_counter() + seconds
+
+    async def reader() -> None:
+        nonlocal count
+        while time.perf_counter() < stop:
+            async with s.get(f"{base}/v1/queues/{q}/records",
+                             params={"offset": str(first), "limit": "100"}) as r:
+                count += len((await r.json())["records"])
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(reader() for _ in range(concurrency)))
     return count / (time.perf_counter() - t0)
 
 
@@ -252,7 +280,9 @@ async def measure_vqueues(args: argparse.Namespace, bootstrap: str, nodes: int
         out: dict[str, float] = {}
         async with aiohttp.ClientSession() as s:
             out["throughput"] = await vq_throughput(s, urls, args.seconds, args.concurrency,
-                                                    route)
+                                                    route, queues=10)
+            out["read_throughput"] = await vq_read_throughput(
+                s, route("rt-1"), "rt-1", args.seconds, args.concurrency)
             await vq_latency(s, route("lat-1"), "lat-1", 20)
             samples = {
                 "enqueue": await vq_latency(s, route("lat-1"), "lat-1", args.samples),
@@ -261,6 +291,66 @@ async def measure_vqueues(args: argparse.Namespace, bootstrap: str, nodes: int
             }
         for name, values in samples.items():
             out[f"{name}_p50"], out[f"{name}_p99"] = pct(values, .5), pct(values, .99)
+        return out
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            p.wait(30)
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def prefill(bootstrap: str, topic: str, queues: int, per_queue: int) -> None:
+    """`queues` x `per_queue` records of 100 B with a plain producer (keys tp-0 ...)."""
+    p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "partitioner": "murmur2",
+                  "queue.buffering.max.messages": 500000, "compression.type": "lz4"})
+    value = VALUE.encode()
+    for _ in range(per_queue):
+        for k in range(queues):
+            while True:
+                try:
+                    p.produce(topic, key=f"tp-{k}".encode(), value=value)
+                    break
+                except BufferError:
+                    p.poll(0.05)
+    assert p.flush(120) == 0
+
+
+async def measure_many_queues(args: argparse.Namespace, bootstrap: str, broker_pid: int | None
+                              ) -> dict[str, float]:
+    """One node on a data topic already holding `--many-queues` queues x 2 records: enqueue
+    throughput spread over all of them, and the broker's CPU while loaded and while idle."""
+    prefix = f"bench{uuid.uuid4().hex[:6]}"
+    Admin({"bootstrap.servers": bootstrap}).create(vq_topics.specs(
+        f"{prefix}-data", f"{prefix}-offsets", f"{prefix}-assignments", args.partitions))
+    await asyncio.to_thread(prefill, bootstrap, f"{prefix}-data", args.many_queues, 2)
+    procs, urls = start_nodes(bootstrap, prefix, 1)
+    out: dict[str, float] = {}
+    try:
+        t0 = time.perf_counter()
+        owners = await wait_ready(urls, args.partitions)
+        out["replay_s"] = time.perf_counter() - t0
+
+        def route(q: str) -> str:
+            return owners[partition_for(q, args.partitions)]
+
+        async with aiohttp.ClientSession() as s:
+            cpu0, w0 = (cpu_seconds(broker_pid) if broker_pid else 0.0), time.perf_counter()
+            out["throughput"] = await vq_throughput(s, urls, args.seconds, args.concurrency,
+                                                    route, queues=args.many_queues)
+            if broker_pid:
+                out["broker_cpu_load"] = (cpu_seconds(broker_pid) - cpu0) / (
+                    time.perf_counter() - w0)
+        if broker_pid:
+            await asyncio.sleep(1.0)
+            cpu0, w0 = cpu_seconds(broker_pid), time.perf_counter()
+            await asyncio.sleep(3.0)
+            out["broker_cpu_idle"] = (cpu_seconds(broker_pid) - cpu0) / (time.perf_counter() - w0)
         return out
     finally:
         for p in procs:
@@ -286,7 +376,7 @@ async def measure_raw(args: argparse.Namespace, bootstrap: str) -> dict[str, flo
     return out
 
 
-ROWS = [("throughput", "enqueue throughput, batches of 100 x 100 B", "rec/s"),
+ROWS = [("throughput", "enqueue throughput, batches of 100 x 100 B, 10 queues", "rec/s"),
         *((f"{m}_{p}", f"{label} {p}", "ms")
           for m, label in (("enqueue", "enqueue latency, 1 record,"),
                            ("read", "read latency, 100 records,"),
@@ -305,6 +395,10 @@ async def run(args: argparse.Namespace) -> None:
         modes = {"1 node": await measure_vqueues(args, bootstrap, 1)}
         if args.cluster:
             modes[f"{args.cluster} nodes"] = await measure_vqueues(args, bootstrap, args.cluster)
+        many = None
+        if args.many_queues:
+            pid = broker.process.pid if broker and broker.process else None
+            many = await measure_many_queues(args, bootstrap, pid)
     finally:
         if broker:
             broker.stop()
@@ -321,7 +415,19 @@ async def run(args: argparse.Namespace) -> None:
                          f"{ratio:.2f}{' of raw' if key == 'throughput' else 'x raw'}")
         lines.append(f"| {label} | {raw[key]:,.1f} {unit} | {' | '.join(cells)} |")
     lines.append(f"(latency samples: {args.samples}; throughput window {args.seconds}s with "
-                 f"{args.concurrency} requests in flight; clients route by the cluster map)")
+                 f"{args.concurrency} requests in flight over 10 queues; clients route by the "
+                 "cluster map)")
+    for name, res in modes.items():
+        lines.append(f"read throughput, cached pages of 100 records, {args.concurrency} readers, "
+                     f"{name}: {res['read_throughput']:,.0f} rec/s")
+    if many:
+        lines.append(
+            f"{args.many_queues:,} queues x 2 records already in the topic, 1 node: replay to "
+            f"ready {many['replay_s']:.1f} s; enqueue throughput spread over all of them "
+            f"{many['throughput']:,.0f} rec/s ({many['throughput'] / raw['throughput']:.2f} of "
+            "raw)" + (f"; broker CPU {many['broker_cpu_load']:.0%} of a core under that load, "
+                      f"{many['broker_cpu_idle']:.0%} idle (the node's tail alone)"
+                      if "broker_cpu_load" in many else ""))
     print("\n".join(lines))
 
 
@@ -335,6 +441,8 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=5.0)
     ap.add_argument("--concurrency", type=int, default=16)
     ap.add_argument("--samples", type=int, default=300)
+    ap.add_argument("--many-queues", type=int, default=100_000,
+                    help="also measure one node over this many queues x 2 records (0: skip)")
     asyncio.run(run(ap.parse_args()))
 
 
