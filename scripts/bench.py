@@ -9,10 +9,13 @@ Starts the embedded broker (or uses --bootstrap) and one node process, then meas
   read throughput      cached pages of 100 records, --concurrency readers
 and the same workloads through a raw Producer/Consumer (acks=all), printing the ratio.
 With --cluster N (default 3) the same workloads also run on N nodes, clients routing by the
-cluster map, reported beside the single node. Then, on a topic already holding --many-queues queues x 2 records (100,000), one node's replay
-time, enqueue throughput spread over all of them, and the embedded broker's CPU under that load
-and idle (the node's tail alone).
+cluster map, reported beside the single node. Then, on a topic already holding --many-queues
+queues x 2 records (100,000), one node's replay time, enqueue throughput spread over all of
+them, and the embedded broker's CPU under that load and idle (the node's tail alone).
+--baseline CHECKOUT runs an older vqueues package (a git worktree) as "before", alternating
+with this one in the same run, and reports both.
 Usage: .venv/bin/python scripts/bench.py [--seconds 5] [--concurrency 16] [--cluster 3]
+       [--baseline /tmp/old --rounds 3]
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import argparse
 import asyncio
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -208,35 +212,51 @@ async def vq_read_latency(s: aiohttp.ClientSession, base: str, q: str, count: in
     return out
 
 
-async def vq_e2e(s: aiohttp.ClientSession, base: str, q: str, count: int) -> list[float]:
+async def vq_e2e(s: aiohttp.ClientSession, base: str, q: str, count: int
+                 ) -> tuple[list[float], list[float]]:
+    """Enqueue -> a parked long poll: the reader's times, and how long after the writer's
+    answer the reader's came (what the node adds to a write to wake a reader)."""
     async with s.get(f"{base}/v1/queues/{q}/records") as r:
         nxt = (await r.json())["next_offset"]
-    out = []
+    out, after_writer = [], []
     body = json.dumps({"records": [{"value": VALUE}]})
+
+    async def write() -> float:
+        async with s.post(f"{base}/v1/queues/{q}/records", data=body,
+                          headers={"Content-Type": "application/json"}) as r:
+            await r.read()
+        return time.perf_counter()
+
+    async def read(offset: int) -> tuple[dict, float]:
+        async with s.get(f"{base}/v1/queues/{q}/records",
+                         params={"offset": str(offset), "wait_ms": "5000"}) as r:
+            return await r.json(), time.perf_counter()
+
     for _ in range(count):
-        reader = asyncio.create_task(s.get(f"{base}/v1/queues/{q}/records",
-                                           params={"offset": str(nxt), "wait_ms": "5000"}))
+        reader = asyncio.create_task(read(nxt))
         await asyncio.sleep(0.005)  # the reader is parked in its long poll
         t0 = time.perf_counter()
-        writer = asyncio.create_task(s.post(f"{base}/v1/queues/{q}/records", data=body,
-                                            headers={"Content-Type": "application/json"}))
-        resp = await reader
-        got = await resp.json()
-        out.append(time.perf_counter() - t0)
-        (await writer).release()
+        writer = asyncio.create_task(write())
+        got, read_at = await reader
+        written_at = await writer
+        out.append(read_at - t0)
+        after_writer.append(read_at - written_at)
         assert got["records"], got
         nxt = got["next_offset"]
-    return out
+    return out, after_writer
 
 
 # Driver ------------------------------------------------------------------------------------------
 
-def start_nodes(bootstrap: str, prefix: str, count: int
+def start_nodes(bootstrap: str, prefix: str, count: int, code: str | None = None
                 ) -> tuple[list[subprocess.Popen], list[str]]:
+    """`count` nodes; `code`: run the vqueues package of that checkout instead of this one."""
     procs, urls = [], []
+    extra = {"PYTHONPATH": code} if code else {}
     for i in range(count):
         port = free_port()
-        env = {**os.environ, **DEV_ENV, "VQ_BOOTSTRAP": bootstrap, "VQ_HTTP_PORT": str(port),
+        env = {**os.environ, **extra, **DEV_ENV, "VQ_BOOTSTRAP": bootstrap,
+               "VQ_HTTP_PORT": str(port),
                "VQ_NODE_ID": f"bench-{i}", "VQ_DATA_TOPIC": f"{prefix}-data",
                "VQ_OFFSET_TOPIC": f"{prefix}-offsets",
                "VQ_ASSIGNMENT_TOPIC": f"{prefix}-assignments", "VQ_GROUP_ID": f"{prefix}-g"}
@@ -264,13 +284,13 @@ async def wait_ready(urls: list[str], partitions: int) -> dict[int, str]:
     raise TimeoutError("nodes not ready")
 
 
-async def measure_vqueues(args: argparse.Namespace, bootstrap: str, nodes: int
-                          ) -> dict[str, float]:
+async def measure_vqueues(args: argparse.Namespace, bootstrap: str, nodes: int,
+                          code: str | None = None) -> dict[str, float]:
     """Start `nodes` nodes on fresh topics, route by the cluster map as clients do, measure."""
     prefix = f"bench{uuid.uuid4().hex[:6]}"
     Admin({"bootstrap.servers": bootstrap}).create(vq_topics.specs(
         f"{prefix}-data", f"{prefix}-offsets", f"{prefix}-assignments", args.partitions))
-    procs, urls = start_nodes(bootstrap, prefix, nodes)
+    procs, urls = start_nodes(bootstrap, prefix, nodes, code)
     try:
         owners = await wait_ready(urls, args.partitions)
 
@@ -279,16 +299,25 @@ async def measure_vqueues(args: argparse.Namespace, bootstrap: str, nodes: int
 
         out: dict[str, float] = {}
         async with aiohttp.ClientSession() as s:
+            # CPU time per record is steadier than a rate on a shared machine: the node's
+            # user + system seconds over the window, divided by the records written.
+            cpu0 = sum(cpu_seconds(p.pid) for p in procs)
+            t0 = time.perf_counter()
             out["throughput"] = await vq_throughput(s, urls, args.seconds, args.concurrency,
                                                     route, queues=10)
+            records = out["throughput"] * (time.perf_counter() - t0)
+            out["cpu_us_per_record"] = (sum(cpu_seconds(p.pid) for p in procs) - cpu0) / max(
+                records, 1) * 1e6
             out["read_throughput"] = await vq_read_throughput(
                 s, route("rt-1"), "rt-1", args.seconds, args.concurrency)
             await vq_latency(s, route("lat-1"), "lat-1", 20)
             samples = {
                 "enqueue": await vq_latency(s, route("lat-1"), "lat-1", args.samples),
                 "read": await vq_read_latency(s, route("read-1"), "read-1", args.samples),
-                "e2e": await vq_e2e(s, route("e2e-1"), "e2e-1", args.samples),
             }
+            samples["e2e"], after_writer = await vq_e2e(s, route("e2e-1"), "e2e-1",
+                                                        args.samples)
+            out["reader_after_writer_p50"] = pct(after_writer, .5)
         for name, values in samples.items():
             out[f"{name}_p50"], out[f"{name}_p99"] = pct(values, .5), pct(values, .99)
         return out
@@ -297,6 +326,10 @@ async def measure_vqueues(args: argparse.Namespace, bootstrap: str, nodes: int
             p.terminate()
         for p in procs:
             p.wait(30)
+
+
+def median_of(results: list[dict[str, float]]) -> dict[str, float]:
+    return {k: statistics.median(r[k] for r in results) for k in results[0]}
 
 
 def cpu_seconds(pid: int) -> float:
@@ -321,15 +354,15 @@ def prefill(bootstrap: str, topic: str, queues: int, per_queue: int) -> None:
     assert p.flush(120) == 0
 
 
-async def measure_many_queues(args: argparse.Namespace, bootstrap: str, broker_pid: int | None
-                              ) -> dict[str, float]:
+async def measure_many_queues(args: argparse.Namespace, bootstrap: str, broker_pid: int | None,
+                              code: str | None = None) -> dict[str, float]:
     """One node on a data topic already holding `--many-queues` queues x 2 records: enqueue
     throughput spread over all of them, and the broker's CPU while loaded and while idle."""
     prefix = f"bench{uuid.uuid4().hex[:6]}"
     Admin({"bootstrap.servers": bootstrap}).create(vq_topics.specs(
         f"{prefix}-data", f"{prefix}-offsets", f"{prefix}-assignments", args.partitions))
     await asyncio.to_thread(prefill, bootstrap, f"{prefix}-data", args.many_queues, 2)
-    procs, urls = start_nodes(bootstrap, prefix, 1)
+    procs, urls = start_nodes(bootstrap, prefix, 1, code)
     out: dict[str, float] = {}
     try:
         t0 = time.perf_counter()
@@ -390,15 +423,29 @@ async def run(args: argparse.Namespace) -> None:
     if not bootstrap:
         broker = EmbeddedBroker().start()
         bootstrap = broker.bootstrap
+    pid = broker.process.pid if broker and broker.process else None
+    many: dict[str, dict[str, float]] = {}
     try:
         raw = await measure_raw(args, bootstrap)
-        modes = {"1 node": await measure_vqueues(args, bootstrap, 1)}
-        if args.cluster:
-            modes[f"{args.cluster} nodes"] = await measure_vqueues(args, bootstrap, args.cluster)
-        many = None
-        if args.many_queues:
-            pid = broker.process.pid if broker and broker.process else None
-            many = await measure_many_queues(args, bootstrap, pid)
+        if args.baseline:
+            # Before and after in one run: old and new nodes alternate, medians reported.
+            rounds: dict[str, list[dict[str, float]]] = {"before": [], "1 node": []}
+            many_rounds: dict[str, list[dict[str, float]]] = {"before": [], "1 node": []}
+            for _ in range(args.rounds):
+                for name, code in (("before", args.baseline), ("1 node", None)):
+                    rounds[name].append(await measure_vqueues(args, bootstrap, 1, code))
+                    if args.many_queues:
+                        many_rounds[name].append(
+                            await measure_many_queues(args, bootstrap, pid, code))
+            modes = {name: median_of(r) for name, r in rounds.items()}
+            many = {name: median_of(r) for name, r in many_rounds.items() if r}
+        else:
+            modes = {"1 node": await measure_vqueues(args, bootstrap, 1)}
+            if args.cluster:
+                modes[f"{args.cluster} nodes"] = await measure_vqueues(args, bootstrap,
+                                                                       args.cluster)
+            if args.many_queues:
+                many["1 node"] = await measure_many_queues(args, bootstrap, pid)
     finally:
         if broker:
             broker.stop()
@@ -420,14 +467,20 @@ async def run(args: argparse.Namespace) -> None:
     for name, res in modes.items():
         lines.append(f"read throughput, cached pages of 100 records, {args.concurrency} readers, "
                      f"{name}: {res['read_throughput']:,.0f} rec/s")
-    if many:
+        lines.append(f"node CPU per enqueued record (user + system, batches of 100), {name}: "
+                     f"{res['cpu_us_per_record']:.1f} µs; a parked reader answers "
+                     f"{res['reader_after_writer_p50']:.2f} ms (p50) after the writer")
+    for name, res in many.items():
         lines.append(
-            f"{args.many_queues:,} queues x 2 records already in the topic, 1 node: replay to "
-            f"ready {many['replay_s']:.1f} s; enqueue throughput spread over all of them "
-            f"{many['throughput']:,.0f} rec/s ({many['throughput'] / raw['throughput']:.2f} of "
-            "raw)" + (f"; broker CPU {many['broker_cpu_load']:.0%} of a core under that load, "
-                      f"{many['broker_cpu_idle']:.0%} idle (the node's tail alone)"
-                      if "broker_cpu_load" in many else ""))
+            f"{args.many_queues:,} queues x 2 records already in the topic, {name}: replay to "
+            f"ready {res['replay_s']:.1f} s; enqueue throughput spread over all of them "
+            f"{res['throughput']:,.0f} rec/s ({res['throughput'] / raw['throughput']:.2f} of "
+            "raw)" + (f"; broker CPU {res['broker_cpu_load']:.0%} of a core under that load, "
+                      f"{res['broker_cpu_idle']:.0%} idle (the node's tail alone)"
+                      if "broker_cpu_load" in res else ""))
+    if args.baseline:
+        lines.append(f"(before = the vqueues package at {args.baseline}; before and after "
+                     f"alternate, {args.rounds} rounds each, medians)")
     print("\n".join(lines))
 
 
@@ -441,6 +494,10 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=5.0)
     ap.add_argument("--concurrency", type=int, default=16)
     ap.add_argument("--samples", type=int, default=300)
+    ap.add_argument("--baseline", metavar="CHECKOUT",
+                    help="also run the vqueues package of this checkout (e.g. a git worktree of "
+                         "an older commit) as 'before', alternating with this one")
+    ap.add_argument("--rounds", type=int, default=2, help="rounds of each with --baseline")
     ap.add_argument("--many-queues", type=int, default=100_000,
                     help="also measure one node over this many queues x 2 records (0: skip)")
     asyncio.run(run(ap.parse_args()))
