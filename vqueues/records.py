@@ -33,22 +33,15 @@ class Record:
     value: bytes | None
     headers: tuple[tuple[str, bytes | None], ...]
 
-    @property
-    def size(self) -> int:
-        """Approximate memory held, for the cache's byte budget."""
-        n = 120 + (len(self.value) if self.value else 0)
-        for k, v in self.headers:
-            n += 60 + len(k) + (len(v) if v else 0)
-        return n
-
 
 @dataclass(slots=True, frozen=True)
 class ConsumerAcked:
-    """A consumer's committed offset moved (an ack)."""
+    """A consumer's committed offset moved (an ack) at `acked_at_ms` (UTC epoch ms)."""
 
     queue: str
     consumer: str
     offset: int
+    acked_at_ms: int = 0
 
 
 @dataclass(slots=True, frozen=True)
@@ -70,15 +63,20 @@ def _key(*parts: str) -> bytes:
     return json.dumps(parts, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
 
 
-def _value(**fields: int) -> bytes:
-    body = {"v": FORMAT_VERSION, **fields, "ts": int(time.time() * 1000)}
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def _value(ts: int = 0, **fields: int) -> bytes:
+    body = {"v": FORMAT_VERSION, **fields, "ts": ts or now_ms()}
     return json.dumps(body, separators=(",", ":")).encode()
 
 
 def encode_offset_entry(entry: OffsetEntry) -> OffsetRecord:
     """The offset-topic record of `entry`."""
     if isinstance(entry, ConsumerAcked):
-        return _key("c", entry.queue, entry.consumer), _value(offset=entry.offset)
+        return (_key("c", entry.queue, entry.consumer),
+                _value(entry.acked_at_ms, offset=entry.offset))
     if isinstance(entry, ConsumerDeleted):
         return _key("c", entry.queue, entry.consumer), None
     return _key("q", entry.queue), _value(deleted_before=entry.deleted_before)
@@ -93,7 +91,8 @@ def decode_offset_entry(key: bytes | None, value: bytes | None) -> OffsetEntry |
         if parts[0] == "c" and len(parts) == 3:
             if value is None:
                 return ConsumerDeleted(parts[1], parts[2])
-            return ConsumerAcked(parts[1], parts[2], int(json.loads(value)["offset"]))
+            body = json.loads(value)
+            return ConsumerAcked(parts[1], parts[2], int(body["offset"]), int(body.get("ts", 0)))
         if parts[0] == "q" and len(parts) == 2 and value is not None:
             return QueueDeleted(parts[1], int(json.loads(value)["deleted_before"]))
     except (ValueError, KeyError, TypeError, IndexError):

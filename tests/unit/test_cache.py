@@ -1,0 +1,49 @@
+"""The recent-record cache: FIFO within its byte budget, honest about what it holds, and out of
+the garbage collector's way."""
+
+import gc
+import tracemalloc
+
+import pytest
+
+from vqueues.cache import RecordCache
+from vqueues.records import Record
+
+
+def make(i: int, value_bytes: int, headers: int) -> Record:
+    # Fresh objects per record, as the tail hands them over (keys are not interned).
+    hs = tuple((f"header-{k}-{i % 7}"[:9], f"v{i}".encode()) for k in range(headers))
+    return Record(1_000_000_000 + i, 1_700_000_000_000 + i, bytes(value_bytes) + b"%d" % i, hs)
+
+
+@pytest.mark.parametrize(("value_bytes", "headers"), [(100, 0), (100, 2), (1000, 1), (10, 0)])
+def test_the_configured_bytes_are_within_20_percent_of_what_the_cache_really_takes(
+        value_bytes, headers):
+    cache = RecordCache(1 << 40)
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    for i in range(20_000):
+        cache.put(3, make(i, value_bytes, headers))  # the cache alone keeps what it needs
+    gc.collect()
+    real = tracemalloc.get_traced_memory()[0] - before
+    tracemalloc.stop()
+    assert abs(cache.bytes - real) / real < 0.2, (cache.bytes, real)
+
+
+def test_the_oldest_records_go_first_and_the_budget_holds():
+    cache = RecordCache(5_000)
+    for i in range(100):
+        cache.put(0, make(i, 100, 0))
+    assert cache.bytes <= 5_000 and len(cache) < 100
+    assert cache.get(0, 1_000_000_000) is None
+    newest = cache.get(0, 1_000_000_099)
+    assert newest is not None and newest.value.endswith(b"99")
+
+
+def test_cached_entries_are_not_tracked_by_the_garbage_collector():
+    cache = RecordCache(1 << 30)
+    for i in range(1000):
+        cache.put(0, make(i, 10, 1))
+    for _ in range(3):  # nested tuples are untracked inside out, one collection each
+        gc.collect()
+    assert not any(gc.is_tracked(e) for e in cache._items.values())
