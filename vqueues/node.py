@@ -38,6 +38,7 @@ class Node:
         self._fetcher: Fetcher | None = None
         self._tail: TopicTail | None = None
         self.service: QueueService | None = None
+        self._maintenance: asyncio.Task[None] | None = None
         self.ownership: Ownership | None = None
 
     def _conf(self, **conf: Any) -> dict[str, Any]:
@@ -81,6 +82,7 @@ class Node:
             "heartbeat.interval.ms": s.heartbeat_interval_ms,
             "fetch.wait.max.ms": s.fetch_wait_max_ms}), s.data_topic, self.ownership)
         self._group.start()
+        self._maintenance = asyncio.create_task(self.service.maintain_forever())
         app = api.create_app(self.service, s)
         self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=10.0)
         await self._runner.setup()
@@ -95,6 +97,8 @@ class Node:
     async def stop(self) -> None:
         """Stop taking requests, finish those in flight, release the partitions and leave the
         group (so they move at once), then flush the producers."""
+        if self._maintenance is not None:
+            self._maintenance.cancel()
         if self.ownership is not None:
             self.ownership.drain()
         if self._runner is not None:

@@ -26,6 +26,9 @@ from vqueues.storage import Consumed, Log, OffsetLog
 
 log = logging.getLogger(__name__)
 
+# Offset-topic entries applied per loop turn during a replay.
+REPLAY_CHUNK = 5000
+
 
 class Ownership:
     """The group listener (thread side) and the owned partitions' registry (loop side).
@@ -143,7 +146,8 @@ class Ownership:
         states = {p: self.states[p] for p in partitions}
         for attempt in itertools.count(1):
             try:
-                raw = await asyncio.to_thread(self._offset_log.read_to_end, partitions)
+                # Read and decode off the loop; apply on it in chunks (no long stall).
+                entries = await asyncio.to_thread(self._read_entries, partitions)
                 break
             except Exception as exc:
                 log.warning("offset_replay_failed", extra={"partitions": partitions,
@@ -152,16 +156,23 @@ class Ownership:
                 if all(s.revoked for s in states.values()):
                     return
         for p, state in states.items():
-            if state.revoked:
-                continue
-            entries: list[OffsetEntry] = []
-            for key, value in raw.get(p, ()):
-                e = decode_offset_entry(key, value)
-                if e is not None:
-                    entries.append(e)
-            state.apply_offset_entries(entries)
-            state.mark_offsets_replayed()
-            self._log_if_ready(state)
+            todo = entries.get(p, [])
+            for i in range(0, len(todo), REPLAY_CHUNK):
+                if state.revoked:
+                    break
+                state.apply_offset_entries(todo[i:i + REPLAY_CHUNK])
+                await asyncio.sleep(0)
+            if not state.revoked:
+                state.mark_offsets_replayed()
+                self._log_if_ready(state)
+
+    def _read_entries(self, partitions: list[int]) -> dict[int, list[OffsetEntry]]:
+        raw = self._offset_log.read_to_end(partitions)
+        out: dict[int, list[OffsetEntry]] = {}
+        for p, records in raw.items():
+            decoded = (decode_offset_entry(k, v) for k, v in records)
+            out[p] = [e for e in decoded if e is not None]
+        return out
 
     async def _revoke(self, partitions: list[int], lost: bool) -> None:
         gone = []

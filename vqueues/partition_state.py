@@ -14,19 +14,27 @@ from bisect import bisect_left
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
+from sortedcontainers import SortedList
+
 from vqueues.cache import RecordCache
 from vqueues.records import ConsumerAcked, ConsumerDeleted, OffsetEntry, QueueDeleted, Record
 
 
 class QueueIndex:
-    """One queue in one partition: its record offsets (ascending) and its consumers."""
+    """One queue in one partition: its retained record offsets (ascending) and its consumers
+    (name -> (committed offset, last ack at, UTC epoch ms))."""
 
     __slots__ = ("consumers", "deleted_before", "offsets")
 
     def __init__(self) -> None:
         self.offsets = array("q")
         self.deleted_before = 0  # records below this offset were deleted with the queue
-        self.consumers: dict[str, int] = {}
+        self.consumers: dict[str, tuple[int, int]] = {}
+
+    @property
+    def listed(self) -> bool:
+        """A queue exists for its users while it holds a record or a consumer."""
+        return bool(self.offsets) or bool(self.consumers)
 
     def position(self, offset: int) -> int:
         """Index of the first record at or after `offset`."""
@@ -36,10 +44,6 @@ class QueueIndex:
         cut = self.position(offset)
         if cut:
             del self.offsets[:cut]
-
-    @property
-    def empty(self) -> bool:
-        return not self.offsets and not self.consumers and not self.deleted_before
 
 
 @dataclass(slots=True)
@@ -69,6 +73,8 @@ class PartitionState:
         self.partition = partition
         self.cache = cache
         self.queues: dict[str, QueueIndex] = {}
+        self.names = SortedList()  # the listed queues' names, kept ordered as they change
+        self.log_start = 0  # the data partition's first retained offset, as last learnt
         self.next_offset = 0  # the frontier: every offset below it is indexed or not a record
         self.tail_offset = 0  # the next data offset the tail will deliver
         self.replay_target: int | None = None  # the end seen at assignment
@@ -92,6 +98,8 @@ class PartitionState:
             q = self.queues[queue] = QueueIndex()
         elif rec.offset < q.deleted_before:
             return
+        if not q.offsets and not q.consumers:
+            self.names.add(queue)
         q.offsets.append(rec.offset)
         self.cache.put(self.partition, rec)
         if queue in self._readers:
@@ -172,11 +180,14 @@ class PartitionState:
         """Apply offset-topic entries in log order (replay, or our own writes)."""
         for e in entries:
             if isinstance(e, ConsumerAcked):
-                self.queue(e.queue).consumers[e.consumer] = e.offset
+                q = self.queue(e.queue)
+                if not q.listed:
+                    self.names.add(e.queue)
+                q.consumers[e.consumer] = (e.offset, e.acked_at_ms)
             elif isinstance(e, ConsumerDeleted):
-                q = self.queues.get(e.queue)
-                if q is not None:
-                    q.consumers.pop(e.consumer, None)
+                known = self.queues.get(e.queue)
+                if known is not None and known.consumers.pop(e.consumer, None) is not None:
+                    self._forget_if_empty(e.queue, known)
             elif isinstance(e, QueueDeleted):
                 self.delete_queue(e.queue, e.deleted_before)
 
@@ -232,8 +243,8 @@ class PartitionState:
         q = self.queues.get(queue)
         if q is None:
             return None
-        off = q.consumers.get(consumer)
-        return None if off is None else max(off, q.deleted_before)
+        entry = q.consumers.get(consumer)
+        return None if entry is None else max(entry[0], q.deleted_before)
 
     def delete_queue(self, queue: str, deleted_before: int) -> None:
         q = self.queue(queue)
@@ -241,21 +252,68 @@ class PartitionState:
             q.deleted_before = deleted_before
         q.trim_before(q.deleted_before)
         q.consumers.clear()
+        self._forget_if_empty(queue, q)
+
+    def _forget_if_empty(self, queue: str, q: QueueIndex) -> None:
+        """Unlist a queue with no record and no consumer; drop its index entry unless a
+        deletion marker above the log start still has to hide older records."""
+        if q.listed:
+            return
+        self.names.discard(queue)
+        if q.deleted_before <= self.log_start:
+            self.queues.pop(queue, None)
+
+    def trim(self, log_start: int, names: Iterable[str]) -> int:
+        """Retention: drop the offsets below `log_start` of the queues `names` (a chunk of
+        them, so a caller can spread a million queues over many loop turns); a queue left with
+        no record and no consumer leaves the index. Returns how many queues were dropped."""
+        self.log_start = max(self.log_start, log_start)
+        log_start = self.log_start
+        dropped = 0
+        for name in names:
+            q = self.queues.get(name)
+            if q is None or not q.offsets or q.offsets[0] >= log_start:
+                if q is not None and not q.listed and q.deleted_before <= log_start:
+                    self.queues.pop(name, None)
+                    dropped += 1
+                continue
+            q.trim_before(log_start)
+            if not q.listed:
+                self._forget_if_empty(name, q)
+                dropped += name not in self.queues
+        return dropped
+
+    def expired_consumers(self, acked_before_ms: int, names: Iterable[str]
+                          ) -> list[tuple[str, str]]:
+        """(queue, consumer) of the consumers among `names` whose last ack is older."""
+        out: list[tuple[str, str]] = []
+        for name in names:
+            q = self.queues.get(name)
+            if q is not None and q.consumers:
+                out.extend((name, c) for c, (_, at) in q.consumers.items()
+                           if at < acked_before_ms)
+        return out
 
     def stats(self, queue: str) -> QueueStats | None:
         q = self.queues.get(queue)
-        if q is None or (not q.offsets and not q.consumers):
+        if q is None or not q.listed:
             return None
         n = len(q.offsets)
         consumers = {}
-        for name, off in sorted(q.consumers.items()):
+        for name, (off, _) in sorted(q.consumers.items()):
             off = max(off, q.deleted_before)
             consumers[name] = (off, n - q.position(off))
         return QueueStats(queue, n, q.offsets[0] if n else None, q.offsets[-1] if n else None,
                           consumers)
 
-    def queue_names(self) -> Iterable[str]:
-        return (name for name, q in self.queues.items() if q.offsets or q.consumers)
+    def queue_names(self, start: str = "", after: str | None = None) -> Iterator[str]:
+        """Listed queue names in order, from `start` (inclusive) or after `after`."""
+        names: Iterator[str]
+        if after is not None and after >= start:
+            names = self.names.irange(minimum=after, inclusive=(False, True))
+        else:
+            names = self.names.irange(minimum=start)
+        return names
 
     # Offset-topic writes in flight: a revocation waits for them, so the next owner's replay
     # sees every write this node acknowledged.

@@ -5,6 +5,9 @@ typed result (vqueues/results.py)."""
 from __future__ import annotations
 
 import asyncio
+import heapq
+import itertools
+import logging
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -22,6 +25,7 @@ from vqueues.records import (
     QueueDeleted,
     Record,
     encode_offset_entry,
+    now_ms,
 )
 from vqueues.results import (
     AckResult,
@@ -36,10 +40,24 @@ from vqueues.results import (
     ReadResult,
 )
 from vqueues.settings import Settings
-from vqueues.storage import Log, OffsetLog, RecordFetcher
+from vqueues.storage import Log, OffsetLog, RecordFetcher, runs
+
+log = logging.getLogger(__name__)
+
+# Queues handled per loop turn by maintenance, so that a million of them never stall the loop.
+MAINTENANCE_CHUNK = 5000
 
 # (value, headers) of one record to enqueue.
 NewRecord = tuple[bytes | None, list[tuple[str, bytes]]]
+
+
+def _split(offset_runs: list[list[int]], ways: int) -> list[list[int]]:
+    """Deal runs of offsets into at most `ways` ascending lists of whole runs."""
+    if len(offset_runs) <= ways:
+        return offset_runs
+    size = -(-len(offset_runs) // ways)
+    return [[o for run in offset_runs[i:i + size] for o in run]
+            for i in range(0, len(offset_runs), size)]
 
 
 class QueueService:
@@ -139,9 +157,14 @@ class QueueService:
             else:
                 found[off] = rec
         if missing:
+            # Far-apart offsets (a sparse queue) are read as runs on several consumers at once,
+            # not one broker round trip per gap after another.
             loop = asyncio.get_running_loop()
-            found.update(await loop.run_in_executor(
-                self._fetch_pool, self._fetcher.fetch, partition, missing))
+            parts = _split(runs(missing), self.settings.fetchers)
+            for got in await asyncio.gather(*(
+                    loop.run_in_executor(self._fetch_pool, self._fetcher.fetch, partition, part)
+                    for part in parts)):
+                found.update(got)
         return [found[o] for o in offsets if o in found]
 
     # Offset-topic writes ---------------------------------------------------------------------
@@ -173,7 +196,7 @@ class QueueService:
                 raise Conflict("rewind_not_allowed",
                                f"consumer {consumer!r} is at {previous}; moving it back to "
                                f"{offset} needs allow_rewind", committed_offset=previous)
-            await self._write_entries(state, [ConsumerAcked(queue, consumer, offset)])
+            await self._write_entries(state, [ConsumerAcked(queue, consumer, offset, now_ms())])
             self.metrics.acks.inc()
         return AckResult(queue, consumer, offset, previous)
 
@@ -222,15 +245,59 @@ class QueueService:
         return QueueDeletion(queue, True, p, stats.records, sorted(stats.consumers), before)
 
     def list_queues(self, prefix: str, after: str | None, limit: int) -> QueueList:
-        names: list[str] = []
+        """A page of the listed queues' names, in order: each ready partition keeps its names
+        sorted, so a page merges `limit + 1` names from each, never sorting them all."""
+        runs = []
         for state in self.ownership.states.values():
+            if state.ready.is_set():
+                names = state.queue_names(prefix, after)
+                runs.append(itertools.islice(
+                    itertools.takewhile(lambda n: n.startswith(prefix), names), limit + 1))
+        page = list(itertools.islice(heapq.merge(*runs), limit + 1))
+        more = len(page) > limit
+        del page[limit:]
+        return QueueList(page, page[-1] if more and page else None)
+
+    # Maintenance -----------------------------------------------------------------------------
+
+    async def maintain_forever(self) -> None:
+        """Every `retention_check_s`: follow retention and expire idle consumers."""
+        while True:
+            await asyncio.sleep(self.settings.retention_check_s)
+            try:
+                await self.maintain()
+            except Exception:  # logged, and tried again at the next check
+                log.exception("maintenance_failed")
+
+    async def maintain(self) -> None:
+        """One pass over the ready partitions: drop what retention removed (below each data
+        partition's log start), then tombstone consumers idle past `consumer_retention_ms`."""
+        loop = asyncio.get_running_loop()
+        retention_ms = self.settings.consumer_retention_ms
+        for p, state in list(self.ownership.states.items()):
             if not state.ready.is_set():
                 continue
-            names.extend(n for n in state.queue_names()
-                         if n.startswith(prefix) and (after is None or n > after))
-        names.sort()
-        page = names[:limit]
-        return QueueList(page, page[-1] if len(names) > limit else None)
+            log_start = await loop.run_in_executor(self._fetch_pool, self._fetcher.log_start, p)
+            names = list(state.queues)
+            dropped, expired = 0, []
+            for i in range(0, len(names), MAINTENANCE_CHUNK):
+                chunk = names[i:i + MAINTENANCE_CHUNK]
+                dropped += state.trim(log_start, chunk)
+                if retention_ms:
+                    expired += state.expired_consumers(now_ms() - retention_ms, chunk)
+                await asyncio.sleep(0)
+                if state.revoked:
+                    break
+            if dropped or expired:
+                log.info("partition_maintained", extra={
+                    "partition": p, "log_start": log_start, "queues_dropped": dropped,
+                    "consumers_expired": len(expired)})
+            for queue, consumer in expired:
+                async with self._locks.hold(("c", queue, consumer)):
+                    if state.revoked:
+                        break
+                    await self._write_entries(state, [ConsumerDeleted(queue, consumer)])
+                    self.metrics.consumers_expired.inc()
 
     def partitions_info(self) -> PartitionsInfo:
         states = self.ownership.states

@@ -54,6 +54,12 @@ class Settings:
     max_list_queues: int = _f(10000, "largest `limit` of GET /v1/queues")
     write_visible_timeout_ms: int = _f(
         2000, "an enqueue waits this long for its records to be readable before answering")
+    retention_check_s: int = _f(
+        60, "how often a node reads each owned partition's log start offset, drops the index "
+        "entries retention removed, and expires idle consumers")
+    consumer_retention_ms: int = _f(
+        7 * 24 * 3600 * 1000, "a consumer that has not acked for this long is removed (a "
+        "tombstone in the offset topic), like Kafka's offsets.retention.minutes; 0 keeps them")
     forward: bool = _f(False, "proxy a request for a partition another node owns to that node "
                        "(for clients that cannot route) instead of answering 409")
     kafka_options: str = _f(
@@ -152,7 +158,7 @@ class Settings:
                 raise ValueError(f"{f.name} must not be negative")
         for name in ("max_batch_records", "max_read_limit", "default_read_limit", "fetchers",
                      "max_body_bytes", "max_record_bytes", "max_read_bytes", "max_list_queues",
-                     "gc_young_threshold"):
+                     "gc_young_threshold", "retention_check_s"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1")
         if self.default_read_limit > self.max_read_limit:

@@ -12,6 +12,9 @@ from typing import Protocol
 
 from vqueues.records import Record
 
+# Past this many unwanted records between two wanted ones, seeking beats reading through.
+SEEK_GAP = 256
+
 # (key, value, headers) of one record to write.
 Outgoing = tuple[bytes | None, bytes | None, Sequence[tuple[str, bytes]] | None]
 # (offset, timestamp) the broker gave one written record; (-1, -1) when unknown (acks=0).
@@ -65,3 +68,19 @@ class RecordFetcher(Protocol):
     def high_watermark(self, partition: int) -> int:
         """Blocking: the broker's end of `partition` (may be low on tansu: ADR 3)."""
         ...
+
+    def log_start(self, partition: int) -> int:
+        """Blocking: the first offset `partition` still holds (retention moves it up)."""
+        ...
+
+
+def runs(offsets: Sequence[int], gap: int = SEEK_GAP) -> list[list[int]]:
+    """Split ascending offsets where two neighbours are more than `gap` apart: a fetcher reads
+    each run straight through, and runs can be read side by side."""
+    out: list[list[int]] = []
+    for off in offsets:
+        if out and off - out[-1][-1] <= gap:
+            out[-1].append(off)
+        else:
+            out.append([off])
+    return out

@@ -20,6 +20,7 @@ class MemoryLog:
 
     def __init__(self, tail: GroupListener | None = None) -> None:
         self.partitions: dict[int, list[Outgoing]] = {}
+        self.starts: dict[int, int] = {}  # partition -> log start (a fake retention)
         self.tail = tail
         self.fail_next: Exception | None = None
         self.timestamp = 1_700_000_000_000
@@ -58,8 +59,12 @@ class MemoryFetcher:
     def fetch(self, partition: int, offsets: Sequence[int]) -> dict[int, Record]:
         self.calls += 1
         records = self.log.partitions.get(partition, [])
+        start = self.log.starts.get(partition, 0)
         return {o: Record(o, self.log.timestamp, records[o][1], tuple(records[o][2] or ()))
-                for o in offsets if 0 <= o < len(records)}
+                for o in offsets if start <= o < len(records)}
 
     def high_watermark(self, partition: int) -> int:
         return self.log.end(partition)
+
+    def log_start(self, partition: int) -> int:
+        return self.log.starts.get(partition, 0)

@@ -17,7 +17,8 @@ from vqueues.records import (
 )
 from vqueues.settings import Settings
 
-ENTRIES = [ConsumerAcked("q", "c", 0), ConsumerAcked("a::b/ü", '["c"]', 2**40),
+ENTRIES = [ConsumerAcked("q", "c", 0, 1_700_000_000_000),
+           ConsumerAcked("a::b/ü", '["c"]', 2**40, 1_700_000_000_001),
            ConsumerDeleted("q", "c"), QueueDeleted("q", 17)]
 
 

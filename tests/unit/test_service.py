@@ -92,3 +92,26 @@ async def test_listing_pages_by_name(service):
     first = service.list_queues("l/", None, 2)
     assert (first.queues, first.next_after) == (["l/a", "l/b"], "l/b")
     assert service.list_queues("l/", "l/b", 2).queues == ["l/c"]
+
+
+def test_far_apart_offsets_are_split_into_runs_read_side_by_side():
+    from vqueues.service import _split
+    from vqueues.storage import runs
+
+    assert runs([1, 2, 300, 301, 10_000]) == [[1, 2], [300, 301], [10_000]]
+    assert _split(runs(list(range(0, 5000, 1000))), 2) == [[0, 1000, 2000], [3000, 4000]]
+    assert _split([[1], [500]], 4) == [[1], [500]]
+
+
+async def test_a_sparse_queues_uncached_records_are_fetched_in_parallel_runs(service):
+    service.cache.max_bytes = 0
+    service.cache._items.clear()
+    for i in range(3):
+        await service.enqueue("sparse", [(f"s{i}".encode(), [])])
+        other = next(f"o{j}" for j in range(10**4)
+                     if service.partition_of(f"o{j}") == service.partition_of("sparse"))
+        await service.enqueue(other, [(b"x", [])] * 300)
+    service._fetcher.calls = 0
+    page = await service.read("sparse", None, None, 10, 0)
+    assert [r.value for r in page.records] == [b"s0", b"s1", b"s2"]
+    assert service._fetcher.calls == 3  # one per run, issued together

@@ -15,12 +15,9 @@ from vqueues.errors import BrokerError
 from vqueues.kafka import kafka_errors, poll
 from vqueues.kafka.group import to_record
 from vqueues.records import Record
+from vqueues.storage import SEEK_GAP
 
 log = logging.getLogger(__name__)
-
-# Past this many unwanted records between two wanted ones, seeking beats reading through.
-SEEK_GAP = 256
-
 
 class Fetcher:
     """A pool of assign()-mode consumers; `fetch` is blocking and thread-safe."""
@@ -31,6 +28,9 @@ class Fetcher:
             "enable.auto.commit": False,
             "enable.partition.eof": True,
             "auto.offset.reset": "earliest",
+            # Every read assigns anew; librdkafka's default 1 s backoff after a fetch queue
+            # threshold made about one read in five wait a whole second (issue 8).
+            "fetch.queue.backoff.ms": 10,
         }
         self._topic = topic
         self._pool: queue.Queue[Consumer] = queue.Queue()
@@ -86,12 +86,19 @@ class Fetcher:
 
     def high_watermark(self, partition: int, timeout_s: float = 5.0) -> int:
         """The broker's high watermark, uncached (may underestimate on tansu: see ADR 0003)."""
+        return self._watermarks(partition, timeout_s)[1]
+
+    def log_start(self, partition: int, timeout_s: float = 5.0) -> int:
+        """The partition's first retained offset (its low watermark), uncached."""
+        return max(self._watermarks(partition, timeout_s)[0], 0)
+
+    def _watermarks(self, partition: int, timeout_s: float) -> tuple[int, int]:
         consumer = self._pool.get()
         try:
-            with kafka_errors("high watermark"):
-                _low, high = consumer.get_watermark_offsets(
+            with kafka_errors("watermarks"):
+                low, high = consumer.get_watermark_offsets(
                     TopicPartition(self._topic, partition), timeout=timeout_s, cached=False)
-            return int(high)
+            return int(low), int(high)
         finally:
             self._pool.put(consumer)
 

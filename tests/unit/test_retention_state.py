@@ -1,0 +1,126 @@
+"""Retention and idle consumers: the index follows the data partition's log start, and a node
+that has run for a long time holds exactly the state a freshly replayed node builds."""
+
+import asyncio
+import random
+
+import pytest
+
+from tests.unit.test_service import service  # noqa: F401  (the fixture)
+from vqueues.cache import RecordCache
+from vqueues.partition_state import PartitionState
+from vqueues.records import ConsumerAcked, ConsumerDeleted, QueueDeleted, Record
+
+
+def rec(offset):
+    return Record(offset, 1, b"v", ())
+
+
+def snapshot(s: PartitionState):
+    """Everything a reader can observe of a partition's state."""
+    return ({name: (q.offsets.tolist(), dict(q.consumers), q.deleted_before)
+             for name, q in s.queues.items()}, list(s.names))
+
+
+async def test_trimming_drops_records_below_the_log_start_and_empty_queues_leave():
+    s = PartitionState(0, RecordCache(1 << 20))
+    s.apply_records([("a", rec(0)), ("b", rec(1)), ("a", rec(2)), ("c", rec(3))], None)
+    s.apply_offset_entries([ConsumerAcked("b", "keeper", 0, 1)])
+    s.trim(2, list(s.queues))
+    assert s.select("a", 0, 10) == [2]
+    assert s.stats("a").records == 1 and s.stats("a").first_offset == 2
+    assert "b" in s.queues and s.stats("b").records == 0  # its consumer keeps it listed
+    assert s.stats("b").consumers == {"keeper": (0, 0)}  # lag counts retained records only
+    s.apply_offset_entries([ConsumerDeleted("b", "keeper")])
+    assert "b" not in s.queues and list(s.names) == ["a", "c"]
+    s.trim(4, list(s.queues))
+    assert s.queues == {} and list(s.names) == []
+
+
+async def test_a_deletion_marker_stays_while_it_still_hides_retained_records():
+    s = PartitionState(0, RecordCache(1 << 20))
+    s.apply_records([("a", rec(0)), ("a", rec(1))], None)
+    s.apply_offset_entries([QueueDeleted("a", 2)])
+    s.trim(1, list(s.queues))
+    assert "a" in s.queues and s.queues["a"].deleted_before == 2 and list(s.names) == []
+    s.trim(2, list(s.queues))
+    assert "a" not in s.queues
+
+
+def _history(seed: int, queues: int = 12, steps: int = 600):
+    """A random interleaving of data records and offset-topic entries, in log order."""
+    rnd = random.Random(seed)
+    names = [f"q{i}" for i in range(queues)]
+    events, offset = [], 0
+    for _ in range(steps):
+        roll = rnd.random()
+        q = rnd.choice(names)
+        if roll < 0.7:
+            events.append(("data", q, offset))
+            offset += 1
+        elif roll < 0.85:
+            events.append(("entry", ConsumerAcked(q, rnd.choice("xyz"), rnd.randrange(offset + 1),
+                                                  rnd.randrange(1, 100))))
+        elif roll < 0.93:
+            events.append(("entry", ConsumerDeleted(q, rnd.choice("xyz"))))
+        else:
+            events.append(("entry", QueueDeleted(q, offset)))
+    return events, offset
+
+
+@pytest.mark.parametrize("seed", range(30))
+async def test_a_long_running_node_equals_a_fresh_replay_after_retention(seed):
+    events, end = _history(seed)
+    log_start = random.Random(seed).randrange(end + 1)
+    # A node that saw everything as it happened, then retention moved the log start.
+    old = PartitionState(0, RecordCache(1 << 20))
+    for kind, *rest in events:
+        if kind == "data":
+            old.apply_records([(rest[0], rec(rest[1]))], None)
+        else:
+            old.apply_offset_entries(rest)
+    old.trim(log_start, list(old.queues))
+    # A fresh node: the offset partition's entries, then the data still retained.
+    fresh = PartitionState(0, RecordCache(1 << 20))
+    fresh.apply_offset_entries([rest[0] for kind, *rest in events if kind == "entry"])
+    fresh.apply_records([(e[1], rec(e[2])) for e in events
+                         if e[0] == "data" and e[2] >= log_start], None)
+    fresh.trim(log_start, list(fresh.queues))
+    assert snapshot(old) == snapshot(fresh)
+
+
+async def test_maintenance_follows_retention_and_expires_idle_consumers(service):  # noqa: F811
+    await service.enqueue("r", [(b"1", []), (b"2", []), (b"3", [])])
+    await service.ack("r", "idle", 1, allow_rewind=False)
+    p = service.partition_of("r")
+    service._data.starts[p] = 2  # retention removed offsets 0 and 1
+    object.__setattr__(service.settings, "consumer_retention_ms", 0)
+    await service.maintain()
+    info = service.queue_info("r")
+    assert (info.records, info.first_offset) == (1, 2)
+    assert [c.consumer for c in info.consumers] == ["idle"]  # retention 0: kept
+    object.__setattr__(service.settings, "consumer_retention_ms", 1)
+    await asyncio.sleep(0.01)
+    await service.maintain()
+    assert service.queue_info("r").consumers == []
+    assert service._offsets.partitions[p][-1][1] is None  # a tombstone
+    service._data.starts[p] = 3
+    await service.maintain()
+    assert service.list_queues("r", None, 10).queues == []
+
+
+async def test_listings_follow_deletions_and_page_across_partitions(service):  # noqa: F811
+    names = [f"l/{i:03}" for i in range(40)]
+    for n in names:
+        await service.enqueue(n, [(b"x", [])])
+    await service.delete_queue("l/005")
+    got, after = [], None
+    while True:
+        page = service.list_queues("l/", after, 7)
+        got += page.queues
+        if page.next_after is None:
+            break
+        after = page.next_after
+    assert got == [n for n in names if n != "l/005"]
+    await service.enqueue("l/005", [(b"again", [])])
+    assert "l/005" in service.list_queues("l/", "l/004", 1).queues
