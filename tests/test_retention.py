@@ -1,5 +1,7 @@
 """Records removed from Kafka (retention, delete_records) are skipped by reads."""
 
+import time
+
 import pytest
 from confluent_kafka import TopicPartition
 from confluent_kafka.admin import AdminClient
@@ -25,5 +27,30 @@ def test_records_below_the_log_start_are_skipped_and_next_offset_moves_past_them
         assert status == 200
         assert [r["value"] for r in got["records"]] == [f"v{i}" for i in range(10, 20)]
         assert got["next_offset"] == offsets[-1] + 1
+    finally:
+        node.terminate()
+
+
+@pytest.mark.usefixtures("real_kafka")
+def test_the_index_follows_the_log_start_and_empty_queues_leave_the_listing(bootstrap):
+    t = create_topics(bootstrap, partitions=1)
+    node = NodeProcess(t, extra_env={"VQ_RETENTION_CHECK_S": "1"}).start()
+    try:
+        _, gone = http("POST", f"{node.url}/v1/queues/gone/records",
+                       {"records": [{"value": "a"}, {"value": "b"}]})
+        _, kept = http("POST", f"{node.url}/v1/queues/kept/records",
+                       {"records": [{"value": "c"}, {"value": "d"}]})
+        admin = AdminClient({"bootstrap.servers": bootstrap})
+        for f in admin.delete_records([TopicPartition(t.data, 0, kept["offsets"][1])]).values():
+            f.result(30)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            status, info = http("GET", f"{node.url}/v1/queues/kept")
+            if info["records"] == 1:
+                break
+            time.sleep(0.2)
+        assert (info["records"], info["first_offset"]) == (1, kept["offsets"][1])
+        assert http("GET", f"{node.url}/v1/queues/gone")[0] == 404
+        assert http("GET", f"{node.url}/v1/queues")[1]["queues"] == ["kept"]
     finally:
         node.terminate()
