@@ -36,8 +36,9 @@ def test_the_index_follows_the_log_start_and_empty_queues_leave_the_listing(boot
     t = create_topics(bootstrap, partitions=1)
     node = NodeProcess(t, extra_env={"VQ_RETENTION_CHECK_S": "1"}).start()
     try:
-        _, gone = http("POST", f"{node.url}/v1/queues/gone/records",
-                       {"records": [{"value": "a"}, {"value": "b"}]})
+        status, _ = http("POST", f"{node.url}/v1/queues/gone/records",
+                         {"records": [{"value": "a"}, {"value": "b"}]})
+        assert status == 200
         _, kept = http("POST", f"{node.url}/v1/queues/kept/records",
                        {"records": [{"value": "c"}, {"value": "d"}]})
         admin = AdminClient({"bootstrap.servers": bootstrap})
@@ -45,7 +46,7 @@ def test_the_index_follows_the_log_start_and_empty_queues_leave_the_listing(boot
             f.result(30)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
-            status, info = http("GET", f"{node.url}/v1/queues/kept")
+            _, info = http("GET", f"{node.url}/v1/queues/kept")
             if info["records"] == 1:
                 break
             time.sleep(0.2)
