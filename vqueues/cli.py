@@ -12,7 +12,7 @@ import signal
 import sys
 from collections.abc import Sequence
 
-from vqueues import logs, topics
+from vqueues import logs, memory, topics
 from vqueues.errors import ConfigError
 from vqueues.settings import Settings
 
@@ -124,6 +124,7 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"vqueues: {exc}", file=sys.stderr)
         return 2
     logs.setup(settings.log_level, settings.log_format)
+    memory.limit_arenas(settings.malloc_arena_max)  # before any thread allocates
 
     async def run() -> int:
         stop = asyncio.Event()

@@ -15,6 +15,7 @@ import time
 from collections.abc import Container, Coroutine, Sequence
 from typing import Any
 
+from vqueues import memory
 from vqueues.cache import RecordCache
 from vqueues.cluster_map import ClusterMap, encode_claim, encode_release
 from vqueues.errors import Unavailable, WrongNode
@@ -174,6 +175,9 @@ class Ownership:
             out[p] = [e for e in decoded if e is not None]
         return out
 
+    async def _release_memory(self) -> None:
+        await asyncio.to_thread(memory.release_free_memory)
+
     async def _revoke(self, partitions: list[int], lost: bool) -> None:
         gone = []
         for p in partitions:
@@ -226,6 +230,8 @@ class Ownership:
         started = self._assigned_at.pop(state.partition, None)
         if state.ready.is_set() and started is not None:
             self.metrics.replay_seconds.observe(time.monotonic() - started)
+            # A replay frees a lot of short-lived memory: hand it back to the system.
+            self._spawn(self._release_memory())
             log.info("partition_ready", extra={
                 "partition": state.partition, "queues": len(state.queues),
                 "next_offset": state.next_offset,

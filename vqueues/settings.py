@@ -67,6 +67,9 @@ class Settings:
         "(e.g. security.protocol=SASL_SSL,sasl.mechanism=PLAIN)")
     event_loop: str = _f("uvloop", "event loop: uvloop (lower latency; asyncio's if it is not "
                          "installed) or asyncio", choices=("uvloop", "asyncio"))
+    malloc_arena_max: int = _f(
+        2, "glibc malloc arenas (0: glibc's default of 8 per core); fewer keep resident memory "
+        "close to live memory")
     gc_young_threshold: int = _f(
         20000, "allocations between young garbage collections (Python's default is 700); "
         "fewer collections under load. Objects alive at start are frozen out of collections")

@@ -41,3 +41,13 @@ def test_the_configuration_doc_lists_every_setting_as_generated():
     spec.loader.exec_module(gen)
     assert (root / "docs/configuration.md").read_text() == gen.render(), \
         "docs/configuration.md is stale: run scripts/gen_config_doc.py"
+
+
+def test_the_allocator_can_be_told_to_keep_fewer_arenas_and_give_memory_back():
+    from vqueues import memory
+
+    assert memory.limit_arenas(0) is False  # 0 leaves glibc's default alone
+    if memory._glibc() is None:
+        pytest.skip("not glibc: the allocator calls are no-ops here")
+    assert memory.limit_arenas(4) is True
+    assert isinstance(memory.release_free_memory(), bool)

@@ -1,0 +1,50 @@
+"""The C allocator: fewer glibc malloc arenas, and freed memory handed back after a replay.
+
+glibc gives each thread that allocates its own arena (up to 8 per core) and keeps freed memory
+in them: after a replay a node measured 680 MB resident for 400 MB live (issue 8). Capping the
+arenas (`mallopt(M_ARENA_MAX)`, what the MALLOC_ARENA_MAX variable does, but settable once the
+process runs) and calling `malloc_trim` after a replay keep resident close to live. Both are
+glibc-only and do nothing elsewhere. A different allocator (jemalloc) would need LD_PRELOAD and
+a system package; this needs neither.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import logging
+
+log = logging.getLogger(__name__)
+
+_M_ARENA_MAX = -8  # glibc's malloc.h
+_libc: ctypes.CDLL | None = None
+
+
+def _glibc() -> ctypes.CDLL | None:
+    global _libc
+    if _libc is None:
+        name = ctypes.util.find_library("c")
+        try:
+            lib = ctypes.CDLL(name or "libc.so.6")
+            lib.mallopt  # noqa: B018  (present on glibc only)
+            lib.malloc_trim  # noqa: B018
+        except (OSError, AttributeError):
+            return None
+        _libc = lib
+    return _libc
+
+
+def limit_arenas(arenas: int) -> bool:
+    """Cap glibc's malloc arenas (0: leave glibc's default); call before threads start."""
+    lib = _glibc()
+    if lib is None or arenas <= 0:
+        return False
+    ok = bool(lib.mallopt(_M_ARENA_MAX, arenas))
+    log.debug("malloc_arenas_limited", extra={"arenas": arenas, "ok": ok})
+    return ok
+
+
+def release_free_memory() -> bool:
+    """Return the allocator's free pages to the system (blocking: run it off the loop)."""
+    lib = _glibc()
+    return bool(lib.malloc_trim(0)) if lib is not None else False
