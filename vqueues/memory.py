@@ -12,7 +12,10 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import gc
 import logging
+import time
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -48,3 +51,39 @@ def release_free_memory() -> bool:
     """Return the allocator's free pages to the system (blocking: run it off the loop)."""
     lib = _glibc()
     return bool(lib.malloc_trim(0)) if lib is not None else False
+
+
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in (
+        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks",
+        "fordblks", "keepcost")]
+
+
+def heap_in_use() -> int:
+    """Bytes the C allocator has handed out and not had back (glibc's mallinfo2: `uordblks`
+    plus memory-mapped blocks): the process's live memory, without what malloc merely keeps."""
+    lib = _glibc()
+    if lib is None or not hasattr(lib, "mallinfo2"):
+        return 0
+    lib.mallinfo2.restype = _MallInfo2
+    info = lib.mallinfo2()
+    return int(info.uordblks + info.hblkhd)
+
+
+class GcPauses:
+    """Logs every garbage collection that takes longer than `threshold_ms` (a stalled loop)."""
+
+    def __init__(self, threshold_ms: float = 50.0) -> None:
+        self.threshold_s = threshold_ms / 1000
+        self._started = 0.0
+
+    def __call__(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._started = time.perf_counter()
+        elif (took := time.perf_counter() - self._started) > self.threshold_s:
+            log.warning("gc_pause", extra={"generation": info.get("generation"),
+                                           "ms": round(took * 1000),
+                                           "collected": info.get("collected")})
+
+    def install(self) -> None:
+        gc.callbacks.append(self)

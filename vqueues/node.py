@@ -10,7 +10,7 @@ from typing import Any
 
 from aiohttp import web
 
-from vqueues import api, topics
+from vqueues import api, memory, topics
 from vqueues.cache import RecordCache
 from vqueues.cluster_map import ClusterMap
 from vqueues.kafka import client_config
@@ -91,6 +91,7 @@ class Node:
         # (modules, settings, clients) lives as long as the process: keep it out of them.
         gc.set_threshold(s.gc_young_threshold, *gc.get_threshold()[1:])
         gc.freeze()
+        memory.GcPauses().install()
         log.info("node_started", extra={"node": s.effective_node_id, "url": s.effective_url,
                                         "bootstrap": s.bootstrap, "partitions": partitions})
 

@@ -9,10 +9,12 @@ partition from its beginning; the partition serves once both reached the end see
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import logging
+import threading
 import time
-from collections.abc import Container, Coroutine, Sequence
+from collections.abc import Callable, Container, Coroutine, Sequence
 from typing import Any
 
 from vqueues import memory
@@ -29,6 +31,9 @@ log = logging.getLogger(__name__)
 
 # Offset-topic entries applied per loop turn during a replay.
 REPLAY_CHUNK = 5000
+# Data records applied per loop turn, and batches of them waiting at most (backpressure).
+APPLY_SLICE = 500
+MAX_PENDING_BATCHES = 16
 
 
 class Ownership:
@@ -59,11 +64,41 @@ class Ownership:
         self._assigned_at: dict[int, float] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         self.joined = False
+        self._loop_thread = threading.get_ident()  # built on the loop's thread
+        self._inbox: asyncio.Queue[tuple[Callable[[], None], bool]] = asyncio.Queue()
+        self._room = threading.BoundedSemaphore(MAX_PENDING_BATCHES)
+        self._spawn(self._apply_events())
 
     # Thread side: called by the group thread ---------------------------------------------------
 
+    def _post(self, event: Callable[[], None], batch: bool = False) -> None:
+        """Hand a group event to the loop, in order. A batch of records waits (blocking the
+        group thread) while MAX_PENDING_BATCHES are not applied yet: a replay never piles up
+        more than that in memory, and the loop is never handed more than it can take."""
+        if batch and threading.get_ident() != self._loop_thread:
+            while not self._room.acquire(timeout=1.0):
+                if self.loop.is_closed():
+                    return
+        else:
+            batch = False
+        self.loop.call_soon_threadsafe(self._inbox.put_nowait, (event, batch))
+
+    async def _apply_events(self) -> None:
+        """Apply the group's events one by one, yielding to the loop between them (and within
+        a large batch), so requests are served while a partition replays."""
+        while True:
+            event, batch = await self._inbox.get()
+            try:
+                event()
+            except Exception:
+                log.exception("group_event_failed")
+            finally:
+                if batch:
+                    self._room.release()
+            await asyncio.sleep(0)
+
     def assigned(self, partitions: Sequence[int]) -> None:
-        self.loop.call_soon_threadsafe(self._on_assigned, list(partitions))
+        self._post(functools.partial(self._on_assigned, list(partitions)))
 
     def revoked(self, partitions: Sequence[int], lost: bool) -> None:
         # Block the group thread until the partitions are dropped, their offset writes are
@@ -94,14 +129,23 @@ class Ownership:
                 self.metrics.records_skipped.inc()
                 continue
             by_partition.setdefault(p, []).append((queue, rec))
-        self.loop.call_soon_threadsafe(self._on_consumed, by_partition, high_watermarks,
-                                       positions)
+        # Large batches are applied in slices, each its own turn of the loop.
+        for p, records in by_partition.items():
+            for i in range(0, len(records), APPLY_SLICE):
+                part = {p: records[i:i + APPLY_SLICE]}
+                last = i + APPLY_SLICE >= len(records)
+                self._post(functools.partial(
+                    self._on_consumed, part, high_watermarks,
+                    {p: positions[p]} if last else {p: part[p][-1][1].offset + 1}), batch=True)
+        for p in positions.keys() - by_partition.keys():  # only skipped records there
+            self._post(functools.partial(self._on_consumed, {}, high_watermarks,
+                                         {p: positions[p]}), batch=True)
 
     def reached_end(self, partition: int, next_offset: int) -> None:
-        self.loop.call_soon_threadsafe(self._on_end, partition, next_offset)
+        self._post(functools.partial(self._on_end, partition, next_offset))
 
     def failed(self, error: str) -> None:
-        self.loop.call_soon_threadsafe(self._on_failed, error)
+        self._post(functools.partial(self._on_failed, error))
 
     # Loop side -------------------------------------------------------------------------------
 

@@ -12,6 +12,7 @@ import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
+from vqueues import memory
 from vqueues.cache import RecordCache
 from vqueues.errors import BadRequest, Conflict, NotFound
 from vqueues.hashing import partition_for
@@ -321,6 +322,8 @@ class QueueService:
                 lambda: len(self.cache))
         m.gauge("vq_cluster_generation", "highest generation in the cluster map",
                 lambda: self.ownership.cluster_map.generation)
+        m.gauge("vq_heap_in_use_bytes", "memory the C allocator has handed out (live), beside "
+                "process_resident_memory_bytes", memory.heap_in_use)
 
     def close(self) -> None:
         self._fetch_pool.shutdown(wait=True, cancel_futures=True)

@@ -1,0 +1,336 @@
+#!/usr/bin/env python3
+"""How vqueues holds up at scale, measured in one run on the embedded broker (or --bootstrap).
+
+For each partition size (--records, default 1M,4M,8M; one partition, so the whole topic is one
+owner's replay) and queue count (--queues, default 10 and 1M), it fills a fresh data topic with
+a plain producer, starts one node and measures:
+  replay        assignment -> partition ready (the node's own `partition_ready replay_ms`)
+  /healthz      p99 and max latency while the node replays (event-loop stalls show here)
+  memory        live heap (glibc mallinfo2, on a second node run with PYTHONMALLOC=malloc so
+                that it sees every Python allocation) and resident set after the replay, per
+                record and per queue, against an empty node (the cache is part of it: it
+                holds the newest records, up to its 256 MiB)
+  raw read      a plain confluent-kafka consumer reading the same records (the limit)
+Then, on the 1M-queue topic: GET /v1/queues page latency (1000 names, random `after`), and on a
+node with a tiny cache: 100-record pages older than the cache, and a sparse queue's records far
+apart. Last, --sustain-s of enqueue load with the default cache, sampling resident memory.
+Index snapshots (issue 8, item 3) are not built yet: takeover with a snapshot is not measured.
+
+Usage: .venv/bin/python scripts/bench_scale.py [--records 1000000,4000000,8000000]
+       [--queues 10,1000000] [--sustain-s 60]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import aiohttp
+from confluent_kafka import Consumer, Producer, TopicPartition
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from vqueues import topics as vq_topics  # noqa: E402
+from vqueues.broker import EmbeddedBroker, free_port  # noqa: E402
+from vqueues.kafka.admin import Admin  # noqa: E402
+
+DEV_ENV = {"VQ_SESSION_TIMEOUT_MS": "6000", "VQ_HEARTBEAT_INTERVAL_MS": "500",
+           "VQ_FETCH_WAIT_MAX_MS": "10", "VQ_LOG_LEVEL": "info", "VQ_LOG_FORMAT": "json"}
+VALUE = b"v" * 100
+
+
+def pct(values: list[float], p: float) -> float:
+    s = sorted(values)
+    return s[min(len(s) - 1, int(len(s) * p))] * 1000 if s else float("nan")
+
+
+def fill(bootstrap: str, topic: str, records: int, queues: int) -> None:
+    """`records` 100-byte records round-robin over `queues` queue names, one partition."""
+    p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "batch.num.messages": 10000,
+                  "queue.buffering.max.messages": 1_000_000, "compression.type": "lz4"})
+    keys = [f"q{i}".encode() for i in range(min(queues, records))]
+    for i in range(records):
+        while True:
+            try:
+                p.produce(topic, key=keys[i % len(keys)], value=VALUE, partition=0)
+                break
+            except BufferError:
+                p.poll(0.05)
+    assert p.flush(300) == 0
+
+
+def raw_read_rate(bootstrap: str, topic: str, records: int) -> float:
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"raw-{uuid.uuid4().hex}",
+                  "enable.auto.commit": False, "enable.partition.eof": True,
+                  "queued.min.messages": 200000})
+    c.assign([TopicPartition(topic, 0, 0)])
+    got, t0 = 0, time.perf_counter()
+    while got < records:
+        for m in c.consume(10000, 1):
+            if m.error() is None:
+                got += 1
+    rate = got / (time.perf_counter() - t0)
+    c.close()
+    return rate
+
+
+class Node:
+    def __init__(self, bootstrap: str, prefix: str, **env: str) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = Path(f"/tmp/vq-bench-scale-{prefix}.log")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "vqueues", "serve"],
+            env={**os.environ, **DEV_ENV, "VQ_BOOTSTRAP": bootstrap,
+                 "VQ_HTTP_PORT": str(self.port), "VQ_DATA_TOPIC": f"{prefix}-data",
+                 "VQ_OFFSET_TOPIC": f"{prefix}-offsets",
+                 "VQ_ASSIGNMENT_TOPIC": f"{prefix}-assignments", "VQ_GROUP_ID": f"{prefix}-g",
+                 **env},
+            stdout=subprocess.DEVNULL, stderr=self.log_path.open("wb"))
+
+    def replay_ms(self) -> float | None:
+        for line in self.log_path.read_text().splitlines():
+            if '"partition_ready"' in line:
+                return float(json.loads(line)["replay_ms"])
+        return None
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+async def metric(s: aiohttp.ClientSession, url: str, name: str) -> float:
+    async with s.get(f"{url}/metrics") as r:
+        for line in (await r.text()).splitlines():
+            if line.startswith(name + " "):
+                return float(line.split()[1])
+    return float("nan")
+
+
+async def watch_replay(s: aiohttp.ClientSession, node: Node) -> tuple[list[float], float]:
+    """Probe /healthz every 10 ms until /readyz answers 200: latencies, and seconds taken."""
+    lat: list[float] = []
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < 600:
+        t = time.perf_counter()
+        try:
+            async with s.get(f"{node.url}/healthz") as r:
+                await r.read()
+            lat.append(time.perf_counter() - t)
+            async with s.get(f"{node.url}/readyz") as r:
+                if r.status == 200:
+                    return lat, time.perf_counter() - t0
+        except aiohttp.ClientError:
+            pass
+        await asyncio.sleep(0.01)
+    raise TimeoutError("node not ready")
+
+
+def new_topics(bootstrap: str) -> str:
+    prefix = f"scale{uuid.uuid4().hex[:6]}"
+    Admin({"bootstrap.servers": bootstrap}).create(vq_topics.specs(
+        f"{prefix}-data", f"{prefix}-offsets", f"{prefix}-assignments", 1))
+    return prefix
+
+
+async def measure_replay(s: aiohttp.ClientSession, bootstrap: str, records: int, queues: int,
+                         empty: tuple[float, float]) -> dict[str, float]:
+    prefix = new_topics(bootstrap)
+    await asyncio.to_thread(fill, bootstrap, f"{prefix}-data", records, queues)
+    raw = await asyncio.to_thread(raw_read_rate, bootstrap, f"{prefix}-data", records)
+    node = Node(bootstrap, prefix)
+    try:
+        lat, _ = await watch_replay(s, node)
+        out = {"replay_s": (node.replay_ms() or float("nan")) / 1000, "raw_rate": raw,
+               "healthz_p99_ms": pct(lat, .99), "healthz_max_ms": max(lat) * 1000}
+        if queues >= 100_000:
+            out.update(await listing_latency(s, node.url, queues))
+    finally:
+        node.stop()
+    # Memory, on a second node: with PYTHONMALLOC=malloc every Python allocation goes through
+    # glibc, so mallinfo2 counts all live memory (pymalloc's arenas are invisible to it).
+    node = Node(bootstrap, prefix, PYTHONMALLOC="malloc", VQ_GROUP_ID=f"{prefix}-m")
+    try:
+        await watch_replay(s, node)
+        await asyncio.sleep(2)  # the post-replay malloc_trim
+        live = await metric(s, node.url, "vq_heap_in_use_bytes")
+        rss = await metric(s, node.url, "process_resident_memory_bytes")
+        out.update({"live_bytes": live - empty[0], "rss_bytes": rss - empty[1],
+                    "live_total": live, "rss_total": rss})
+        return out
+    finally:
+        node.stop()
+
+
+async def listing_latency(s: aiohttp.ClientSession, url: str, queues: int) -> dict[str, float]:
+    names = sorted(f"q{i}" for i in random.sample(range(queues), 200))
+    lat = []
+    for after in names:
+        t = time.perf_counter()
+        async with s.get(f"{url}/v1/queues", params={"after": after, "limit": "1000"}) as r:
+            body = await r.json()
+        lat.append(time.perf_counter() - t)
+        assert len(body["queues"]) == 1000 or body["next_after"] is None
+    return {"list_p50_ms": pct(lat, .5), "list_p99_ms": pct(lat, .99)}
+
+
+async def empty_node_memory(s: aiohttp.ClientSession, bootstrap: str) -> tuple[float, float]:
+    node = Node(bootstrap, new_topics(bootstrap), PYTHONMALLOC="malloc")
+    try:
+        await watch_replay(s, node)
+        await asyncio.sleep(2)
+        return (await metric(s, node.url, "vq_heap_in_use_bytes"),
+                await metric(s, node.url, "process_resident_memory_bytes"))
+    finally:
+        node.stop()
+
+
+async def uncached_reads(s: aiohttp.ClientSession, bootstrap: str) -> dict[str, float]:
+    """Pages of 100 records older than a 1 kB cache; a sparse queue's 3 records far apart."""
+    prefix = new_topics(bootstrap)
+    await asyncio.to_thread(fill, bootstrap, f"{prefix}-data", 200_000, 10)
+    node = Node(bootstrap, prefix, VQ_CACHE_MAX_BYTES="1000")
+    try:
+        await watch_replay(s, node)
+        lat = []
+        for _ in range(200):
+            q = f"q{random.randrange(10)}"
+            offset = random.randrange(0, 190_000)
+            t = time.perf_counter()
+            async with s.get(f"{node.url}/v1/queues/{q}/records",
+                             params={"offset": str(offset), "limit": "100"}) as r:
+                assert len((await r.json())["records"]) == 100
+            lat.append(time.perf_counter() - t)
+        # A sparse queue: three records 60,000 records apart.
+        sparse = []
+        for i in range(3):
+            async with s.post(f"{node.url}/v1/queues/sparse/records",
+                              json={"records": [{"value": f"s{i}"}]}) as r:
+                assert r.status == 200
+            await asyncio.to_thread(fill_more, bootstrap, f"{prefix}-data", 60_000)
+        for _ in range(30):
+            t = time.perf_counter()
+            async with s.get(f"{node.url}/v1/queues/sparse/records",
+                             params={"offset": "0"}) as r:
+                assert len((await r.json())["records"]) == 3
+            sparse.append(time.perf_counter() - t)
+        return {"uncached_p50_ms": pct(lat, .5), "uncached_p99_ms": pct(lat, .99),
+                "sparse_p50_ms": pct(sparse, .5), "sparse_p99_ms": pct(sparse, .99)}
+    finally:
+        node.stop()
+
+
+def fill_more(bootstrap: str, topic: str, records: int) -> None:
+    fill(bootstrap, topic, records, 10)
+
+
+async def sustained(s: aiohttp.ClientSession, bootstrap: str, seconds: float
+                    ) -> list[tuple[float, float, float]]:
+    """Enqueue load (batches of 100 x 100 B, 16 in flight, 1,000 queues) for `seconds`;
+    (elapsed s, resident MB, live MB) every 5 s, and /healthz p99 over the run."""
+    node = Node(bootstrap, new_topics(bootstrap))
+    curve: list[tuple[float, float, float]] = []
+    try:
+        await watch_replay(s, node)
+        body = json.dumps({"records": [{"value": "x" * 100}] * 100})
+        stop = time.perf_counter() + seconds
+
+        async def worker(i: int) -> None:
+            k = i
+            while time.perf_counter() < stop:
+                async with s.post(f"{node.url}/v1/queues/q{k % 1000}/records", data=body,
+                                  headers={"Content-Type": "application/json"}) as r:
+                    await r.read()
+                k += 16
+
+        async def sample() -> None:
+            t0 = time.perf_counter()
+            while time.perf_counter() < stop:
+                await asyncio.sleep(5)
+                curve.append((time.perf_counter() - t0,
+                              await metric(s, node.url, "process_resident_memory_bytes") / 1e6,
+                              await metric(s, node.url, "vq_heap_in_use_bytes") / 1e6))
+
+        await asyncio.gather(sample(), *(worker(i) for i in range(16)))
+        return curve
+    finally:
+        node.stop()
+
+
+async def run(args: argparse.Namespace) -> None:
+    broker = None
+    bootstrap = args.bootstrap
+    if not bootstrap:
+        broker = EmbeddedBroker().start()
+        bootstrap = broker.bootstrap
+    lines = [f"# vqueues bench_scale, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
+             f"broker {'embedded tansu' if broker else bootstrap}, one partition"]
+    try:
+        timeout = aiohttp.ClientTimeout(total=120)
+        async with aiohttp.ClientSession(timeout=timeout) as s:
+            empty = await empty_node_memory(s, bootstrap)
+            lines.append(f"empty node: live {empty[0] / 1e6:.0f} MB, resident "
+                         f"{empty[1] / 1e6:.0f} MB")
+            lines += ["| records | queues | replay to ready | raw consumer read | /healthz p99 "
+                      "/ max during replay | live per record | live per queue | resident / "
+                      "live | GET /v1/queues p50 / p99 |", "|---" * 9 + "|"]
+            per_record: float | None = None
+            for queues in args.queues:
+                for records in args.records:
+                    r = await measure_replay(s, bootstrap, records, queues, empty)
+                    if queues <= 100:
+                        per_record = r["live_bytes"] / records
+                    per_queue = ("" if per_record is None or queues <= 100 else
+                                 f"{(r['live_bytes'] - per_record * records) / queues:.0f} B")
+                    listing = (f"{r['list_p50_ms']:.1f} / {r['list_p99_ms']:.1f} ms"
+                               if "list_p50_ms" in r else "")
+                    lines.append(
+                        f"| {records:,} | {queues:,} | {r['replay_s']:.1f} s | "
+                        f"{r['raw_rate'] / 1e3:,.0f}k rec/s ({records / r['raw_rate']:.1f} s) | "
+                        f"{r['healthz_p99_ms']:.0f} / {r['healthz_max_ms']:.0f} ms | "
+                        f"{r['live_bytes'] / records:.1f} B | {per_queue} | "
+                        f"{r['rss_total'] / r['live_total']:.2f} | {listing} |")
+                    print(lines[-1], flush=True)
+            u = await uncached_reads(s, bootstrap)
+            lines.append(f"100-record pages older than the cache: p50 {u['uncached_p50_ms']:.1f} "
+                         f"ms, p99 {u['uncached_p99_ms']:.1f} ms; a sparse queue's 3 records "
+                         f"60,000 apart: p50 {u['sparse_p50_ms']:.1f} ms, p99 "
+                         f"{u['sparse_p99_ms']:.1f} ms")
+            if args.sustain_s:
+                curve = await sustained(s, bootstrap, args.sustain_s)
+                lines.append("sustained enqueue load, default cache (s: resident MB / live MB): "
+                             + ", ".join(f"{t:.0f}: {r:.0f}/{h:.0f}" for t, r, h in curve))
+    finally:
+        if broker:
+            broker.stop()
+    print("\n".join(lines))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--bootstrap", help="an existing Kafka/Redpanda (default: embedded broker)")
+    ap.add_argument("--records", default="1000000,4000000,8000000")
+    ap.add_argument("--queues", default="10,1000000")
+    ap.add_argument("--sustain-s", type=float, default=60.0)
+    args = ap.parse_args()
+    args.records = [int(x) for x in args.records.split(",")]
+    args.queues = [int(x) for x in args.queues.split(",")]
+    asyncio.run(run(args))
+
+
+if __name__ == "__main__":
+    main()
