@@ -8,13 +8,14 @@ a plain producer, starts one node and measures:
   /healthz      p99 and max latency while the node replays (event-loop stalls show here)
   memory        live heap (glibc mallinfo2, on a second node run with PYTHONMALLOC=malloc so
                 that it sees every Python allocation) and resident set after the replay, per
-                record and per queue, against an empty node (the cache is part of it: it
-                holds the newest records, up to its 256 MiB)
+                record and per queue, against an empty node, with the cache off (the cache's
+                own accounting is tested within 20% of real memory)
   raw read      a plain confluent-kafka consumer reading the same records (the limit)
 Then, on the 1M-queue topic: GET /v1/queues page latency (1000 names, random `after`), and on a
 node with a tiny cache: 100-record pages older than the cache, and a sparse queue's records far
 apart. Last, --sustain-s of enqueue load with the default cache, sampling resident memory.
-Index snapshots (issue 8, item 3) are not built yet: takeover with a snapshot is not measured.
+After the full replay the node writes a snapshot and stops; a second node then takes the
+partition over from that snapshot (takeover time, snapshot size and load time).
 
 Usage: .venv/bin/python scripts/bench_scale.py [--records 1000000,4000000,8000000]
        [--queues 10,1000000] [--sustain-s 60]
@@ -94,14 +95,18 @@ class Node:
                  "VQ_HTTP_PORT": str(self.port), "VQ_DATA_TOPIC": f"{prefix}-data",
                  "VQ_OFFSET_TOPIC": f"{prefix}-offsets",
                  "VQ_ASSIGNMENT_TOPIC": f"{prefix}-assignments", "VQ_GROUP_ID": f"{prefix}-g",
-                 **env},
+                 "VQ_SNAPSHOT_TOPIC": f"{prefix}-snapshots", **env},
             stdout=subprocess.DEVNULL, stderr=self.log_path.open("wb"))
 
-    def replay_ms(self) -> float | None:
+    def event(self, name: str) -> dict[str, object] | None:
         for line in self.log_path.read_text().splitlines():
-            if '"partition_ready"' in line:
-                return float(json.loads(line)["replay_ms"])
+            if f'"{name}"' in line:
+                return dict(json.loads(line))
         return None
+
+    def replay_ms(self) -> float | None:
+        ready = self.event("partition_ready")
+        return float(str(ready["replay_ms"])) if ready else None
 
     def stop(self) -> None:
         self.proc.terminate()
@@ -142,7 +147,8 @@ async def watch_replay(s: aiohttp.ClientSession, node: Node) -> tuple[list[float
 def new_topics(bootstrap: str) -> str:
     prefix = f"scale{uuid.uuid4().hex[:6]}"
     Admin({"bootstrap.servers": bootstrap}).create(vq_topics.specs(
-        f"{prefix}-data", f"{prefix}-offsets", f"{prefix}-assignments", 1))
+        f"{prefix}-data", f"{prefix}-offsets", f"{prefix}-assignments", 1,
+        snapshot_topic=f"{prefix}-snapshots"))
     return prefix
 
 
@@ -151,18 +157,38 @@ async def measure_replay(s: aiohttp.ClientSession, bootstrap: str, records: int,
     prefix = new_topics(bootstrap)
     await asyncio.to_thread(fill, bootstrap, f"{prefix}-data", records, queues)
     raw = await asyncio.to_thread(raw_read_rate, bootstrap, f"{prefix}-data", records)
-    node = Node(bootstrap, prefix)
+    # A full replay; the node then writes a snapshot (interval 1 s) and stops.
+    node = Node(bootstrap, prefix, VQ_SNAPSHOT_INTERVAL_S="1", VQ_SNAPSHOT_MIN_RECORDS="1")
     try:
         lat, _ = await watch_replay(s, node)
         out = {"replay_s": (node.replay_ms() or float("nan")) / 1000, "raw_rate": raw,
                "healthz_p99_ms": pct(lat, .99), "healthz_max_ms": max(lat) * 1000}
         if queues >= 100_000:
             out.update(await listing_latency(s, node.url, queues))
+        for _ in range(1200):
+            if await metric(s, node.url, "vq_snapshots_total") >= 1:
+                break
+            await asyncio.sleep(0.1)
+        written = node.event("snapshot_written") or {}
+        out["snapshot_mb"] = float(str(written.get("bytes", "nan"))) / 1e6
+        out["snapshot_write_s"] = float(str(written.get("ms", "nan"))) / 1000
+    finally:
+        node.stop()
+    # Takeover from the snapshot by a new node.
+    node = Node(bootstrap, prefix)
+    try:
+        lat, _ = await watch_replay(s, node)
+        loaded = node.event("snapshot_loaded") or {}
+        out.update({"takeover_s": (node.replay_ms() or float("nan")) / 1000,
+                    "snapshot_load_s": float(str(loaded.get("load_ms", "nan"))) / 1000,
+                    "takeover_healthz_p99_ms": pct(lat, .99),
+                    "takeover_healthz_max_ms": max(lat) * 1000})
     finally:
         node.stop()
     # Memory, on a second node: with PYTHONMALLOC=malloc every Python allocation goes through
     # glibc, so mallinfo2 counts all live memory (pymalloc's arenas are invisible to it).
-    node = Node(bootstrap, prefix, PYTHONMALLOC="malloc", VQ_GROUP_ID=f"{prefix}-m")
+    node = Node(bootstrap, prefix, PYTHONMALLOC="malloc", VQ_GROUP_ID=f"{prefix}-m",
+                VQ_CACHE_MAX_BYTES="0")  # the index alone: the cache is measured on its own
     try:
         await watch_replay(s, node)
         await asyncio.sleep(2)  # the post-replay malloc_trim
@@ -284,9 +310,10 @@ async def run(args: argparse.Namespace) -> None:
             empty = await empty_node_memory(s, bootstrap)
             lines.append(f"empty node: live {empty[0] / 1e6:.0f} MB, resident "
                          f"{empty[1] / 1e6:.0f} MB")
-            lines += ["| records | queues | replay to ready | raw consumer read | /healthz p99 "
-                      "/ max during replay | live per record | live per queue | resident / "
-                      "live | GET /v1/queues p50 / p99 |", "|---" * 9 + "|"]
+            lines += ["| records | queues | full replay to ready | raw consumer read | /healthz "
+                      "p99 / max during replay | snapshot size, write time | takeover from the "
+                      "snapshot (load) | /healthz p99 / max then | live per record | live per "
+                      "queue | resident / live | GET /v1/queues p50 / p99 |", "|---" * 12 + "|"]
             per_record: float | None = None
             for queues in args.queues:
                 for records in args.records:
@@ -301,6 +328,10 @@ async def run(args: argparse.Namespace) -> None:
                         f"| {records:,} | {queues:,} | {r['replay_s']:.1f} s | "
                         f"{r['raw_rate'] / 1e3:,.0f}k rec/s ({records / r['raw_rate']:.1f} s) | "
                         f"{r['healthz_p99_ms']:.0f} / {r['healthz_max_ms']:.0f} ms | "
+                        f"{r['snapshot_mb']:.1f} MB, {r['snapshot_write_s']:.1f} s | "
+                        f"{r['takeover_s']:.1f} s ({r['snapshot_load_s']:.1f} s) | "
+                        f"{r['takeover_healthz_p99_ms']:.0f} / "
+                        f"{r['takeover_healthz_max_ms']:.0f} ms | "
                         f"{r['live_bytes'] / records:.1f} B | {per_queue} | "
                         f"{r['rss_total'] / r['live_total']:.2f} | {listing} |")
                     print(lines[-1], flush=True)

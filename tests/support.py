@@ -45,16 +45,20 @@ class Topics:
     def assignments(self) -> str:
         return f"{self.prefix}-assignments"
 
+    @property
+    def snapshots(self) -> str:
+        return f"{self.prefix}-snapshots"
+
     def env(self) -> dict[str, str]:
         return {"VQ_BOOTSTRAP": self.bootstrap, "VQ_DATA_TOPIC": self.data,
                 "VQ_OFFSET_TOPIC": self.offsets, "VQ_ASSIGNMENT_TOPIC": self.assignments,
-                "VQ_GROUP_ID": f"{self.prefix}-nodes"}
+                "VQ_SNAPSHOT_TOPIC": self.snapshots, "VQ_GROUP_ID": f"{self.prefix}-nodes"}
 
 
 def create_topics(bootstrap: str, partitions: int = 16, prefix: str | None = None) -> Topics:
     t = Topics(bootstrap, prefix or f"t{uuid.uuid4().hex[:10]}", partitions)
     Admin({"bootstrap.servers": bootstrap}).create(
-        topics.specs(t.data, t.offsets, t.assignments, partitions))
+        topics.specs(t.data, t.offsets, t.assignments, partitions, snapshot_topic=t.snapshots))
     return t
 
 

@@ -14,19 +14,17 @@ def vqueues(*args, env=None, timeout=60):
                           text=True, timeout=timeout, env={**os.environ, **(env or {})})
 
 
-def test_topics_create_makes_all_three_with_the_right_partition_counts(bootstrap):
+def test_topics_create_makes_all_four_with_the_right_partition_counts(bootstrap):
     p = f"cli{uuid.uuid4().hex[:6]}"
-    out = vqueues("topics", "create", "--bootstrap", bootstrap, "--partitions", "6",
-                  "--data-topic", f"{p}-d", "--offset-topic", f"{p}-o",
-                  "--assignment-topic", f"{p}-a")
+    names = ("--data-topic", f"{p}-d", "--offset-topic", f"{p}-o", "--assignment-topic",
+             f"{p}-a", "--snapshot-topic", f"{p}-s")
+    out = vqueues("topics", "create", "--bootstrap", bootstrap, "--partitions", "6", *names)
     assert out.returncode == 0, out.stderr
-    assert f"{p}-d: created" in out.stdout
-    counts = Admin({"bootstrap.servers": bootstrap}).partition_counts([f"{p}-d", f"{p}-o",
-                                                                       f"{p}-a"])
-    assert counts == {f"{p}-d": 6, f"{p}-o": 6, f"{p}-a": 1}
-    again = vqueues("topics", "create", "--bootstrap", bootstrap, "--partitions", "6",
-                    "--data-topic", f"{p}-d", "--offset-topic", f"{p}-o",
-                    "--assignment-topic", f"{p}-a")
+    assert f"{p}-d: created" in out.stdout and f"{p}-s: created" in out.stdout
+    counts = Admin({"bootstrap.servers": bootstrap}).partition_counts(
+        [f"{p}-d", f"{p}-o", f"{p}-a", f"{p}-s"])
+    assert counts == {f"{p}-d": 6, f"{p}-o": 6, f"{p}-a": 1, f"{p}-s": 6}
+    again = vqueues("topics", "create", "--bootstrap", bootstrap, "--partitions", "6", *names)
     assert again.returncode == 0 and f"{p}-d: exists" in again.stdout
 
 

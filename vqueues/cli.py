@@ -38,13 +38,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     tp = sub.add_parser("topics", help="topic administration")
     tsub = tp.add_subparsers(dest="topics_command", required=True)
-    create = tsub.add_parser("create", help="create the data, offset and assignment topics")
+    create = tsub.add_parser("create", help="create the data, offset, assignment and snapshot "
+                             "topics")
     create.add_argument("--bootstrap", default=None, help="[env VQ_BOOTSTRAP]")
     create.add_argument("--partitions", type=int, default=topics.DEFAULT_PARTITIONS)
     create.add_argument("--replication-factor", type=int, default=-1,
                         help="[default -1: the broker's default]")
     create.add_argument("--retention-ms", type=int, default=topics.DEFAULT_RETENTION_MS)
-    for name in ("data_topic", "offset_topic", "assignment_topic", "kafka_options"):
+    for name in ("data_topic", "offset_topic", "assignment_topic", "snapshot_topic",
+                 "kafka_options"):
         create.add_argument("--" + name.replace("_", "-"), dest=name, default=None,
                             help=f"[env VQ_{name.upper()}]")
     pipe = sub.add_parser("pipeline", help="the Spark pipeline over the data topic")
@@ -163,11 +165,13 @@ def _topics_create(args: argparse.Namespace) -> int:
     admin = Admin(client_config(settings.bootstrap, settings.kafka_extra()))
     outcome = topics.create(admin, topics.specs(
         settings.data_topic, settings.offset_topic, settings.assignment_topic,
-        args.partitions, args.retention_ms, args.replication_factor))
+        args.partitions, args.retention_ms, args.replication_factor, settings.snapshot_topic))
     for name, what in outcome.items():
         print(f"{name}: {what}")
     try:
-        topics.check(admin, settings.data_topic, settings.offset_topic, settings.assignment_topic)
+        partitions = topics.check(admin, settings.data_topic, settings.offset_topic,
+                                  settings.assignment_topic)
+        topics.check_snapshots(admin, settings.snapshot_topic, partitions)
     except ConfigError as exc:
         print(f"vqueues: {exc}", file=sys.stderr)
         return 3

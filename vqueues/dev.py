@@ -95,7 +95,8 @@ def run_dev(nodes: int, partitions: int, http_port: int, broker_port: int | None
     procs: list[subprocess.Popen[bytes]] = []
     try:
         topics.create(Admin(client_config(broker.bootstrap)), topics.specs(
-            "vq-data", "vq-offsets", "vq-assignments", partitions, replication_factor=1))
+            "vq-data", "vq-offsets", "vq-assignments", partitions, replication_factor=1,
+            snapshot_topic="vq-snapshots"))
         for i in range(nodes_wanted):
             env = {**DEV_ENV, **os.environ, "VQ_BOOTSTRAP": broker.bootstrap,
                    "VQ_HTTP_PORT": str(http_port + i), "VQ_NODE_ID": f"node-{i}",

@@ -27,6 +27,7 @@ class Metrics:
         self.records_read = Counter("vq_records_read", "records returned by reads", registry=r)
         self.acks = Counter("vq_acks", "consumer offsets committed", registry=r)
         self.queues_deleted = Counter("vq_queues_deleted", "queues deleted", registry=r)
+        self.snapshots = Counter("vq_snapshots", "partition snapshots written", registry=r)
         self.consumers_expired = Counter(
             "vq_consumers_expired", "consumers removed after consumer_retention_ms without an ack",
             registry=r)

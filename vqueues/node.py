@@ -38,7 +38,7 @@ class Node:
         self._fetcher: Fetcher | None = None
         self._tail: TopicTail | None = None
         self.service: QueueService | None = None
-        self._maintenance: asyncio.Task[None] | None = None
+        self._maintenance: list[asyncio.Task[None]] = []
         self.ownership: Ownership | None = None
 
     def _conf(self, **conf: Any) -> dict[str, Any]:
@@ -49,8 +49,15 @@ class Node:
     async def start(self) -> None:
         s = self.settings
         loop = asyncio.get_running_loop()
+        admin = Admin(self._conf())
         partitions = await asyncio.to_thread(
-            topics.check, Admin(self._conf()), s.data_topic, s.offset_topic, s.assignment_topic)
+            topics.check, admin, s.data_topic, s.offset_topic, s.assignment_topic)
+        with_snapshots = await asyncio.to_thread(topics.check_snapshots, admin, s.snapshot_topic,
+                                                 partitions)
+        if not with_snapshots:
+            log.warning("snapshots_disabled", extra={
+                "snapshot_topic": s.snapshot_topic,
+                "why": "the topic does not exist; `vqueues topics create` makes it"})
         cache = RecordCache(s.cache_max_bytes)
         data = AsyncProducer(self._conf(**{
             "acks": s.producer_acks, "enable.idempotence": s.producer_acks == "all",
@@ -64,10 +71,12 @@ class Node:
         self._fetcher = Fetcher(reader_conf, s.data_topic, s.fetchers)
         cluster_map = ClusterMap(partitions)
         offset_log = KafkaOffsetLog(offsets, s.offset_topic, reader_conf)
+        snapshot_log = (KafkaOffsetLog(offsets, s.snapshot_topic, reader_conf)
+                        if with_snapshots else None)
         self.ownership = Ownership(
             loop, partitions, cache, offset_log,
             node_id=s.effective_node_id, url=s.effective_url, cluster_map=cluster_map,
-            assignment_log=TopicLog(offsets, s.assignment_topic))
+            assignment_log=TopicLog(offsets, s.assignment_topic), snapshot_log=snapshot_log)
         self._tail = TopicTail(
             self._conf(**{"group.id": f"vq-map-{s.effective_node_id}",
                           "fetch.wait.max.ms": s.fetch_wait_max_ms}),
@@ -75,14 +84,15 @@ class Node:
             lambda batch: loop.call_soon_threadsafe(cluster_map.apply, batch))
         self._tail.start()
         self.service = QueueService(s, self.ownership, cache, TopicLog(data, s.data_topic),
-                                    offset_log, self._fetcher)
+                                    offset_log, self._fetcher, snapshot_log)
         self.service.register_gauges()
         self._group = GroupMember(self._conf(**{
             "group.id": s.group_id, "session.timeout.ms": s.session_timeout_ms,
             "heartbeat.interval.ms": s.heartbeat_interval_ms,
             "fetch.wait.max.ms": s.fetch_wait_max_ms}), s.data_topic, self.ownership)
         self._group.start()
-        self._maintenance = asyncio.create_task(self.service.maintain_forever())
+        self._maintenance = [asyncio.create_task(self.service.maintain_forever()),
+                             asyncio.create_task(self.service.snapshot_forever())]
         app = api.create_app(self.service, s)
         self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=10.0)
         await self._runner.setup()
@@ -98,8 +108,8 @@ class Node:
     async def stop(self) -> None:
         """Stop taking requests, finish those in flight, release the partitions and leave the
         group (so they move at once), then flush the producers."""
-        if self._maintenance is not None:
-            self._maintenance.cancel()
+        for task in self._maintenance:
+            task.cancel()
         if self.ownership is not None:
             self.ownership.drain()
         if self._runner is not None:

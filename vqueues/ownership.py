@@ -9,6 +9,7 @@ partition from its beginning; the partition serves once both reached the end see
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import functools
 import itertools
 import logging
@@ -17,7 +18,7 @@ import time
 from collections.abc import Callable, Container, Coroutine, Sequence
 from typing import Any
 
-from vqueues import memory
+from vqueues import memory, snapshot
 from vqueues.cache import RecordCache
 from vqueues.cluster_map import ClusterMap, encode_claim, encode_release
 from vqueues.errors import Unavailable, WrongNode
@@ -34,20 +35,25 @@ REPLAY_CHUNK = 5000
 # Data records applied per loop turn, and batches of them waiting at most (backpressure).
 APPLY_SLICE = 500
 MAX_PENDING_BATCHES = 16
+# The group thread waits this long for snapshots to load before reading from the beginning.
+SNAPSHOT_LOAD_TIMEOUT_S = 120.0
 
 
 class Ownership:
     """The group listener (thread side) and the owned partitions' registry (loop side).
 
-    `offset_log` is replayed on assignment; claims and releases go to `assignment_log` (partition
-    0 of the single-partition assignment topic), when given.
+    On assignment the latest complete snapshot in `snapshot_log` (when given) is loaded and the
+    data partition is read from its position on; otherwise from the beginning. `offset_log` is
+    replayed from the snapshot's position (or the beginning); claims and releases go to
+    `assignment_log` (partition 0 of the single-partition assignment topic), when given.
     """
 
     def __init__(self, loop: asyncio.AbstractEventLoop, partitions: int, cache: RecordCache,
                  offset_log: OffsetLog, node_id: str = "", url: str = "",
                  cluster_map: ClusterMap | None = None,
                  assignment_log: Log | None = None,
-                 metrics: Metrics | None = None) -> None:
+                 metrics: Metrics | None = None,
+                 snapshot_log: OffsetLog | None = None) -> None:
         self.loop = loop
         self.partitions = partitions
         self.cache = cache
@@ -61,6 +67,8 @@ class Ownership:
         self.states: dict[int, PartitionState] = {}
         self.failure: str | None = None
         self._offset_log = offset_log
+        self._snapshot_log = snapshot_log
+        self.snapshot_ids: dict[int, dict[str, int]] = {}  # partition -> its latest manifest
         self._assigned_at: dict[int, float] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         self.joined = False
@@ -97,8 +105,17 @@ class Ownership:
                     self._room.release()
             await asyncio.sleep(0)
 
-    def assigned(self, partitions: Sequence[int]) -> None:
-        self._post(functools.partial(self._on_assigned, list(partitions)))
+    def assigned(self, partitions: Sequence[int]) -> dict[int, int]:
+        """Take the partitions; block until their snapshots are loaded and return where the
+        group should start reading each (no entry: from the beginning)."""
+        starts: concurrent.futures.Future[dict[int, int]] = concurrent.futures.Future()
+        self._post(functools.partial(self._on_assigned, list(partitions), starts))
+        try:
+            return starts.result(timeout=SNAPSHOT_LOAD_TIMEOUT_S)
+        except Exception as exc:  # a timeout included: replay those partitions in full
+            log.warning("snapshot_load_incomplete", extra={"partitions": list(partitions),
+                                                           "error": repr(exc)})
+            return {}
 
     def revoked(self, partitions: Sequence[int], lost: bool) -> None:
         # Block the group thread until the partitions are dropped, their offset writes are
@@ -149,9 +166,11 @@ class Ownership:
 
     # Loop side -------------------------------------------------------------------------------
 
-    def _on_assigned(self, partitions: list[int]) -> None:
+    def _on_assigned(self, partitions: list[int],
+                     starts: concurrent.futures.Future[dict[int, int]]) -> None:
         self.joined = True
         if not partitions:
+            starts.set_result({})
             return
         fresh = []
         for p in partitions:
@@ -168,7 +187,54 @@ class Ownership:
         claims = [encode_claim(p, self.node_id, self.url, self._generation) for p in fresh]
         self.cluster_map.apply(claims)  # known here at once; the tail confirms it
         self._spawn(self._announce(claims))
-        self._spawn(self._replay_offsets(fresh))
+        self._spawn(self._start(fresh, starts))
+
+    async def _start(self, partitions: list[int],
+                     starts: concurrent.futures.Future[dict[int, int]]) -> None:
+        """Load the partitions' snapshots, tell the group where to read from, then replay the
+        offset partitions from the snapshots' positions."""
+        states = {p: self.states[p] for p in partitions}
+        data_from: dict[int, int] = {}
+        offsets_from: dict[int, int] = {}
+        try:
+            for p, state in states.items():
+                loaded = await self._load_snapshot(p, state)
+                if loaded is not None:
+                    data_from[p], offsets_from[p] = loaded
+        finally:
+            starts.set_result(data_from)
+        await self._replay_offsets(partitions, offsets_from)
+
+    async def _load_snapshot(self, p: int, state: PartitionState) -> tuple[int, int] | None:
+        """Fill `state` from partition p's latest complete snapshot: its (data, offsets)
+        positions, or None (no snapshot log, none yet, or one that is unusable: logged)."""
+        if self._snapshot_log is None:
+            return None
+        started = time.monotonic()
+        try:
+            found = await asyncio.to_thread(self._read_snapshot, p)
+        except snapshot.SnapshotError as exc:
+            log.warning("snapshot_ignored", extra={"partition": p, "error": str(exc)})
+            return None
+        except Exception as exc:
+            log.warning("snapshot_unreadable", extra={"partition": p, "error": repr(exc)})
+            return None
+        if found is None or state.revoked:
+            return None
+        await snapshot.restore(state, found)
+        log.info("snapshot_loaded", extra={
+            "partition": p, "queues": len(found.queues), "records": found.records,
+            "data_position": found.data_position, "offsets_position": found.offsets_position,
+            "load_ms": round((time.monotonic() - started) * 1000)})
+        return found.data_position, found.offsets_position
+
+    def _read_snapshot(self, p: int) -> snapshot.Snapshot | None:
+        assert self._snapshot_log is not None
+        records, _end = self._snapshot_log.read_to_end([p])[p]
+        manifest = snapshot.manifest_of(records, p)
+        if manifest is not None:
+            self.snapshot_ids[p] = manifest
+        return snapshot.latest(p, records)
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = self.loop.create_task(coro)
@@ -187,12 +253,12 @@ class Ownership:
                                                               "error": str(exc)})
                 await asyncio.sleep(0.2 * attempt)
 
-    async def _replay_offsets(self, partitions: list[int]) -> None:
-        states = {p: self.states[p] for p in partitions}
+    async def _replay_offsets(self, partitions: list[int], starts: dict[int, int]) -> None:
+        states = {p: self.states[p] for p in partitions if p in self.states}
         for attempt in itertools.count(1):
             try:
                 # Read and decode off the loop; apply on it in chunks (no long stall).
-                entries = await asyncio.to_thread(self._read_entries, partitions)
+                entries = await asyncio.to_thread(self._read_entries, partitions, starts)
                 break
             except Exception as exc:
                 log.warning("offset_replay_failed", extra={"partitions": partitions,
@@ -201,22 +267,23 @@ class Ownership:
                 if all(s.revoked for s in states.values()):
                     return
         for p, state in states.items():
-            todo = entries.get(p, [])
+            todo, end = entries.get(p, ([], 0))
             for i in range(0, len(todo), REPLAY_CHUNK):
                 if state.revoked:
                     break
                 state.apply_offset_entries(todo[i:i + REPLAY_CHUNK])
                 await asyncio.sleep(0)
             if not state.revoked:
+                state.offsets_position = max(state.offsets_position, end)
                 state.mark_offsets_replayed()
                 self._log_if_ready(state)
 
-    def _read_entries(self, partitions: list[int]) -> dict[int, list[OffsetEntry]]:
-        raw = self._offset_log.read_to_end(partitions)
-        out: dict[int, list[OffsetEntry]] = {}
-        for p, records in raw.items():
+    def _read_entries(self, partitions: list[int], starts: dict[int, int]
+                      ) -> dict[int, tuple[list[OffsetEntry], int]]:
+        out: dict[int, tuple[list[OffsetEntry], int]] = {}
+        for p, (records, end) in self._offset_log.read_to_end(partitions, starts).items():
             decoded = (decode_offset_entry(k, v) for k, v in records)
-            out[p] = [e for e in decoded if e is not None]
+            out[p] = ([e for e in decoded if e is not None], end)
         return out
 
     async def _release_memory(self) -> None:

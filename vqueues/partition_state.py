@@ -75,6 +75,7 @@ class PartitionState:
         self.queues: dict[str, QueueIndex] = {}
         self.names = SortedList()  # the listed queues' names, kept ordered as they change
         self.log_start = 0  # the data partition's first retained offset, as last learnt
+        self.offsets_position = 0  # every offset-topic entry below it is applied
         self.next_offset = 0  # the frontier: every offset below it is indexed or not a record
         self.tail_offset = 0  # the next data offset the tail will deliver
         self.replay_target: int | None = None  # the end seen at assignment

@@ -31,6 +31,14 @@ class Settings:
     data_topic: str = _f("vq-data", "topic holding the queues' records")
     offset_topic: str = _f("vq-offsets", "compacted topic holding consumer offsets and deletions")
     assignment_topic: str = _f("vq-assignments", "single-partition topic of partition owners")
+    snapshot_topic: str = _f(
+        "vq-snapshots", "compacted topic of partition snapshots (same partition count as the "
+        "data topic); if it does not exist the node runs without snapshots, saying so")
+    snapshot_interval_s: int = _f(
+        300, "how often a node considers writing a snapshot of each owned partition")
+    snapshot_min_records: int = _f(
+        100_000, "a partition is snapshotted only once this many records arrived since its "
+        "last snapshot (takeover replays at most about this many, plus the interval's)")
     group_id: str = _f("vq-nodes", "Kafka consumer group the nodes form over the data topic")
     session_timeout_ms: int = _f(10000, "group session timeout (Kafka's session.timeout.ms)")
     heartbeat_interval_ms: int = _f(1000, "group heartbeat interval (heartbeat.interval.ms)")
@@ -161,7 +169,7 @@ class Settings:
                 raise ValueError(f"{f.name} must not be negative")
         for name in ("max_batch_records", "max_read_limit", "default_read_limit", "fetchers",
                      "max_body_bytes", "max_record_bytes", "max_read_bytes", "max_list_queues",
-                     "gc_young_threshold", "retention_check_s"):
+                     "gc_young_threshold", "retention_check_s", "snapshot_interval_s"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1")
         if self.default_read_limit > self.max_read_limit:

@@ -33,7 +33,11 @@ class GroupListener(Protocol):
     `indexed(partition)` lists are already indexed (own writes) and may be left out of `batch`.
     """
 
-    def assigned(self, partitions: Sequence[int]) -> None: ...
+    def assigned(self, partitions: Sequence[int]) -> dict[int, int]:
+        """Blocking: take the partitions; return where to start reading each (absent: from
+        the beginning), e.g. a loaded snapshot's position."""
+        ...
+
     def revoked(self, partitions: Sequence[int], lost: bool) -> None: ...
     def indexed(self, partition: int) -> Container[int]: ...
     def consumed(self, batch: list[Consumed], high_watermarks: dict[int, int],
@@ -51,10 +55,13 @@ class Log(Protocol):
 
 
 class OffsetLog(Log, Protocol):
-    """The offset topic: written by the partition's owner, read back whole on assignment."""
+    """A compacted topic written by the partition's owner and read back on assignment (the
+    offset topic, the snapshot topic)."""
 
-    def read_to_end(self, partitions: Sequence[int]) -> dict[int, list[Entry]]:
-        """Blocking: every (key, value) of `partitions` from the beginning to their end."""
+    def read_to_end(self, partitions: Sequence[int], starts: dict[int, int] | None = None
+                    ) -> dict[int, tuple[list[Entry], int]]:
+        """Blocking: every (key, value) of `partitions` from `starts` (default: the beginning)
+        to their end, and the offset of that end."""
         ...
 
 

@@ -1,4 +1,4 @@
-"""The three topics vqueues uses, how they are created, and the check a node runs at start."""
+"""The topics vqueues uses, how they are created, and the check a node runs at start."""
 
 from __future__ import annotations
 
@@ -11,14 +11,19 @@ DEFAULT_RETENTION_MS = 14 * 24 * 3600 * 1000
 
 def specs(data_topic: str, offset_topic: str, assignment_topic: str,
           partitions: int = DEFAULT_PARTITIONS, retention_ms: int = DEFAULT_RETENTION_MS,
-          replication_factor: int = -1) -> list[TopicSpec]:
-    """Data (retention-bound), offsets (compacted, same partition count), assignments (1)."""
-    return [
+          replication_factor: int = -1, snapshot_topic: str = "") -> list[TopicSpec]:
+    """Data (retention-bound), offsets and snapshots (compacted, same partition count),
+    assignments (1 partition)."""
+    out = [
         TopicSpec(data_topic, partitions, replication_factor,
                   {"retention.ms": str(retention_ms), "cleanup.policy": "delete"}),
         TopicSpec(offset_topic, partitions, replication_factor, {"cleanup.policy": "compact"}),
         TopicSpec(assignment_topic, 1, replication_factor, {"cleanup.policy": "compact"}),
     ]
+    if snapshot_topic:
+        out.append(TopicSpec(snapshot_topic, partitions, replication_factor,
+                             {"cleanup.policy": "compact"}))
+    return out
 
 
 def create(admin: Admin, topic_specs: list[TopicSpec]) -> dict[str, str]:
@@ -44,3 +49,17 @@ def check(admin: Admin, data_topic: str, offset_topic: str, assignment_topic: st
                           "Create them with `vqueues topics create`.")
     assert d is not None
     return d
+
+
+def check_snapshots(admin: Admin, snapshot_topic: str, partitions: int) -> bool:
+    """Whether the snapshot topic exists (False: the node runs without snapshots); ConfigError
+    if its partition count differs from the data topic's."""
+    if not snapshot_topic:
+        return False
+    n = admin.partition_counts([snapshot_topic])[snapshot_topic]
+    if n is None:
+        return False
+    if n != partitions:
+        raise ConfigError(f"snapshot topic {snapshot_topic!r} has {n} partitions; the data "
+                          f"topic has {partitions}; they must be equal")
+    return True

@@ -42,8 +42,14 @@ class MemoryLog:
             self.tail.consumed(consumed, {partition: len(log)}, {partition: len(log)})
         return out
 
-    def read_to_end(self, partitions: Sequence[int]) -> dict[int, list[Entry]]:
-        return {p: [(k, v) for k, v, _ in self.partitions.get(p, [])] for p in partitions}
+    def read_to_end(self, partitions: Sequence[int], starts: dict[int, int] | None = None
+                    ) -> dict[int, tuple[list[Entry], int]]:
+        out = {}
+        for p in partitions:
+            records = self.partitions.get(p, [])
+            start = (starts or {}).get(p, 0)
+            out[p] = ([(k, v) for k, v, _ in records[start:]], len(records))
+        return out
 
     def end(self, partition: int) -> int:
         return len(self.partitions.get(partition, []))

@@ -57,9 +57,10 @@ class GroupMember:
         if not partitions:
             self._listener.assigned([])  # joined, with nothing new to take
             return
+        starts = self._listener.assigned([tp.partition for tp in partitions])
         consumer.incremental_assign(
-            [TopicPartition(self._topic, tp.partition, OFFSET_BEGINNING) for tp in partitions])
-        self._listener.assigned([tp.partition for tp in partitions])
+            [TopicPartition(self._topic, tp.partition, starts.get(tp.partition, OFFSET_BEGINNING))
+             for tp in partitions])
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         if not partitions:

@@ -32,22 +32,27 @@ class KafkaOffsetLog(TopicLog):
         super().__init__(producer, topic)
         self.reader_conf = reader_conf
 
-    def read_to_end(self, partitions: Sequence[int]) -> dict[int, list[Entry]]:
-        return read_to_end(self.reader_conf, self.topic, partitions)
+    def read_to_end(self, partitions: Sequence[int], starts: dict[int, int] | None = None
+                    ) -> dict[int, tuple[list[Entry], int]]:
+        return read_to_end(self.reader_conf, self.topic, partitions, starts)
 
 
 def read_to_end(conf: dict[str, Any], topic: str, partitions: Sequence[int],
-                timeout_s: float = 120.0) -> dict[int, list[Entry]]:
-    """Read `partitions` of `topic` from the beginning to their end: (key, value) per record."""
+                starts: dict[int, int] | None = None, timeout_s: float = 120.0
+                ) -> dict[int, tuple[list[Entry], int]]:
+    """Read `partitions` of `topic` from `starts` (default: the beginning) to their end:
+    (key, value) per record, and the end offset (from the partition-EOF event)."""
     out: dict[int, list[Entry]] = {p: [] for p in partitions}
+    ends: dict[int, int] = {}
     if not partitions:
-        return out
+        return {}
     with kafka_errors(f"replaying {topic}"):
         consumer = Consumer({**conf, "enable.auto.commit": False, "enable.partition.eof": True,
                              "auto.offset.reset": "earliest"})
     try:
         with kafka_errors(f"replaying {topic}"):
-            consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions])
+            consumer.assign([TopicPartition(topic, p, (starts or {}).get(p, OFFSET_BEGINNING))
+                             for p in partitions])
         pending = set(partitions)
         deadline = time.monotonic() + timeout_s
         while pending:
@@ -56,7 +61,10 @@ def read_to_end(conf: dict[str, Any], topic: str, partitions: Sequence[int],
             polled = poll(consumer, 1000, 0.05)
             for msg in polled.messages:
                 out[msg.partition()].append((msg.key(), msg.value()))
-            pending.difference_update(polled.ends)
+            for p, end in polled.ends.items():
+                if p in pending:
+                    ends[p] = end
+                    pending.discard(p)
     finally:
         consumer.close()
-    return out
+    return {p: (out[p], ends[p]) for p in partitions}

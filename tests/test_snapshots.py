@@ -1,0 +1,100 @@
+"""Index snapshots on a real broker: a node writes them, its successor loads the latest and
+replays only what came after; a corrupt one is ignored with a warning (full replay)."""
+
+import json
+import time
+import uuid
+
+from confluent_kafka import Producer
+
+from tests.support import LOGS, NodeProcess, create_topics, http
+
+SNAPSHOT_FAST = {"VQ_SNAPSHOT_INTERVAL_S": "1", "VQ_SNAPSHOT_MIN_RECORDS": "5"}
+
+
+def events(node, name):
+    path = LOGS / f"{node.topics.prefix}-{node.node_id}.log"
+    out = []
+    for line in path.read_text().splitlines():
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue
+        if entry.get("event") == name:
+            out.append(entry)
+    return out
+
+
+def wait_for(cond, timeout_s=30.0):
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.1)
+
+
+def observe(node, queues):
+    """What readers see: each queue's info and records."""
+    out = {}
+    for q in queues:
+        status, info = http("GET", f"{node.url}/v1/queues/{q}")
+        _, page = http("GET", f"{node.url}/v1/queues/{q}/records?offset=0&limit=1000")
+        out[q] = (status, info if status == 200 else None,
+                  [(r["offset"], r["value"]) for r in page["records"]])
+    return out
+
+
+def post(node, path, body):
+    status, out = http("POST", f"{node.url}{path}", body)
+    assert status == 200, out
+    return out
+
+
+def test_a_successor_loads_the_snapshot_and_replays_only_the_rest(bootstrap):
+    t = create_topics(bootstrap, partitions=2)
+    queues = [f"s{i}-{uuid.uuid4().hex[:4]}" for i in range(8)]
+    first = NodeProcess(t, extra_env=SNAPSHOT_FAST).start()
+    try:
+        for i, q in enumerate(queues):
+            offs = post(first, f"/v1/queues/{q}/records",
+                        {"records": [{"value": f"{q}-{k}"} for k in range(5 + i)]})["offsets"]
+            post(first, f"/v1/queues/{q}/consumers/c/ack", {"offset": offs[2]})
+        assert http("DELETE", f"{first.url}/v1/queues/{queues[0]}")[0] == 200
+        wait_for(lambda: len({e["partition"] for e in events(first, "snapshot_written")}) == 2)
+        # After the snapshots: more records, acks and a deletion, only in the logs' tails.
+        for q in queues[1:4]:
+            offs = post(first, f"/v1/queues/{q}/records", {"records": [{"value": "late"}]})
+            post(first, f"/v1/queues/{q}/consumers/late/ack", {"offset": offs["offsets"][0]})
+        assert http("DELETE", f"{first.url}/v1/queues/{queues[4]}/consumers/c")[0] == 200
+        before = observe(first, queues)
+    finally:
+        assert first.kill() == -9
+    second = NodeProcess(t).start()
+    try:
+        loaded = events(second, "snapshot_loaded")
+        assert {e["partition"] for e in loaded} == {0, 1}
+        assert sum(e["records"] for e in loaded) > 0
+        assert observe(second, queues) == before
+    finally:
+        second.terminate()
+
+
+def test_a_corrupt_snapshot_is_ignored_with_a_warning_and_the_partition_replayed(bootstrap):
+    t = create_topics(bootstrap, partitions=1)
+    node = NodeProcess(t).start()
+    try:
+        post(node, "/v1/queues/whole/records", {"records": [{"value": "a"}, {"value": "b"}]})
+        before = observe(node, ["whole"])
+    finally:
+        node.terminate()
+    p = Producer({"bootstrap.servers": bootstrap})
+    p.produce(t.snapshots, key=b'["m",0]', partition=0, value=json.dumps({
+        "v": 1, "id": 9, "chunks": 2, "sha256": "0" * 64, "data_position": 2,
+        "offsets_position": 0, "log_start": 0, "queues": 1, "records": 2, "ts": 1}).encode())
+    assert p.flush(10) == 0
+    node = NodeProcess(t).start()
+    try:
+        assert [e["partition"] for e in events(node, "snapshot_ignored")] == [0]
+        assert events(node, "snapshot_loaded") == []
+        assert observe(node, ["whole"]) == before
+    finally:
+        node.terminate()
