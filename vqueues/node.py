@@ -20,6 +20,7 @@ from vqueues.kafka.group import GroupMember
 from vqueues.kafka.logs import KafkaOffsetLog, TopicLog
 from vqueues.kafka.producer import AsyncProducer
 from vqueues.kafka.tail import TopicTail
+from vqueues.maintenance import Maintenance
 from vqueues.ownership import Ownership
 from vqueues.service import QueueService
 from vqueues.settings import Settings
@@ -84,15 +85,14 @@ class Node:
             lambda batch: loop.call_soon_threadsafe(cluster_map.apply, batch))
         self._tail.start()
         self.service = QueueService(s, self.ownership, cache, TopicLog(data, s.data_topic),
-                                    offset_log, self._fetcher, snapshot_log)
+                                    offset_log, self._fetcher)
         self.service.register_gauges()
         self._group = GroupMember(self._conf(**{
             "group.id": s.group_id, "session.timeout.ms": s.session_timeout_ms,
             "heartbeat.interval.ms": s.heartbeat_interval_ms,
             "fetch.wait.max.ms": s.fetch_wait_max_ms}), s.data_topic, self.ownership)
         self._group.start()
-        self._maintenance = [asyncio.create_task(self.service.maintain_forever()),
-                             asyncio.create_task(self.service.snapshot_forever())]
+        self._maintenance = Maintenance(s, self.ownership, self.service, snapshot_log).start()
         app = api.create_app(self.service, s)
         self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=10.0)
         await self._runner.setup()

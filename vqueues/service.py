@@ -9,10 +9,10 @@ import heapq
 import itertools
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
-from vqueues import memory, snapshot
+from vqueues import memory
 from vqueues.cache import RecordCache
 from vqueues.errors import BadRequest, Conflict, NotFound
 from vqueues.hashing import partition_for
@@ -45,9 +45,6 @@ from vqueues.storage import Log, OffsetLog, RecordFetcher, runs
 
 log = logging.getLogger(__name__)
 
-# Queues handled per loop turn by maintenance, so that a million of them never stall the loop.
-MAINTENANCE_CHUNK = 5000
-
 # (value, headers) of one record to enqueue.
 NewRecord = tuple[bytes | None, list[tuple[str, bytes]]]
 
@@ -63,8 +60,7 @@ def _split(offset_runs: list[list[int]], ways: int) -> list[list[int]]:
 
 class QueueService:
     def __init__(self, settings: Settings, ownership: Ownership, cache: RecordCache,
-                 data_log: Log, offset_log: OffsetLog, fetcher: RecordFetcher,
-                 snapshot_log: Log | None = None) -> None:
+                 data_log: Log, offset_log: OffsetLog, fetcher: RecordFetcher) -> None:
         self.settings = settings
         self.ownership = ownership
         self.metrics = ownership.metrics
@@ -73,9 +69,6 @@ class QueueService:
         self._data = data_log
         self._offsets = offset_log
         self._fetcher = fetcher
-        self._snapshots = snapshot_log
-        # Per partition: the data position of its last snapshot (written or loaded).
-        self._snapshot_at: dict[int, int] = {}
         self._fetch_pool = ThreadPoolExecutor(settings.fetchers, thread_name_prefix="vq-fetch")
         self._locks = KeyedLocks()
         # Highest offset this node's producer had acknowledged, per partition (for deletions).
@@ -264,103 +257,17 @@ class QueueService:
         del page[limit:]
         return QueueList(page, page[-1] if more and page else None)
 
-    # Maintenance -----------------------------------------------------------------------------
+    async def expire_consumer(self, state: PartitionState, queue: str, consumer: str) -> None:
+        """Remove a consumer idle past `consumer_retention_ms` (maintenance), durably."""
+        async with self._locks.hold(("c", queue, consumer)):
+            if not state.revoked:
+                await self._write_entries(state, [ConsumerDeleted(queue, consumer)])
+                self.metrics.consumers_expired.inc()
 
-    async def maintain_forever(self) -> None:
-        """Every `retention_check_s`: follow retention and expire idle consumers."""
-        while True:
-            await asyncio.sleep(self.settings.retention_check_s)
-            try:
-                await self.maintain()
-            except Exception:  # logged, and tried again at the next check
-                log.exception("maintenance_failed")
-
-    async def maintain(self) -> None:
-        """One pass over the ready partitions: drop what retention removed (below each data
-        partition's log start), then tombstone consumers idle past `consumer_retention_ms`."""
-        loop = asyncio.get_running_loop()
-        retention_ms = self.settings.consumer_retention_ms
-        for p, state in list(self.ownership.states.items()):
-            if not state.ready.is_set():
-                continue
-            log_start = await loop.run_in_executor(self._fetch_pool, self._fetcher.log_start, p)
-            names = list(state.queues)
-            dropped, expired = 0, []
-            for i in range(0, len(names), MAINTENANCE_CHUNK):
-                chunk = names[i:i + MAINTENANCE_CHUNK]
-                dropped += state.trim(log_start, chunk)
-                if retention_ms:
-                    expired += state.expired_consumers(now_ms() - retention_ms, chunk)
-                await asyncio.sleep(0)
-                if state.revoked:
-                    break
-            if dropped or expired:
-                log.info("partition_maintained", extra={
-                    "partition": p, "log_start": log_start, "queues_dropped": dropped,
-                    "consumers_expired": len(expired)})
-            for queue, consumer in expired:
-                async with self._locks.hold(("c", queue, consumer)):
-                    if state.revoked:
-                        break
-                    await self._write_entries(state, [ConsumerDeleted(queue, consumer)])
-                    self.metrics.consumers_expired.inc()
-
-    # Snapshots -------------------------------------------------------------------------------
-
-    async def snapshot_forever(self) -> None:
-        """Every `snapshot_interval_s`, snapshot each ready partition that took in at least
-        `snapshot_min_records` records since its last snapshot (ADR 7)."""
-        if self._snapshots is None:
-            return
-        while True:
-            await asyncio.sleep(self.settings.snapshot_interval_s)
-            for p in list(self.ownership.states):
-                try:
-                    await self.write_snapshot(p)
-                except Exception:  # logged; the next round tries again
-                    log.exception("snapshot_failed", extra={"partition": p})
-
-    async def write_snapshot(self, p: int, force: bool = False) -> bool:
-        """Snapshot partition p (owned and ready) to the snapshot topic; False if it was not
-        due (fewer than `snapshot_min_records` new records, unless `force`)."""
-        state = self.ownership.states.get(p)
-        if self._snapshots is None or state is None or not state.ready.is_set():
-            return False
-        manifest = self.ownership.snapshot_ids.get(p, {})
-        last_at = self._snapshot_at.get(p, int(manifest.get("data_position", 0)))
-        if not force and state.next_offset - last_at < self.settings.snapshot_min_records:
-            return False
-        started = time.monotonic()
-        # The cut: no offset-topic write in flight, so the state reflects every entry below
-        # offsets_position (a write holds the partition's writing() counter until applied).
-        while not await state.wait_writes(1.0):
-            if state.revoked:
-                return False
-        image = await snapshot.capture(state, state.offsets_position)
-        snapshot_id = int(manifest.get("id", 0)) + 1
-        chunks, manifest_value = await asyncio.to_thread(snapshot.encode, image, snapshot_id)
-        if state.revoked:
-            return False
-        await self._snapshots.append(p, [(k, v, None) for k, v in chunks])
-        await self._snapshots.append(p, [(snapshot.manifest_key(p), manifest_value, None)])
-        # The previous snapshot's chunks are not needed any more: tombstones let compaction
-        # drop them.
-        if manifest.get("id") is not None:
-            old = [(snapshot.chunk_key(p, int(manifest["id"]), i), None, None)
-                   for i in range(int(manifest.get("chunks", 0)))]
-            if old:
-                await self._snapshots.append(p, old)
-        self.ownership.snapshot_ids[p] = {"id": snapshot_id, "chunks": len(chunks),
-                                          "data_position": image.data_position}
-        self._snapshot_at[p] = image.data_position
-        self.metrics.snapshots.inc()
-        log.info("snapshot_written", extra={
-            "partition": p, "id": snapshot_id, "queues": len(image.queues),
-            "records": image.records, "chunks": len(chunks),
-            "bytes": sum(len(v) for _, v in chunks), "data_position": image.data_position,
-            "offsets_position": image.offsets_position,
-            "ms": round((time.monotonic() - started) * 1000)})
-        return True
+    def log_start(self, partition: int) -> Awaitable[int]:
+        """The data partition's first retained offset, read off the loop."""
+        return asyncio.get_running_loop().run_in_executor(
+            self._fetch_pool, self._fetcher.log_start, partition)
 
     def partitions_info(self) -> PartitionsInfo:
         states = self.ownership.states

@@ -8,6 +8,7 @@ import pytest
 
 from tests.unit.test_service import service  # noqa: F401  (the fixture)
 from vqueues.cache import RecordCache
+from vqueues.maintenance import Maintenance
 from vqueues.partition_state import PartitionState
 from vqueues.records import ConsumerAcked, ConsumerDeleted, QueueDeleted, Record
 
@@ -95,17 +96,18 @@ async def test_maintenance_follows_retention_and_expires_idle_consumers(service)
     p = service.partition_of("r")
     service._data.starts[p] = 2  # retention removed offsets 0 and 1
     object.__setattr__(service.settings, "consumer_retention_ms", 0)
-    await service.maintain()
+    upkeep = Maintenance(service.settings, service.ownership, service)
+    await upkeep.follow_retention()
     info = service.queue_info("r")
     assert (info.records, info.first_offset) == (1, 2)
     assert [c.consumer for c in info.consumers] == ["idle"]  # retention 0: kept
     object.__setattr__(service.settings, "consumer_retention_ms", 1)
     await asyncio.sleep(0.01)
-    await service.maintain()
+    await upkeep.follow_retention()
     assert service.queue_info("r").consumers == []
     assert service._offsets.partitions[p][-1][1] is None  # a tombstone
     service._data.starts[p] = 3
-    await service.maintain()
+    await upkeep.follow_retention()
     assert service.list_queues("r", None, 10).queues == []
 
 

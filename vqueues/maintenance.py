@@ -1,0 +1,132 @@
+"""Upkeep of the owned partitions, off the request path: the index follows retention, idle
+consumers expire, and partitions are snapshotted (ADR 7). Each pass works a chunk of queues per
+loop turn, so a million of them never stall the loop."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from vqueues import snapshot
+from vqueues.metrics import Metrics
+from vqueues.ownership import Ownership
+from vqueues.records import now_ms
+from vqueues.service import QueueService
+from vqueues.settings import Settings
+from vqueues.storage import Log
+
+log = logging.getLogger(__name__)
+
+# Queues handled per loop turn.
+CHUNK = 5000
+
+
+class Maintenance:
+    def __init__(self, settings: Settings, ownership: Ownership, service: QueueService,
+                 snapshot_log: Log | None = None) -> None:
+        self.settings = settings
+        self.ownership = ownership
+        self.service = service
+        self.metrics: Metrics = ownership.metrics
+        self._snapshots = snapshot_log
+        # Per partition: the data position of its last snapshot (written or loaded).
+        self._snapshot_at: dict[int, int] = {}
+
+    def start(self) -> list[asyncio.Task[None]]:
+        """The periodic passes, as tasks the node cancels when it stops."""
+        tasks = [asyncio.create_task(self.retention_forever())]
+        if self._snapshots is not None:
+            tasks.append(asyncio.create_task(self.snapshot_forever()))
+        return tasks
+
+    # Retention and idle consumers --------------------------------------------------------------
+
+    async def retention_forever(self) -> None:
+        """Every `retention_check_s`: follow retention and expire idle consumers."""
+        while True:
+            await asyncio.sleep(self.settings.retention_check_s)
+            try:
+                await self.follow_retention()
+            except Exception:  # logged, and tried again at the next check
+                log.exception("maintenance_failed")
+
+    async def follow_retention(self) -> None:
+        """One pass over the ready partitions: drop what retention removed (below each data
+        partition's log start), then tombstone consumers idle past `consumer_retention_ms`."""
+        retention_ms = self.settings.consumer_retention_ms
+        for p, state in list(self.ownership.states.items()):
+            if not state.ready.is_set():
+                continue
+            log_start = await self.service.log_start(p)
+            names = list(state.queues)
+            dropped, expired = 0, []
+            for i in range(0, len(names), CHUNK):
+                chunk = names[i:i + CHUNK]
+                dropped += state.trim(log_start, chunk)
+                if retention_ms:
+                    expired += state.expired_consumers(now_ms() - retention_ms, chunk)
+                await asyncio.sleep(0)
+                if state.revoked:
+                    break
+            if dropped or expired:
+                log.info("partition_maintained", extra={
+                    "partition": p, "log_start": log_start, "queues_dropped": dropped,
+                    "consumers_expired": len(expired)})
+            for queue, consumer in expired:
+                await self.service.expire_consumer(state, queue, consumer)
+
+    # Snapshots ---------------------------------------------------------------------------------
+
+    async def snapshot_forever(self) -> None:
+        """Every `snapshot_interval_s`, snapshot each ready partition that took in at least
+        `snapshot_min_records` records since its last snapshot (ADR 7)."""
+        while True:
+            await asyncio.sleep(self.settings.snapshot_interval_s)
+            for p in list(self.ownership.states):
+                try:
+                    await self.write_snapshot(p)
+                except Exception:  # logged; the next round tries again
+                    log.exception("snapshot_failed", extra={"partition": p})
+
+    async def write_snapshot(self, p: int, force: bool = False) -> bool:
+        """Snapshot partition p (owned and ready) to the snapshot topic; False if it was not
+        due (fewer than `snapshot_min_records` new records, unless `force`)."""
+        state = self.ownership.states.get(p)
+        if self._snapshots is None or state is None or not state.ready.is_set():
+            return False
+        manifest = self.ownership.snapshot_ids.get(p, {})
+        last_at = self._snapshot_at.get(p, int(manifest.get("data_position", 0)))
+        if not force and state.next_offset - last_at < self.settings.snapshot_min_records:
+            return False
+        started = time.monotonic()
+        # The cut: no offset-topic write in flight, so the state reflects every entry below
+        # offsets_position (a write holds the partition's writing() counter until applied).
+        while not await state.wait_writes(1.0):
+            if state.revoked:
+                return False
+        image = await snapshot.capture(state, state.offsets_position)
+        snapshot_id = int(manifest.get("id", 0)) + 1
+        chunks, manifest_value = await asyncio.to_thread(snapshot.encode, image, snapshot_id)
+        if state.revoked:
+            return False
+        await self._snapshots.append(p, [(k, v, None) for k, v in chunks])
+        await self._snapshots.append(p, [(snapshot.manifest_key(p), manifest_value, None)])
+        # The previous snapshot's chunks are not needed any more: tombstones let compaction
+        # drop them.
+        if manifest.get("id") is not None:
+            old = [(snapshot.chunk_key(p, int(manifest["id"]), i), None, None)
+                   for i in range(int(manifest.get("chunks", 0)))]
+            if old:
+                await self._snapshots.append(p, old)
+        self.ownership.snapshot_ids[p] = {"id": snapshot_id, "chunks": len(chunks),
+                                          "data_position": image.data_position}
+        self._snapshot_at[p] = image.data_position
+        self.metrics.snapshots.inc()
+        log.info("snapshot_written", extra={
+            "partition": p, "id": snapshot_id, "queues": len(image.queues),
+            "records": image.records, "chunks": len(chunks),
+            "bytes": sum(len(v) for _, v in chunks), "data_position": image.data_position,
+            "offsets_position": image.offsets_position,
+            "ms": round((time.monotonic() - started) * 1000)})
+        return True
