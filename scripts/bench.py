@@ -265,6 +265,14 @@ def start_nodes(bootstrap: str, prefix: str, count: int, code: str | None = None
     return procs, urls
 
 
+def stop_nodes(procs: list[subprocess.Popen]) -> None:
+    """SIGTERM every node, then wait for each (they leave the group together)."""
+    for p in procs:
+        p.terminate()
+    for p in procs:
+        p.wait(30)
+
+
 async def wait_ready(urls: list[str], partitions: int) -> dict[int, str]:
     async with aiohttp.ClientSession() as s:
         for _ in range(600):
@@ -322,10 +330,7 @@ async def measure_vqueues(args: argparse.Namespace, bootstrap: str, nodes: int,
             out[f"{name}_p50"], out[f"{name}_p99"] = pct(values, .5), pct(values, .99)
         return out
     finally:
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            p.wait(30)
+        stop_nodes(procs)
 
 
 def median_of(results: list[dict[str, float]]) -> dict[str, float]:
@@ -386,10 +391,7 @@ async def measure_many_queues(args: argparse.Namespace, bootstrap: str, broker_p
             out["broker_cpu_idle"] = (cpu_seconds(broker_pid) - cpu0) / (time.perf_counter() - w0)
         return out
     finally:
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            p.wait(30)
+        stop_nodes(procs)
 
 
 async def measure_raw(args: argparse.Namespace, bootstrap: str) -> dict[str, float]:

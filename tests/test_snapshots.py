@@ -8,6 +8,7 @@ import uuid
 from confluent_kafka import Producer
 
 from tests.support import LOGS, NodeProcess, create_topics, http
+from tests.test_restart_recovery import post
 
 SNAPSHOT_FAST = {"VQ_SNAPSHOT_INTERVAL_S": "1", "VQ_SNAPSHOT_MIN_RECORDS": "5"}
 
@@ -40,12 +41,6 @@ def observe(node, queues):
         _, page = http("GET", f"{node.url}/v1/queues/{q}/records?offset=0&limit=1000")
         out[q] = (status, info if status == 200 else None,
                   [(r["offset"], r["value"]) for r in page["records"]])
-    return out
-
-
-def post(node, path, body):
-    status, out = http("POST", f"{node.url}{path}", body)
-    assert status == 200, out
     return out
 
 
