@@ -83,7 +83,7 @@ def test_a_corrupt_snapshot_is_ignored_with_a_warning_and_the_partition_replayed
         node.terminate()
     p = Producer({"bootstrap.servers": bootstrap})
     p.produce(t.snapshots, key=b'["m",0]', partition=0, value=json.dumps({
-        "v": 1, "id": 9, "chunks": 2, "sha256": "0" * 64, "data_position": 2,
+        "v": 2, "id": 9, "chunks": 2, "sha256": "0" * 64, "data_position": 2,
         "offsets_position": 0, "log_start": 0, "queues": 1, "records": 2, "ts": 1}).encode())
     assert p.flush(10) == 0
     node = NodeProcess(t).start()

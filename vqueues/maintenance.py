@@ -124,7 +124,7 @@ class Maintenance:
         self._snapshot_at[p] = image.data_position
         self.metrics.snapshots.inc()
         log.info("snapshot_written", extra={
-            "partition": p, "id": snapshot_id, "queues": len(image.queues),
+            "partition": p, "id": snapshot_id, "queues": len(image.names),
             "records": image.records, "chunks": len(chunks),
             "bytes": sum(len(v) for _, v in chunks), "data_position": image.data_position,
             "offsets_position": image.offsets_position,

@@ -221,9 +221,10 @@ class Ownership:
             return None
         if found is None or state.revoked:
             return None
-        await snapshot.restore(state, found)
+        built = await asyncio.to_thread(snapshot.build, found)
+        snapshot.restore(state, found, built)
         log.info("snapshot_loaded", extra={
-            "partition": p, "queues": len(found.queues), "records": found.records,
+            "partition": p, "queues": len(found.names), "records": found.records,
             "data_position": found.data_position, "offsets_position": found.offsets_position,
             "load_ms": round((time.monotonic() - started) * 1000)})
         return found.data_position, found.offsets_position

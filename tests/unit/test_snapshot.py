@@ -55,7 +55,7 @@ async def test_a_snapshot_plus_the_tail_equals_a_full_replay(seed, monkeypatch):
     assert loaded is not None
     # The new owner: the snapshot, then the data from P and the offset entries from O.
     fresh = PartitionState(0, RecordCache(1 << 20))
-    await snap.restore(fresh, loaded)
+    snap.restore(fresh, loaded, snap.build(loaded))
     data_seen = entry_seen = 0
     for e in events:
         if e[0] == "data":
@@ -106,3 +106,17 @@ async def test_a_partial_or_corrupt_snapshot_is_refused_and_the_newest_complete_
         snap.latest(0, [(key, value[:-1] + b"x"), m1])  # a changed byte
     with pytest.raises(snap.SnapshotError):
         snap.latest(0, [*new_chunks, (snap.manifest_key(0), b"{not json")])
+
+
+async def test_queues_without_consumers_share_one_empty_dict_that_nobody_writes_to():
+    from vqueues.partition_state import NO_CONSUMERS
+    from vqueues.records import ConsumerAcked, QueueDeleted
+
+    s = PartitionState(0, RecordCache(1 << 20))
+    s.apply_records([("a", rec(0)), ("b", rec(1))], None)
+    assert s.queues["a"].consumers is NO_CONSUMERS is s.queues["b"].consumers
+    s.apply_offset_entries([ConsumerAcked("a", "c", 1, 5), QueueDeleted("a", 2)])
+    chunks, manifest = snap.encode(await snap.capture(s, 0), 1)
+    queues, _ = snap.build(snap.latest(0, [*chunks, (snap.manifest_key(0), manifest)]))
+    assert queues["b"].consumers is NO_CONSUMERS
+    assert NO_CONSUMERS == {}
