@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import functools
+import gc
 import itertools
 import logging
 import threading
@@ -326,6 +327,10 @@ class Ownership:
             state.apply_records(ok, high_watermarks.get(p))
             state.skip_to(position)
             if not was_ready:
+                # A replay builds a long-lived index: keep it out of the collector's scans as
+                # it grows (gc.freeze is O(1); the objects hold no cycles, refcounting frees
+                # them), or full collections stall the loop for up to a second (measured).
+                gc.freeze()
                 self._log_if_ready(state)
 
     def _on_end(self, partition: int, next_offset: int) -> None:
