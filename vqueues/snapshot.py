@@ -9,7 +9,7 @@ trims too, and every offset-topic entry is last-writer-wins, so replaying the en
 top of the snapshot yields the state a full replay builds (tested with random histories).
 
 On the wire (snapshot topic partition p holds data partition p's snapshots):
-  ["c", p, id, i] -> "VQS2" + part i of the zlib body (columns)     chunks, each < 1 MB
+  ["c", p, id, i] -> "VQS2" + part i of the zlib body (columns)      chunks, each < 1 MB
   ["m", p]        -> JSON manifest {"v", "id", "chunks", "sha256", "data_position",
                                     "offsets_position", "log_start", "queues", "records", "ts"}
 The manifest is written after every chunk was acknowledged: a reader never loads half a
