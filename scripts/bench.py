@@ -44,7 +44,11 @@ from vqueues.kafka.admin import Admin, TopicSpec  # noqa: E402
 
 VALUE = "x" * 100
 DEV_ENV = {"VQ_SESSION_TIMEOUT_MS": "6000", "VQ_HEARTBEAT_INTERVAL_MS": "500",
-           "VQ_FETCH_WAIT_MAX_MS": "10", "VQ_LOG_LEVEL": "warning"}
+           "VQ_LOG_LEVEL": "warning"}
+
+
+# The nodes' tail fetch wait (set from --fetch-wait-ms).
+FETCH_WAIT_MS = [100]
 
 
 def pct(samples: list[float], p: float) -> float:
@@ -253,9 +257,10 @@ def start_nodes(bootstrap: str, prefix: str, count: int, code: str | None = None
     """`count` nodes; `code`: run the vqueues package of that checkout instead of this one."""
     procs, urls = [], []
     extra = {"PYTHONPATH": code} if code else {}
+    extra["VQ_FETCH_WAIT_MAX_MS"] = str(FETCH_WAIT_MS[0])
     for i in range(count):
         port = free_port()
-        env = {**os.environ, **extra, **DEV_ENV, "VQ_BOOTSTRAP": bootstrap,
+        env = {**os.environ, **DEV_ENV, **extra, "VQ_BOOTSTRAP": bootstrap,
                "VQ_HTTP_PORT": str(port),
                "VQ_NODE_ID": f"bench-{i}", "VQ_DATA_TOPIC": f"{prefix}-data",
                "VQ_OFFSET_TOPIC": f"{prefix}-offsets",
@@ -453,7 +458,8 @@ async def run(args: argparse.Namespace) -> None:
             broker.stop()
     head = " | ".join(f"vqueues {m} | ratio" for m in modes)
     lines = [f"# vqueues bench, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: "
-             f"{args.partitions} partitions, broker {'embedded tansu' if broker else bootstrap}",
+             f"{args.partitions} partitions, broker {'embedded tansu' if broker else bootstrap}, "
+             f"tail fetch wait {args.fetch_wait_ms} ms",
              f"| measure | raw confluent-kafka | {head} |",
              "|---" * (2 + 2 * len(modes)) + "|"]
     for key, label, unit in ROWS:
@@ -500,9 +506,13 @@ def main() -> None:
                     help="also run the vqueues package of this checkout (e.g. a git worktree of "
                          "an older commit) as 'before', alternating with this one")
     ap.add_argument("--rounds", type=int, default=2, help="rounds of each with --baseline")
+    ap.add_argument("--fetch-wait-ms", type=int, default=100,
+                    help="the nodes' tail fetch.wait.max.ms (default 100, as the nodes')")
     ap.add_argument("--many-queues", type=int, default=100_000,
                     help="also measure one node over this many queues x 2 records (0: skip)")
-    asyncio.run(run(ap.parse_args()))
+    args = ap.parse_args()
+    FETCH_WAIT_MS[0] = args.fetch_wait_ms
+    asyncio.run(run(args))
 
 
 if __name__ == "__main__":

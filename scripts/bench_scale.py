@@ -45,7 +45,7 @@ from vqueues.broker import EmbeddedBroker, free_port  # noqa: E402
 from vqueues.kafka.admin import Admin  # noqa: E402
 
 DEV_ENV = {"VQ_SESSION_TIMEOUT_MS": "6000", "VQ_HEARTBEAT_INTERVAL_MS": "500",
-           "VQ_FETCH_WAIT_MAX_MS": "10", "VQ_LOG_LEVEL": "info", "VQ_LOG_FORMAT": "json"}
+           "VQ_LOG_LEVEL": "info", "VQ_LOG_FORMAT": "json"}
 VALUE = b"v" * 100
 
 

@@ -29,8 +29,8 @@ def render() -> str:
                      f"{f.metadata['help']} |")
     lines += [
         "",
-        "`vqueues dev` gives its nodes `VQ_SESSION_TIMEOUT_MS=6000`, "
-        "`VQ_HEARTBEAT_INTERVAL_MS=500` and `VQ_FETCH_WAIT_MAX_MS=10`, so that a first group join",
+        "`vqueues dev` gives its nodes `VQ_SESSION_TIMEOUT_MS=6000` and "
+        "`VQ_HEARTBEAT_INTERVAL_MS=500`, so that a first group join",
         "on the embedded broker takes about 3 s (it waits half the session timeout).",
         "",
         "`--kafka-options` passes librdkafka settings to every Kafka client a node opens, e.g.",

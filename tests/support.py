@@ -23,8 +23,7 @@ from vqueues.kafka.admin import Admin
 LOGS = Path(os.environ.get("VQ_TEST_LOG_DIR", "/tmp/vqueues-test-logs"))
 
 # Settings that make a first group join take seconds on the embedded broker.
-FAST_GROUP = {"VQ_SESSION_TIMEOUT_MS": "6000", "VQ_HEARTBEAT_INTERVAL_MS": "500",
-              "VQ_FETCH_WAIT_MAX_MS": "10"}
+FAST_GROUP = {"VQ_SESSION_TIMEOUT_MS": "6000", "VQ_HEARTBEAT_INTERVAL_MS": "500"}
 
 
 @dataclass

@@ -23,8 +23,7 @@ from vqueues.kafka.admin import Admin
 log = logging.getLogger("vqueues.dev")
 
 # Settings `vqueues dev` gives its nodes: a first group join in seconds on the embedded broker.
-DEV_ENV = {"VQ_SESSION_TIMEOUT_MS": "6000", "VQ_HEARTBEAT_INTERVAL_MS": "500",
-           "VQ_FETCH_WAIT_MAX_MS": "10"}
+DEV_ENV = {"VQ_SESSION_TIMEOUT_MS": "6000", "VQ_HEARTBEAT_INTERVAL_MS": "500"}
 
 
 def _get_json(url: str) -> tuple[int, dict[str, Any]]:

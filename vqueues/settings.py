@@ -43,7 +43,9 @@ class Settings:
     session_timeout_ms: int = _f(10000, "group session timeout (Kafka's session.timeout.ms)")
     heartbeat_interval_ms: int = _f(1000, "group heartbeat interval (heartbeat.interval.ms)")
     fetch_wait_max_ms: int = _f(
-        25, "longest a fetch waits for data (fetch.wait.max.ms); bounds tail latency")
+        100, "longest the tail's fetch waits for data (fetch.wait.max.ms). The node's own "
+        "writes never wait for it (ADR 6); it bounds idle fetch traffic, and on brokers that hold "
+        "an empty fetch (tansu) how soon other producers' records appear")
     producer_acks: str = _f("all", "acks for enqueued records: all, 1 or 0 (0: offsets unknown)",
                             choices=("all", "1", "0"))
     producer_linger_ms: int = _f(
