@@ -114,6 +114,9 @@ class Ownership:
         try:
             return starts.result(timeout=SNAPSHOT_LOAD_TIMEOUT_S)
         except Exception as exc:  # a timeout included: replay those partitions in full
+            # Cancelled, a snapshot that finishes loading later is not applied (the group
+            # reads these partitions from their beginning now).
+            starts.cancel()
             log.warning("snapshot_load_incomplete", extra={"partitions": list(partitions),
                                                            "error": repr(exc)})
             return {}
@@ -199,14 +202,17 @@ class Ownership:
         offsets_from: dict[int, int] = {}
         try:
             for p, state in states.items():
-                loaded = await self._load_snapshot(p, state)
+                loaded = await self._load_snapshot(p, state, starts)
                 if loaded is not None:
                     data_from[p], offsets_from[p] = loaded
         finally:
-            starts.set_result(data_from)
+            if not starts.cancelled():
+                starts.set_result(data_from)
         await self._replay_offsets(partitions, offsets_from)
 
-    async def _load_snapshot(self, p: int, state: PartitionState) -> tuple[int, int] | None:
+    async def _load_snapshot(self, p: int, state: PartitionState,
+                             starts: concurrent.futures.Future[dict[int, int]]
+                             ) -> tuple[int, int] | None:
         """Fill `state` from partition p's latest complete snapshot: its (data, offsets)
         positions, or None (no snapshot log, none yet, or one that is unusable: logged)."""
         if self._snapshot_log is None:
@@ -223,6 +229,10 @@ class Ownership:
         if found is None or state.revoked:
             return None
         built = await asyncio.to_thread(snapshot.build, found)
+        if state.revoked or starts.cancelled():
+            return None  # the group gave up waiting and reads from the beginning
+        # No await from here to the answer: the tail's records (applied on this loop) can only
+        # come after the restore, and those below the snapshot's position are skipped.
         snapshot.restore(state, found, built)
         log.info("snapshot_loaded", extra={
             "partition": p, "queues": len(found.names), "records": found.records,

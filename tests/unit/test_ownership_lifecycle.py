@@ -110,3 +110,54 @@ async def test_records_of_another_partitions_queue_are_skipped(logs):
     await until(lambda: 1 in own.states and own.states[1].ready.is_set())
     assert own.states[1].select(elsewhere, 0, 10) == []
     assert own.states[1].next_offset == 2
+
+
+async def test_a_snapshot_that_loads_after_the_group_gave_up_waiting_is_not_applied(
+        logs, monkeypatch):
+    import vqueues.ownership as ownership_module
+    from vqueues import snapshot as snap
+    from vqueues.partition_state import PartitionState
+
+    # A snapshot of partition 0 (one record of queue q) in a snapshot log.
+    q = queue_in(0)
+    source = PartitionState(0, RecordCache(1 << 20))
+    source.apply_records([(q, Record(0, 1, b"x", ()))], None)
+    chunks, manifest = snap.encode(await snap.capture(source, 0), 1)
+    snapshots = MemoryLog()
+    await snapshots.append(0, [(k, v, None) for k, v in [*chunks,
+                                                          (snap.manifest_key(0), manifest)]])
+    offset_log, assignment_log = logs
+    own = Ownership(asyncio.get_running_loop(), PARTITIONS, RecordCache(1 << 20), offset_log,
+                    node_id="n1", url="http://n1", assignment_log=assignment_log,
+                    snapshot_log=snapshots)
+    monkeypatch.setattr(ownership_module, "SNAPSHOT_LOAD_TIMEOUT_S", 0.0)  # give up at once
+    assert await asyncio.to_thread(own.assigned, [0]) == {}
+    await until(lambda: 0 in own.states)
+    await asyncio.sleep(0.2)  # the load finishes meanwhile
+    assert own.states[0].tail_offset == 0 and own.states[0].queues == {}
+    # The group reads from the beginning; the replay builds the state.
+    await asyncio.to_thread(own.consumed, [(0, q.encode(), Record(0, 1, b"x", ()))], {0: 1},
+                            {0: 1})
+    await until(lambda: own.states[0].ready.is_set())
+    assert own.states[0].select(q, 0, 10) == [0]
+
+
+async def test_a_partition_with_a_snapshot_starts_at_its_position(logs):
+    from vqueues import snapshot as snap
+    from vqueues.partition_state import PartitionState
+
+    q = queue_in(1)
+    source = PartitionState(1, RecordCache(1 << 20))
+    source.apply_records([(q, Record(i, 1, b"x", ())) for i in range(5)], None)
+    chunks, manifest = snap.encode(await snap.capture(source, 0), 1)
+    snapshots = MemoryLog()
+    await snapshots.append(1, [(k, v, None) for k, v in [*chunks,
+                                                          (snap.manifest_key(1), manifest)]])
+    offset_log, assignment_log = logs
+    own = Ownership(asyncio.get_running_loop(), PARTITIONS, RecordCache(1 << 20), offset_log,
+                    node_id="n1", url="http://n1", assignment_log=assignment_log,
+                    snapshot_log=snapshots)
+    assert await asyncio.to_thread(own.assigned, [1]) == {1: 5}
+    await asyncio.to_thread(own.reached_end, 1, 5)
+    await until(lambda: own.states[1].ready.is_set())
+    assert own.states[1].select(q, 0, 10) == [0, 1, 2, 3, 4]
