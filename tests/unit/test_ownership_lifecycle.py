@@ -112,20 +112,26 @@ async def test_records_of_another_partitions_queue_are_skipped(logs):
     assert own.states[1].next_offset == 2
 
 
-async def test_a_snapshot_that_loads_after_the_group_gave_up_waiting_is_not_applied(
-        logs, monkeypatch):
-    import vqueues.ownership as ownership_module
+async def snapshot_log_of(partition, queue, records):
+    """A snapshot log holding one snapshot of `partition`: `records` records of `queue`."""
     from vqueues import snapshot as snap
     from vqueues.partition_state import PartitionState
 
-    # A snapshot of partition 0 (one record of queue q) in a snapshot log.
-    q = queue_in(0)
-    source = PartitionState(0, RecordCache(1 << 20))
-    source.apply_records([(q, Record(0, 1, b"x", ()))], None)
+    source = PartitionState(partition, RecordCache(1 << 20))
+    source.apply_records([(queue, Record(i, 1, b"x", ())) for i in range(records)], None)
     chunks, manifest = snap.encode(await snap.capture(source, 0), 1)
-    snapshots = MemoryLog()
-    await snapshots.append(0, [(k, v, None) for k, v in [*chunks,
-                                                          (snap.manifest_key(0), manifest)]])
+    log = MemoryLog()
+    await log.append(partition, [(k, v, None) for k, v in
+                                 [*chunks, (snap.manifest_key(partition), manifest)]])
+    return log
+
+
+async def test_a_snapshot_that_loads_after_the_group_gave_up_waiting_is_not_applied(
+        logs, monkeypatch):
+    import vqueues.ownership as ownership_module
+
+    q = queue_in(0)
+    snapshots = await snapshot_log_of(0, q, 1)
     offset_log, assignment_log = logs
     own = Ownership(asyncio.get_running_loop(), PARTITIONS, RecordCache(1 << 20), offset_log,
                     node_id="n1", url="http://n1", assignment_log=assignment_log,
@@ -143,16 +149,8 @@ async def test_a_snapshot_that_loads_after_the_group_gave_up_waiting_is_not_appl
 
 
 async def test_a_partition_with_a_snapshot_starts_at_its_position(logs):
-    from vqueues import snapshot as snap
-    from vqueues.partition_state import PartitionState
-
     q = queue_in(1)
-    source = PartitionState(1, RecordCache(1 << 20))
-    source.apply_records([(q, Record(i, 1, b"x", ())) for i in range(5)], None)
-    chunks, manifest = snap.encode(await snap.capture(source, 0), 1)
-    snapshots = MemoryLog()
-    await snapshots.append(1, [(k, v, None) for k, v in [*chunks,
-                                                          (snap.manifest_key(1), manifest)]])
+    snapshots = await snapshot_log_of(1, q, 5)
     offset_log, assignment_log = logs
     own = Ownership(asyncio.get_running_loop(), PARTITIONS, RecordCache(1 << 20), offset_log,
                     node_id="n1", url="http://n1", assignment_log=assignment_log,
