@@ -40,6 +40,8 @@ class RecordCache:
 
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
+        # The most records it could ever hold (each takes at least ENTRY_OVERHEAD_BYTES).
+        self.capacity = max_bytes // ENTRY_OVERHEAD_BYTES
         self.bytes = 0
         self._items: OrderedDict[tuple[int, int], _Entry] = OrderedDict()
 

@@ -47,3 +47,20 @@ def test_cached_entries_are_not_tracked_by_the_garbage_collector():
     for _ in range(3):  # nested tuples are untracked inside out, one collection each
         gc.collect()
     assert not any(gc.is_tracked(e) for e in cache._items.values())
+
+
+def test_a_replay_caches_only_what_would_still_be_cached_at_its_end():
+    from vqueues.partition_state import PartitionState
+
+    cache = RecordCache(100 * 334)  # it can never hold more than 100 records
+    put = []
+    real_put = cache.put
+    cache.put = lambda p, rec: (put.append(rec.offset), real_put(p, rec))  # type: ignore
+    s = PartitionState(0, cache)
+    s.apply_records([(f"q{i % 3}", Record(i, 1, b"v", ())) for i in range(1000)],
+                    high_watermark=1000)
+    assert put == list(range(900, 1000))  # not the 900 that would be evicted anyway
+    s.reached_end(1000)
+    s.mark_offsets_replayed()
+    s.apply_records([("q0", Record(1000, 1, b"v", ()))], None)  # ready: every record
+    assert put[-1] == 1000 and cache.get(0, 1000) is not None
