@@ -83,6 +83,7 @@ class PartitionState:
         self.next_offset = 0  # the frontier: every offset below it is indexed or not a record
         self.tail_offset = 0  # the next data offset the tail will deliver
         self.replay_target: int | None = None  # the end seen at assignment
+        self._uncached_below = 0  # records below this offset are not cached (replay)
         self.data_replayed = False
         self.offsets_replayed = False
         self.revoked = False
@@ -106,11 +107,7 @@ class PartitionState:
         if not q.offsets and not q.consumers:
             self.names.add(queue)
         q.offsets.append(rec.offset)
-        # While replaying, a record more than a cache's worth below the end seen at assignment
-        # would be evicted before the replay ends: not caching it saves two thirds of the
-        # indexing work (1.27 -> 0.40 s per million records, measured).
-        target = self.replay_target
-        if target is None or self.ready.is_set() or target - rec.offset <= self.cache.capacity:
+        if rec.offset >= self._uncached_below:
             self.cache.put(self.partition, rec)
         if queue in self._readers:
             woken.add(queue)
@@ -136,6 +133,10 @@ class PartitionState:
         woken: set[str] = set()
         if high_watermark is not None and self.replay_target is None:
             self.replay_target = high_watermark  # the end seen at assignment
+            # While replaying, a record more than a cache's worth below that end would be
+            # evicted before the replay ends: not caching it saves two thirds of the indexing
+            # work (1.27 -> 0.40 s per million records, measured). Reset once ready.
+            self._uncached_below = max(0, high_watermark - self.cache.capacity)
         tail = self.tail_offset
         own, own_indexed = self._own, self.own_indexed
         for queue, rec in records:
@@ -215,6 +216,7 @@ class PartitionState:
 
     def _update_ready(self) -> None:
         if self.data_replayed and self.offsets_replayed and not self.revoked:
+            self._uncached_below = 0
             self.ready.set()
 
     def revoke(self) -> None:

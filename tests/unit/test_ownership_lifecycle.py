@@ -32,10 +32,11 @@ def logs():
     return MemoryLog(), MemoryLog()
 
 
-def make(logs):
+def make(logs, snapshot_log=None):
     offset_log, assignment_log = logs
     return Ownership(asyncio.get_running_loop(), PARTITIONS, RecordCache(1 << 20), offset_log,
-                     node_id="n1", url="http://n1", assignment_log=assignment_log)
+                     node_id="n1", url="http://n1", assignment_log=assignment_log,
+                     snapshot_log=snapshot_log)
 
 
 async def test_a_partition_serves_once_its_data_and_offsets_are_replayed(logs):
@@ -132,10 +133,7 @@ async def test_a_snapshot_that_loads_after_the_group_gave_up_waiting_is_not_appl
 
     q = queue_in(0)
     snapshots = await snapshot_log_of(0, q, 1)
-    offset_log, assignment_log = logs
-    own = Ownership(asyncio.get_running_loop(), PARTITIONS, RecordCache(1 << 20), offset_log,
-                    node_id="n1", url="http://n1", assignment_log=assignment_log,
-                    snapshot_log=snapshots)
+    own = make(logs, snapshots)
     monkeypatch.setattr(ownership_module, "SNAPSHOT_LOAD_TIMEOUT_S", 0.0)  # give up at once
     assert await asyncio.to_thread(own.assigned, [0]) == {}
     await until(lambda: 0 in own.states)
@@ -151,10 +149,7 @@ async def test_a_snapshot_that_loads_after_the_group_gave_up_waiting_is_not_appl
 async def test_a_partition_with_a_snapshot_starts_at_its_position(logs):
     q = queue_in(1)
     snapshots = await snapshot_log_of(1, q, 5)
-    offset_log, assignment_log = logs
-    own = Ownership(asyncio.get_running_loop(), PARTITIONS, RecordCache(1 << 20), offset_log,
-                    node_id="n1", url="http://n1", assignment_log=assignment_log,
-                    snapshot_log=snapshots)
+    own = make(logs, snapshots)
     assert await asyncio.to_thread(own.assigned, [1]) == {1: 5}
     await asyncio.to_thread(own.reached_end, 1, 5)
     await until(lambda: own.states[1].ready.is_set())
