@@ -198,3 +198,9 @@ def wait_settled(nodes: list[NodeProcess], partitions: int, timeout_s: float = 9
             return owned
         time.sleep(0.1)
     raise TimeoutError(f"cluster did not settle: {last}")
+
+
+def cursor_counts(lag: int) -> dict[str, object]:
+    """What `GET /v1/queues/{queue}` shows of a cursor consumer beside its offset and lag."""
+    return {"mode": "cursor", "in_flight": 0, "delayed": 0, "available": lag,
+            "dead_lettered": 0}

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from vqueues_client import AsyncClient, BatchProducer, Client, consume
 
-from tests.support import create_topics, http, start_cluster
+from tests.support import create_topics, cursor_counts, http, start_cluster
 from vqueues.hashing import partition_for
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -117,7 +117,8 @@ async def test_batch_producer_and_consume_deliver_every_record_once(cluster):
                                 max_records=250)
         assert handled == 250 and seen == [f"m{i}" for i in range(250)]
         info = await vq.queue_info(q)
-        assert info["consumers"] == [{"consumer": "worker", "offset": offsets[-1] + 1, "lag": 0}]
+        assert info["consumers"] == [{"consumer": "worker", "offset": offsets[-1] + 1, "lag": 0,
+                                     **cursor_counts(0)}]
 
 
 async def test_a_failing_handler_leaves_its_record_for_the_next_consume(cluster):

@@ -3,6 +3,8 @@
 import asyncio
 import uuid
 
+from tests.support import cursor_counts
+
 QUEUES = 24
 BATCHES = 10
 PER_BATCH = 20
@@ -53,4 +55,4 @@ async def test_concurrent_producers_and_consumers_see_every_record_once_in_order
         info = await r.json()
     assert info["records"] == expected
     assert info["consumers"] == [{"consumer": "worker", "offset": info["last_offset"] + 1,
-                                  "lag": 0}]
+                                  "lag": 0, **cursor_counts(0)}]

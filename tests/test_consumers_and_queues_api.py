@@ -3,6 +3,7 @@
 import uuid
 from urllib.parse import quote
 
+from tests.support import cursor_counts
 from tests.test_records_api import enqueue, qname, read
 
 
@@ -59,8 +60,10 @@ async def test_queue_info_shows_counts_offsets_and_each_consumers_lag(client, no
         info = await r.json()
     assert info["records"] == 4
     assert (info["first_offset"], info["last_offset"]) == (offsets[0], offsets[3])
-    assert info["consumers"] == [{"consumer": "fast", "offset": offsets[3] + 1, "lag": 0},
-                                 {"consumer": "slow", "offset": offsets[1], "lag": 3}]
+    assert info["consumers"] == [{"consumer": "fast", "offset": offsets[3] + 1, "lag": 0,
+                                  **cursor_counts(0)},
+                                 {"consumer": "slow", "offset": offsets[1], "lag": 3,
+                                  **cursor_counts(3)}]
 
 
 async def test_an_unknown_queue_is_404(client, node):

@@ -1,6 +1,6 @@
 """State survives a node killed with SIGKILL: offsets, consumer and queue deletions."""
 
-from tests.support import NodeProcess, create_topics, http
+from tests.support import NodeProcess, create_topics, cursor_counts, http
 
 
 def post(node, path, body):
@@ -30,8 +30,10 @@ def test_committed_offsets_and_deletions_survive_a_sigkill(bootstrap):
         status, info = http("GET", f"{node.url}/v1/queues/jobs")
         assert status == 200
         assert info["records"] == 5
-        assert info["consumers"] == [{"consumer": "w1", "offset": offs[2], "lag": 3},
-                                     {"consumer": "w2", "offset": 0, "lag": 5}]
+        assert info["consumers"] == [{"consumer": "w1", "offset": offs[2], "lag": 3,
+                                      **cursor_counts(3)},
+                                     {"consumer": "w2", "offset": 0, "lag": 5,
+                                      **cursor_counts(5)}]
         _, got = http("GET", f"{node.url}/v1/queues/jobs/records?consumer=w1")
         assert [r["value"] for r in got["records"]] == ["j2", "j3", "j4"]
         _, doomed = http("GET", f"{node.url}/v1/queues/doomed")

@@ -35,6 +35,7 @@ REGISTRY: dict[str, ErrorSpec] = {
     "limit_out_of_range": _e(400, False, "an integer parameter is outside its documented range"),
     "invalid_offset": _e(400, False, "an ack's offset is missing, not an integer, or negative"),
     "offset_out_of_range": _e(400, False, "an ack's offset is past the partition's end"),
+    "invalid_token": _e(400, False, "a lease token is missing or not a token"),
     "missing_field": _e(400, False, "(compat routes) a required field is missing"),
     "bad_request": _e(400, False, "the HTTP request itself is malformed"),
     # 404, 405, 415: nothing there.
@@ -48,6 +49,10 @@ REGISTRY: dict[str, ErrorSpec] = {
                                 "when known"),
     "rewind_not_allowed": _e(409, False, "an ack below the committed offset without "
                                          "`allow_rewind`"),
+    "lease_expired": _e(409, False, "a token's lease is not current: it expired and the record "
+                                    "was leased again, was completed, or never existed"),
+    "consumer_mode_mismatch": _e(409, False, "a lease call on a cursor consumer, or an ack on a "
+                                             "lease consumer (see its `mode`)"),
     # 413: too big.
     "payload_too_large": _e(413, False, "the body is over `max_body_bytes`"),
     "record_too_large": _e(413, False, "a decoded record value is over `max_record_bytes`"),

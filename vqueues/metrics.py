@@ -26,6 +26,15 @@ class Metrics:
                                         registry=r)
         self.records_read = Counter("vq_records_read", "records returned by reads", registry=r)
         self.acks = Counter("vq_acks", "consumer offsets committed", registry=r)
+        self.records_leased = Counter("vq_records_leased", "records handed out by leases",
+                                      registry=r)
+        self.records_completed = Counter("vq_records_completed", "leased records completed",
+                                         registry=r)
+        self.records_retried = Counter("vq_records_retried", "leased records given back by "
+                                       "retry", registry=r)
+        self.records_dead_lettered = Counter(
+            "vq_records_dead_lettered", "records past max_attempts, sent to the dead-letter "
+            "queue (or marked failed)", registry=r)
         self.queues_deleted = Counter("vq_queues_deleted", "queues deleted", registry=r)
         self.snapshots = Counter("vq_snapshots", "partition snapshots written", registry=r)
         self.consumers_expired = Counter(

@@ -26,7 +26,15 @@ from vqueues.errors import Unavailable, WrongNode
 from vqueues.hashing import partition_for
 from vqueues.metrics import Metrics
 from vqueues.partition_state import PartitionState
-from vqueues.records import OffsetEntry, Record, decode_offset_entry
+from vqueues.records import (
+    OffsetEntry,
+    OwnerFenced,
+    Record,
+    decode_offset_entry,
+    encode_offset_entry,
+    generation_header,
+    generation_of,
+)
 from vqueues.storage import Consumed, Log, OffsetLog
 
 log = logging.getLogger(__name__)
@@ -242,7 +250,8 @@ class Ownership:
 
     def _read_snapshot(self, p: int) -> snapshot.Snapshot | None:
         assert self._snapshot_log is not None
-        records, _end = self._snapshot_log.read_to_end([p])[p]
+        entries, _end = self._snapshot_log.read_to_end([p])[p]
+        records = [(k, v) for k, v, _ in entries]
         manifest = snapshot.manifest_of(records, p)
         if manifest is not None:
             self.snapshot_ids[p] = manifest
@@ -283,19 +292,45 @@ class Ownership:
             for i in range(0, len(todo), REPLAY_CHUNK):
                 if state.revoked:
                     break
-                state.apply_offset_entries(todo[i:i + REPLAY_CHUNK])
+                state.apply_logged(todo[i:i + REPLAY_CHUNK])
                 await asyncio.sleep(0)
             if not state.revoked:
                 state.offsets_position = max(state.offsets_position, end)
+                if state.fenced_entries:
+                    log.warning("fenced_entries_ignored", extra={
+                        "partition": p, "entries": state.fenced_entries})
+                await self._fence(state)
+                if state.revoked:
+                    continue
                 state.mark_offsets_replayed()
                 self._log_if_ready(state)
 
+    async def _fence(self, state: PartitionState) -> None:
+        """Write this owner's fence to the offset partition before serving: from here on,
+        entries of an older owner (a zombie that lost the partition but still writes) are
+        ignored by every replay, and every write of ours carries the new generation."""
+        generation = max(state.fence + 1, self._generation)
+        key, value = encode_offset_entry(OwnerFenced(generation))
+        for attempt in itertools.count(1):
+            try:
+                delivered = await self._offset_log.append(
+                    state.partition, [(key, value, generation_header(generation))])
+                break
+            except Exception as exc:
+                log.warning("fence_write_failed", extra={"partition": state.partition,
+                                                         "attempt": attempt, "error": str(exc)})
+                await asyncio.sleep(min(5.0, 0.2 * attempt))
+                if state.revoked:
+                    return
+        state.fence = state.generation = generation
+        state.offsets_position = max(state.offsets_position, delivered[-1][0] + 1)
+
     def _read_entries(self, partitions: list[int], starts: dict[int, int]
-                      ) -> dict[int, tuple[list[OffsetEntry], int]]:
-        out: dict[int, tuple[list[OffsetEntry], int]] = {}
+                      ) -> dict[int, tuple[list[tuple[int, OffsetEntry]], int]]:
+        out: dict[int, tuple[list[tuple[int, OffsetEntry]], int]] = {}
         for p, (records, end) in self._offset_log.read_to_end(partitions, starts).items():
-            decoded = (decode_offset_entry(k, v) for k, v in records)
-            out[p] = ([e for e in decoded if e is not None], end)
+            decoded = ((generation_of(h), decode_offset_entry(k, v)) for k, v, h in records)
+            out[p] = ([(g, e) for g, e in decoded if e is not None], end)
         return out
 
     async def _release_memory(self) -> None:

@@ -17,7 +17,19 @@ from dataclasses import dataclass
 from sortedcontainers import SortedList
 
 from vqueues.cache import RecordCache
-from vqueues.records import ConsumerAcked, ConsumerDeleted, OffsetEntry, QueueDeleted, Record
+from vqueues.leases import LEASE, ConsumerConfig, Delivery, WorkState
+from vqueues.records import (
+    ConsumerAcked,
+    ConsumerConfigCleared,
+    ConsumerConfigured,
+    ConsumerDeleted,
+    DeliveryCleared,
+    DeliveryUpdated,
+    OffsetEntry,
+    OwnerFenced,
+    QueueDeleted,
+    Record,
+)
 
 # Shared by every queue without consumers (most of them): one dict, never written to; a queue
 # gets its own on its first consumer. Saves 64 B per queue.
@@ -94,6 +106,12 @@ class PartitionState:
         self._position_waiters: list[tuple[int, asyncio.Future[None]]] = []
         self._writes = 0
         self._writes_done: asyncio.Event | None = None
+        # Consumers with settings, and the lease consumers' windows, by (queue, consumer).
+        self.configs: dict[tuple[str, str], ConsumerConfig] = {}
+        self.work: dict[tuple[str, str], WorkState] = {}
+        self.fence = 0  # the highest owner generation fenced in the offset partition
+        self.generation = 0  # this owner's generation (its fence), carried by every write
+        self.fenced_entries = 0  # entries replay ignored: written by a fenced-off owner
 
     # Feeding the state -------------------------------------------------------------------------
 
@@ -187,6 +205,17 @@ class PartitionState:
             self.data_replayed = True
             self._update_ready()
 
+    def apply_logged(self, entries: Iterable[tuple[int, OffsetEntry]]) -> None:
+        """Apply replayed (writer generation, entry) pairs in log order, ignoring what an owner
+        wrote after a newer owner fenced it off (a zombie's late write)."""
+        for generation, e in entries:
+            if isinstance(e, OwnerFenced):
+                self.fence = max(self.fence, e.generation)
+            elif generation < self.fence:
+                self.fenced_entries += 1
+            else:
+                self.apply_offset_entries((e,))
+
     def apply_offset_entries(self, entries: Iterable[OffsetEntry]) -> None:
         """Apply offset-topic entries in log order (replay, or our own writes)."""
         for e in entries:
@@ -197,12 +226,56 @@ class PartitionState:
                 if q.consumers is NO_CONSUMERS:
                     q.consumers = {}
                 q.consumers[e.consumer] = (e.offset, e.acked_at_ms)
+                work = self.work.get((e.queue, e.consumer))
+                if work is not None:
+                    work.frontier = max(work.frontier, e.offset)
+                    work.settle_below(e.offset)
+                    work.dead_lettered = e.dead_lettered
             elif isinstance(e, ConsumerDeleted):
+                self.configs.pop((e.queue, e.consumer), None)
+                self.work.pop((e.queue, e.consumer), None)
                 known = self.queues.get(e.queue)
                 if known is not None and known.consumers.pop(e.consumer, None) is not None:
                     self._forget_if_empty(e.queue, known)
             elif isinstance(e, QueueDeleted):
                 self.delete_queue(e.queue, e.deleted_before)
+            elif isinstance(e, ConsumerConfigured):
+                key = (e.queue, e.consumer)
+                self.configs[key] = ConsumerConfig(e.mode, e.max_attempts, e.dead_letter_queue,
+                                                   e.visibility_ms)
+                if e.mode == LEASE:
+                    if key not in self.work:
+                        committed = self.committed(e.queue, e.consumer)
+                        self.work[key] = WorkState(committed or 0)
+                else:
+                    self.work.pop(key, None)
+            elif isinstance(e, ConsumerConfigCleared):
+                self.configs.pop((e.queue, e.consumer), None)
+                self.work.pop((e.queue, e.consumer), None)
+            elif isinstance(e, DeliveryUpdated):
+                self._apply_delivery(e)
+            elif isinstance(e, DeliveryCleared):
+                work = self.work.get((e.queue, e.consumer))
+                if work is not None:
+                    work.deliveries.pop(e.offset, None)
+            elif isinstance(e, OwnerFenced):
+                self.fence = max(self.fence, e.generation)
+
+    def _apply_delivery(self, e: DeliveryUpdated) -> None:
+        key = (e.queue, e.consumer)
+        work = self.work.get(key)
+        if work is None:
+            work = self.work[key] = WorkState(0)
+        committed = self.committed(e.queue, e.consumer) or 0
+        if e.offset < committed:
+            return  # settled already (its tombstone may not have been written)
+        work.frontier = max(work.frontier, e.offset + 1)
+        if e.done:
+            work.deliveries.pop(e.offset, None)
+            work.done.add(e.offset, self.queue(e.queue).offsets)
+        else:
+            work.deliveries[e.offset] = Delivery(e.attempts, e.until_ms, e.leased,
+                                                 e.order_key, e.reason)
 
     def mark_offsets_replayed(self) -> None:
         self.offsets_replayed = True
@@ -260,12 +333,34 @@ class PartitionState:
         entry = q.consumers.get(consumer)
         return None if entry is None else max(entry[0], q.deleted_before)
 
+    def window_tombstones(self, queue: str, consumer: str) -> list[OffsetEntry]:
+        """Tombstones for every delivery-state key a lease consumer may have written."""
+        work = self.work.get((queue, consumer))
+        if work is None:
+            return []
+        q = self.queues.get(queue)
+        window = work.window(q.offsets, self.committed(queue, consumer) or 0) if q else ()
+        offsets = set(work.deliveries) | set(window)
+        return [DeliveryCleared(queue, consumer, o) for o in sorted(offsets)]
+
+    def consumer_tombstones(self, queue: str, consumer: str) -> list[OffsetEntry]:
+        """Everything a deleted consumer leaves in the offset topic, as tombstones: its
+        committed offset, its settings and its window."""
+        entries: list[OffsetEntry] = [ConsumerDeleted(queue, consumer)]
+        if (queue, consumer) in self.configs:
+            entries.append(ConsumerConfigCleared(queue, consumer))
+        return entries + self.window_tombstones(queue, consumer)
+
     def delete_queue(self, queue: str, deleted_before: int) -> None:
         q = self.queue(queue)
         if deleted_before > q.deleted_before:
             q.deleted_before = deleted_before
         q.trim_before(q.deleted_before)
         q.consumers = NO_CONSUMERS
+        for key in [k for k in self.configs if k[0] == queue]:
+            del self.configs[key]
+        for key in [k for k in self.work if k[0] == queue]:
+            del self.work[key]
         self._forget_if_empty(queue, q)
 
     def _forget_if_empty(self, queue: str, q: QueueIndex) -> None:
@@ -334,13 +429,19 @@ class PartitionState:
 
     @contextlib.contextmanager
     def writing(self) -> Iterator[None]:
-        self._writes += 1
+        self.begin_write()
         try:
             yield
         finally:
-            self._writes -= 1
-            if self._writes == 0 and self._writes_done is not None:
-                self._writes_done.set()
+            self.end_write()
+
+    def begin_write(self) -> None:
+        self._writes += 1
+
+    def end_write(self) -> None:
+        self._writes -= 1
+        if self._writes == 0 and self._writes_done is not None:
+            self._writes_done.set()
 
     async def wait_writes(self, timeout_s: float) -> bool:
         if self._writes == 0:
@@ -351,6 +452,10 @@ class PartitionState:
             return True
         except TimeoutError:
             return False
+
+    def wake(self, queue: str) -> None:
+        """Wake the readers and leasers parked on `queue` (its consumers' state changed)."""
+        self._wake(queue)
 
     def wake_all(self) -> None:
         """Wake every parked reader (shutdown: they answer with what they have)."""

@@ -9,13 +9,20 @@ JSON arrays, so a queue and a consumer name can never be confused whatever they 
   ["c", queue, consumer] -> tombstone (null)                         the consumer was deleted
   ["q", queue]           -> {"v": 1, "deleted_before": n, "ts": ms}  the queue was deleted at n:
                                                                       its records below n are gone
-See docs/adr/0002-offset-topic-format.md.
+  ["s", queue, consumer] -> {"v": 1, "mode", "max_attempts", "dlq", "visibility_ms"}  settings
+  ["r", queue, consumer, offset] -> {"v": 1, "a", "u", "l", "d", "k", "why"}  one record's
+                                    delivery state for a lease consumer (tombstone: settled)
+  ["g", generation]      -> {"v": 1, "ts": ms}   an owner took the partition over (a fence)
+Every entry carries its writer's generation in the `vq-gen` header; replay ignores an entry
+whose generation is below the last fence before it (a zombie's late write).
+See docs/adr/0002-offset-topic-format.md and docs/adr/0008-lease-state.md.
 """
 
 from __future__ import annotations
 
 import json
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 FORMAT_VERSION = 1
@@ -36,12 +43,15 @@ class Record:
 
 @dataclass(slots=True, frozen=True)
 class ConsumerAcked:
-    """A consumer's committed offset moved (an ack) at `acked_at_ms` (UTC epoch ms)."""
+    """A consumer's committed offset moved (an ack) at `acked_at_ms` (UTC epoch ms). For a
+    lease consumer the offset is its low-water mark, and `dead_lettered` its running count of
+    records that went to the dead letters (or failed)."""
 
     queue: str
     consumer: str
     offset: int
     acked_at_ms: int = 0
+    dead_lettered: int = 0
 
 
 @dataclass(slots=True, frozen=True)
@@ -56,10 +66,64 @@ class QueueDeleted:
     deleted_before: int
 
 
-OffsetEntry = ConsumerAcked | ConsumerDeleted | QueueDeleted
+@dataclass(slots=True, frozen=True)
+class ConsumerConfigured:
+    """A consumer's settings (PUT .../consumers/{consumer}, or a first lease)."""
+
+    queue: str
+    consumer: str
+    mode: str  # "cursor" or "lease"
+    max_attempts: int
+    dead_letter_queue: str | None
+    visibility_ms: int
 
 
-def _key(*parts: str) -> bytes:
+@dataclass(slots=True, frozen=True)
+class ConsumerConfigCleared:
+    """A consumer's settings are gone (it was deleted): a tombstone on its settings key."""
+
+    queue: str
+    consumer: str
+
+
+@dataclass(slots=True, frozen=True)
+class DeliveryUpdated:
+    """One record's state for a lease consumer: leased until `until_ms`, or waiting (a retry,
+    not before `until_ms`), or `done` out of order (above the low-water mark)."""
+
+    queue: str
+    consumer: str
+    offset: int
+    attempts: int
+    until_ms: int
+    leased: bool
+    done: bool = False
+    order_key: str | None = None
+    reason: str | None = None
+
+
+@dataclass(slots=True, frozen=True)
+class DeliveryCleared:
+    """A record's delivery state is over (it is below the low-water mark): a tombstone."""
+
+    queue: str
+    consumer: str
+    offset: int
+
+
+@dataclass(slots=True, frozen=True)
+class OwnerFenced:
+    """An owner took the partition over with `generation`; older writers are fenced off."""
+
+    generation: int
+
+
+OffsetEntry = (ConsumerAcked | ConsumerDeleted | QueueDeleted | ConsumerConfigured
+               | ConsumerConfigCleared | DeliveryUpdated | DeliveryCleared | OwnerFenced)
+GEN_HEADER = "vq-gen"
+
+
+def _key(*parts: str | int) -> bytes:
     return json.dumps(parts, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
 
 
@@ -67,19 +131,61 @@ def now_ms() -> int:
     return int(time.time() * 1000)
 
 
-def _value(ts: int = 0, **fields: int) -> bytes:
+def _value(ts: int = 0, **fields: int | str | None) -> bytes:
     body = {"v": FORMAT_VERSION, **fields, "ts": ts or now_ms()}
     return json.dumps(body, separators=(",", ":")).encode()
+
+
+def _body(fields: dict[str, int | str | None]) -> bytes:
+    body = {"v": FORMAT_VERSION, **fields, "ts": now_ms()}
+    return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
 
 
 def encode_offset_entry(entry: OffsetEntry) -> OffsetRecord:
     """The offset-topic record of `entry`."""
     if isinstance(entry, ConsumerAcked):
+        extra = {"dl": entry.dead_lettered} if entry.dead_lettered else {}
         return (_key("c", entry.queue, entry.consumer),
-                _value(entry.acked_at_ms, offset=entry.offset))
+                _value(entry.acked_at_ms, offset=entry.offset, **extra))
     if isinstance(entry, ConsumerDeleted):
         return _key("c", entry.queue, entry.consumer), None
-    return _key("q", entry.queue), _value(deleted_before=entry.deleted_before)
+    if isinstance(entry, QueueDeleted):
+        return _key("q", entry.queue), _value(deleted_before=entry.deleted_before)
+    if isinstance(entry, ConsumerConfigured):
+        return (_key("s", entry.queue, entry.consumer),
+                _value(mode=entry.mode, max_attempts=entry.max_attempts,
+                       dlq=entry.dead_letter_queue, visibility_ms=entry.visibility_ms))
+    if isinstance(entry, ConsumerConfigCleared):
+        return _key("s", entry.queue, entry.consumer), None
+    if isinstance(entry, DeliveryUpdated):
+        fields: dict[str, int | str | None] = {"a": entry.attempts, "u": entry.until_ms,
+                                               "l": int(entry.leased)}
+        if entry.done:
+            fields["d"] = 1
+        if entry.order_key is not None:
+            fields["k"] = entry.order_key
+        if entry.reason is not None:
+            fields["why"] = entry.reason
+        return _key("r", entry.queue, entry.consumer, entry.offset), _body(fields)
+    if isinstance(entry, DeliveryCleared):
+        return _key("r", entry.queue, entry.consumer, entry.offset), None
+    return _key("g", entry.generation), _value()
+
+
+def generation_header(generation: int) -> list[tuple[str, bytes]]:
+    """The `vq-gen` header every offset-topic write carries."""
+    return [(GEN_HEADER, str(generation).encode())]
+
+
+def generation_of(headers: Sequence[tuple[str, bytes | None]] | None) -> int:
+    """The writer's generation from an entry's headers (0: written before fencing existed)."""
+    for name, value in headers or ():
+        if name == GEN_HEADER and value:
+            try:
+                return int(value)
+            except ValueError:
+                return 0
+    return 0
 
 
 def decode_offset_entry(key: bytes | None, value: bytes | None) -> OffsetEntry | None:
@@ -92,9 +198,26 @@ def decode_offset_entry(key: bytes | None, value: bytes | None) -> OffsetEntry |
             if value is None:
                 return ConsumerDeleted(parts[1], parts[2])
             body = json.loads(value)
-            return ConsumerAcked(parts[1], parts[2], int(body["offset"]), int(body.get("ts", 0)))
+            return ConsumerAcked(parts[1], parts[2], int(body["offset"]), int(body.get("ts", 0)),
+                                 int(body.get("dl", 0)))
         if parts[0] == "q" and len(parts) == 2 and value is not None:
             return QueueDeleted(parts[1], int(json.loads(value)["deleted_before"]))
+        if parts[0] == "r" and len(parts) == 4:
+            q, c, off = str(parts[1]), str(parts[2]), int(parts[3])
+            if value is None:
+                return DeliveryCleared(q, c, off)
+            b = json.loads(value)
+            return DeliveryUpdated(q, c, off, int(b["a"]), int(b["u"]), bool(b["l"]),
+                                   bool(b.get("d", 0)), b.get("k"), b.get("why"))
+        if parts[0] == "s" and len(parts) == 3:
+            if value is None:
+                return ConsumerConfigCleared(str(parts[1]), str(parts[2]))
+            b = json.loads(value)
+            return ConsumerConfigured(str(parts[1]), str(parts[2]), str(b["mode"]),
+                                      int(b["max_attempts"]), b.get("dlq"),
+                                      int(b["visibility_ms"]))
+        if parts[0] == "g" and len(parts) == 2 and value is not None:
+            return OwnerFenced(int(parts[1]))
     except (ValueError, KeyError, TypeError, IndexError):
         return None
     return None

@@ -40,8 +40,50 @@ class ConsumerDeletion:
 @dataclass(slots=True, frozen=True)
 class ConsumerInfo:
     consumer: str
-    offset: int
+    offset: int  # committed offset (a lease consumer's low-water mark)
     lag: int  # records at or after `offset`
+    mode: str = "cursor"
+    in_flight: int = 0  # leased now
+    delayed: int = 0  # retried, not due yet
+    available: int = 0  # could be leased now (a cursor consumer: its lag)
+    dead_lettered: int = 0  # records that went past max_attempts
+
+
+@dataclass(slots=True, frozen=True)
+class ConsumerSettings:
+    queue: str
+    consumer: str
+    mode: str
+    max_attempts: int
+    dead_letter_queue: str | None
+    visibility_ms: int
+    offset: int | None  # committed offset (None: nothing committed yet)
+
+
+@dataclass(slots=True, frozen=True)
+class LeasedRecord:
+    record: Record
+    token: str  # names this delivery: complete, retry and extend take it
+    attempt: int  # 1 on the first delivery
+    deadline: int  # the lease ends then (UTC epoch ms) unless extended
+
+
+@dataclass(slots=True, frozen=True)
+class LeaseResult:
+    partition: int
+    records: list[LeasedRecord]
+
+
+@dataclass(slots=True, frozen=True)
+class SettleResult:
+    """What complete, retry or extend did, token by token."""
+
+    queue: str
+    consumer: str
+    done: list[str]  # the tokens acted on
+    dead_lettered: list[str]  # (retry) tokens past max_attempts: sent to the dead letters
+    offset: int  # the consumer's committed offset (low-water mark) after the call
+    deadline: int | None = None  # (extend) the new lease deadline
 
 
 @dataclass(slots=True, frozen=True)

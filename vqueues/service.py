@@ -16,16 +16,17 @@ from vqueues import memory
 from vqueues.cache import RecordCache
 from vqueues.errors import BadRequest, Conflict, NotFound
 from vqueues.hashing import partition_for
+from vqueues.leases import CURSOR, LEASE
 from vqueues.locks import KeyedLocks
 from vqueues.ownership import Ownership
 from vqueues.partition_state import PartitionState
 from vqueues.records import (
     ConsumerAcked,
-    ConsumerDeleted,
     OffsetEntry,
     QueueDeleted,
     Record,
     encode_offset_entry,
+    generation_header,
     now_ms,
 )
 from vqueues.results import (
@@ -41,7 +42,7 @@ from vqueues.results import (
     ReadResult,
 )
 from vqueues.settings import Settings
-from vqueues.storage import Log, OffsetLog, RecordFetcher, runs
+from vqueues.storage import Log, OffsetLog, Outgoing, RecordFetcher, runs
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +71,7 @@ class QueueService:
         self._offsets = offset_log
         self._fetcher = fetcher
         self._fetch_pool = ThreadPoolExecutor(settings.fetchers, thread_name_prefix="vq-fetch")
-        self._locks = KeyedLocks()
+        self.locks = KeyedLocks()
         # Highest offset this node's producer had acknowledged, per partition (for deletions).
         self._produced_max: dict[int, int] = {}
 
@@ -89,6 +90,13 @@ class QueueService:
         """
         p = self.partition_of(queue)
         state = self.ownership.require(p)
+        return await self.append_records(queue, records, state)
+
+    async def append_records(self, queue: str, records: Sequence[NewRecord],
+                             state: PartitionState | None = None) -> EnqueueResult:
+        """Write records to `queue`'s partition, owned here (`state`) or not (then the owner's
+        tail indexes them, as for any producer: dead letters go this way)."""
+        p = self.partition_of(queue)
         key = queue.encode("utf-8")
         acked = await self._data.append(p, [(key, value, headers) for value, headers in records])
         offsets = [o for o, _ in acked]
@@ -98,6 +106,8 @@ class QueueService:
         last = offsets[-1]
         if last > self._produced_max.get(p, -1):
             self._produced_max[p] = last
+        if state is None:
+            return EnqueueResult(p, offsets)
         # Readable now: the delivery reports say everything the tail would (ADR 6).
         state.apply_own(queue, [Record(o, ts, value, tuple(headers))
                                 for (o, ts), (value, headers) in zip(acked, records,
@@ -125,7 +135,7 @@ class QueueService:
             await state.wait_for_records(queue, remaining)
             state = self.ownership.require(p)
             offsets = state.select(queue, start, limit)
-        records = await self._resolve(p, offsets)
+        records = await self.resolve(p, offsets)
         # Bound the answer's size; always return at least one record so a reader moves on.
         budget = self.settings.max_read_bytes
         kept: list[Record] = []
@@ -143,7 +153,7 @@ class QueueService:
             next_offset = start
         return ReadResult(p, kept, next_offset)
 
-    async def _resolve(self, partition: int, offsets: list[int]) -> list[Record]:
+    async def resolve(self, partition: int, offsets: list[int]) -> list[Record]:
         """Records at `offsets`: from the cache, the rest fetched from Kafka in one pass."""
         found: dict[int, Record] = {}
         missing = []
@@ -167,16 +177,44 @@ class QueueService:
 
     # Offset-topic writes ---------------------------------------------------------------------
 
-    async def _write_entries(self, state: PartitionState, entries: Sequence[OffsetEntry]) -> None:
+    async def write_entries(self, state: PartitionState, entries: Sequence[OffsetEntry]
+                            ) -> None:
         """Write entries to the offset topic (acks=all), then apply them unless the partition
         was revoked meanwhile: the next owner replays them instead. A revocation waits for
         writes in flight, so the next owner's replay sees every write this node answered."""
         with state.writing():
-            delivered = await self._offsets.append(
-                state.partition, [(*encode_offset_entry(e), None) for e in entries])
+            delivered = await self._offsets.append(state.partition, self._outgoing(state,
+                                                                                   entries))
             if not state.revoked:
                 state.apply_offset_entries(entries)
                 state.offsets_position = max(state.offsets_position, delivered[-1][0] + 1)
+
+    def submit_entries(self, state: PartitionState, entries: Sequence[OffsetEntry]
+                       ) -> Awaitable[None]:
+        """Hand entries to the producer now (so writes keep the order their callers took,
+        under a lock) and apply them at once; the returned awaitable ends once they are
+        durable. For lease state, where concurrent workers must see each other's changes
+        before the writes come back (ADR 8)."""
+        state.begin_write()
+        try:
+            pending = self._offsets.submit(state.partition, self._outgoing(state, entries))
+        except BaseException:
+            state.end_write()
+            raise
+        state.apply_offset_entries(entries)
+
+        async def durable() -> None:
+            try:
+                delivered = await pending
+                state.offsets_position = max(state.offsets_position, delivered[-1][0] + 1)
+            finally:
+                state.end_write()
+        return durable()
+
+    @staticmethod
+    def _outgoing(state: PartitionState, entries: Sequence[OffsetEntry]) -> list[Outgoing]:
+        header = generation_header(state.generation)
+        return [(*encode_offset_entry(e), header) for e in entries]
 
     # Consumers -------------------------------------------------------------------------------
 
@@ -184,48 +222,64 @@ class QueueService:
                   ) -> AckResult:
         """Move the consumer's committed offset (the next offset to read) to `offset`, durably."""
         p = self.partition_of(queue)
-        async with self._locks.hold(("c", queue, consumer)):
+        async with self.locks.hold(("c", queue, consumer)):
             state = self.ownership.require(p)
             previous = state.committed(queue, consumer)
             if offset > state.next_offset:
                 raise BadRequest("offset_out_of_range",
                                  f"offset {offset} is past the end of partition {p} "
                                  f"({state.next_offset})", partition_end=state.next_offset)
+            config = state.configs.get((queue, consumer))
+            if config is not None and config.mode == LEASE:
+                raise Conflict("consumer_mode_mismatch", f"consumer {consumer!r} is a lease "
+                               "consumer: complete its leased records instead of acking",
+                               mode=LEASE)
             if previous is not None and offset < previous and not allow_rewind:
                 raise Conflict("rewind_not_allowed",
                                f"consumer {consumer!r} is at {previous}; moving it back to "
                                f"{offset} needs allow_rewind", committed_offset=previous)
-            await self._write_entries(state, [ConsumerAcked(queue, consumer, offset, now_ms())])
+            await self.write_entries(state, [ConsumerAcked(queue, consumer, offset, now_ms())])
             self.metrics.acks.inc()
         return AckResult(queue, consumer, offset, previous)
 
     async def delete_consumer(self, queue: str, consumer: str) -> ConsumerDeletion:
         p = self.partition_of(queue)
-        async with self._locks.hold(("c", queue, consumer)):
+        async with self.locks.hold(("c", queue, consumer)):
             state = self.ownership.require(p)
             previous = state.committed(queue, consumer)
             if previous is None:
                 raise NotFound("consumer_not_found",
                                f"queue {queue!r} has no consumer {consumer!r}")
-            await self._write_entries(state, [ConsumerDeleted(queue, consumer)])
+            await self.write_entries(state, state.consumer_tombstones(queue, consumer))
         return ConsumerDeletion(queue, consumer, True, previous)
 
     # Queues ----------------------------------------------------------------------------------
 
     def queue_info(self, queue: str) -> QueueInfo:
         p = self.partition_of(queue)
-        stats = self.ownership.require(p).stats(queue)
+        state = self.ownership.require(p)
+        stats = state.stats(queue)
         if stats is None:
             raise NotFound("queue_not_found", f"queue {queue!r} has no records and no consumers")
+        consumers = []
+        now = now_ms()
+        offsets = state.queues[queue].offsets
+        for name, (off, lag) in stats.consumers.items():
+            work = state.work.get((queue, name))
+            if work is None:
+                consumers.append(ConsumerInfo(name, off, lag, CURSOR, 0, 0, lag, 0))
+                continue
+            in_flight, delayed, available = work.counts(offsets, off, now)
+            consumers.append(ConsumerInfo(name, off, lag, LEASE, in_flight, delayed, available,
+                                          work.dead_lettered))
         return QueueInfo(stats.queue, p, stats.records, stats.first_offset, stats.last_offset,
-                         [ConsumerInfo(name, off, lag)
-                          for name, (off, lag) in stats.consumers.items()])
+                         consumers)
 
     async def delete_queue(self, queue: str) -> QueueDeletion:
         """Delete the queue and its consumers: a marker in the offset topic hides every record
         below the partition's current end, for this node and every later owner."""
         p = self.partition_of(queue)
-        async with self._locks.hold(("q", queue)):
+        async with self.locks.hold(("q", queue)):
             state = self.ownership.require(p)
             stats = state.stats(queue)
             if stats is None:
@@ -238,8 +292,9 @@ class QueueService:
                 self._fetch_pool, self._fetcher.high_watermark, p)
             before = max(state.next_offset, self._produced_max.get(p, -1) + 1, broker_end)
             entries: list[OffsetEntry] = [QueueDeleted(queue, before)]
-            entries += [ConsumerDeleted(queue, c) for c in stats.consumers]
-            await self._write_entries(state, entries)
+            for c in stats.consumers:
+                entries += state.consumer_tombstones(queue, c)
+            await self.write_entries(state, entries)
             self.metrics.queues_deleted.inc()
         return QueueDeletion(queue, True, p, stats.records, sorted(stats.consumers), before)
 
@@ -259,9 +314,9 @@ class QueueService:
 
     async def expire_consumer(self, state: PartitionState, queue: str, consumer: str) -> None:
         """Remove a consumer idle past `consumer_retention_ms` (maintenance), durably."""
-        async with self._locks.hold(("c", queue, consumer)):
+        async with self.locks.hold(("c", queue, consumer)):
             if not state.revoked:
-                await self._write_entries(state, [ConsumerDeleted(queue, consumer)])
+                await self.write_entries(state, state.consumer_tombstones(queue, consumer))
                 self.metrics.consumers_expired.inc()
 
     def log_start(self, partition: int) -> Awaitable[int]:

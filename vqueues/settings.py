@@ -14,6 +14,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+MIN_VISIBILITY_MS = 100  # shortest lease: anything shorter expires before a worker can act
+
 
 def _f(default: Any, help: str, **kw: Any) -> Any:
     return field(default=default, metadata={"help": help, **kw})
@@ -70,6 +72,19 @@ class Settings:
     consumer_retention_ms: int = _f(
         7 * 24 * 3600 * 1000, "a consumer that has not acked for this long is removed (a "
         "tombstone in the offset topic), like Kafka's offsets.retention.minutes; 0 keeps them")
+    default_visibility_ms: int = _f(
+        30000, "a lease consumer's lease length when neither the consumer's settings nor the "
+        "lease call give one (SQS's visibility timeout)")
+    max_visibility_ms: int = _f(43_200_000, "longest lease (visibility_ms) accepted: 12 h")
+    default_max_attempts: int = _f(
+        5, "deliveries of a record before it goes to the dead letters, when the consumer's "
+        "settings do not say")
+    max_lease_records: int = _f(1000, "largest `max_records` a lease accepts")
+    max_lease_window: int = _f(
+        2000, "per lease consumer and queue: most records from the low-water mark to the last "
+        "one handed out (in flight, waiting for a retry, or completed out of order); beyond it "
+        "leasing waits (Kafka share groups cap theirs at 2,000 per partition)")
+    max_retry_delay_ms: int = _f(43_200_000, "longest `delay_ms` of a retry: 12 h")
     forward: bool = _f(False, "proxy a request for a partition another node owns to that node "
                        "(for clients that cannot route) instead of answering 409")
     kafka_options: str = _f(
@@ -171,11 +186,15 @@ class Settings:
                 raise ValueError(f"{f.name} must not be negative")
         for name in ("max_batch_records", "max_read_limit", "default_read_limit", "fetchers",
                      "max_body_bytes", "max_record_bytes", "max_read_bytes", "max_list_queues",
-                     "gc_young_threshold", "retention_check_s", "snapshot_interval_s"):
+                     "gc_young_threshold", "retention_check_s", "snapshot_interval_s",
+                     "default_max_attempts", "max_lease_records", "max_lease_window"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1")
         if self.default_read_limit > self.max_read_limit:
             raise ValueError("default_read_limit must not exceed max_read_limit")
+        if not MIN_VISIBILITY_MS <= self.default_visibility_ms <= self.max_visibility_ms:
+            raise ValueError(f"default_visibility_ms must be between {MIN_VISIBILITY_MS} and "
+                             "max_visibility_ms")
         self.kafka_extra()
 
 

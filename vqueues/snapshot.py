@@ -2,7 +2,8 @@
 taking the partition over loads it and replays only what came after (ADR 7).
 
 A snapshot holds, as of a **cut** (data position P, offset-topic position O), every queue's
-retained offsets, deletion floor and consumers. It is captured in chunks across loop turns;
+retained offsets, deletion floor and consumers, the consumers' settings, the lease consumers'
+windows (ADR 8) and the partition's fence. It is captured in chunks across loop turns;
 changes made meanwhile may leak into later chunks, which is harmless: records are only ever
 appended at or above P (the capture keeps offsets below P), retention only trims what a loader
 trims too, and every offset-topic entry is last-writer-wins, so replaying the entries from O on
@@ -28,16 +29,19 @@ import zlib
 from array import array
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import msgspec
 from sortedcontainers import SortedList
 
+from vqueues.leases import ConsumerConfig, Delivery, WorkState
 from vqueues.partition_state import NO_CONSUMERS, PartitionState, QueueIndex
 from vqueues.records import now_ms
 
 log = logging.getLogger(__name__)
 
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
+READABLE_VERSIONS = (2, 3)  # a format-2 snapshot simply has no lease state
 MAGIC = b"VQS2"
 CHUNK_BYTES = 900_000  # below Kafka's default 1 MB message limit
 CAPTURE_CHUNK = 5000  # queues copied per loop turn
@@ -62,6 +66,14 @@ class Snapshot:
     deleted: array[int] = field(default_factory=lambda: array("q"))
     offsets: array[int] = field(default_factory=lambda: array("q"))
     consumers: list[tuple[int, str, int, int]] = field(default_factory=list)
+    fence: int = 0
+    # (queue, consumer, mode, max_attempts, dead_letter_queue, visibility_ms)
+    configs: list[tuple[str, str, str, int, str | None, int]] = field(default_factory=list)
+    # (queue, consumer, frontier, dead_lettered, done starts, done ends,
+    #  [(offset, attempts, until, leased, order_key, reason)])
+    work: list[tuple[str, str, int, int, list[int], list[int],
+                     list[tuple[int, int, int, bool, str | None, str | None]]]] = field(
+        default_factory=list)
 
     @property
     def records(self) -> int:
@@ -73,7 +85,15 @@ async def capture(state: PartitionState, offsets_position: int) -> Snapshot:
     no offset-topic write is in flight at the cut, so `offsets_position` matches the state.
     Listed queues come in name order (from the state's sorted names), so a loader builds its
     sorted list without sorting."""
-    image = Snapshot(state.partition, state.next_offset, offsets_position, state.log_start)
+    image = Snapshot(state.partition, state.next_offset, offsets_position, state.log_start,
+                     fence=state.fence)
+    # Consumer settings and lease windows are small (bounded per consumer): copied at the cut.
+    image.configs = [(q, c, k.mode, k.max_attempts, k.dead_letter_queue, k.visibility_ms)
+                     for (q, c), k in state.configs.items()]
+    image.work = [(q, c, w.frontier, w.dead_lettered, list(w.done.starts), list(w.done.ends),
+                   [(o, d.attempts, d.until, d.leased, d.order_key, d.reason)
+                    for o, d in w.deliveries.items()])
+                  for (q, c), w in state.work.items()]
     # The queues listed at the cut, in name order (a loader then builds its sorted list without
     # sorting); then every other queue the index holds (deletion markers, and whatever the
     # history running meanwhile added), each copied once.
@@ -133,7 +153,8 @@ def encode(snapshot: Snapshot, snapshot_id: int) -> tuple[list[tuple[bytes, byte
     lengths = array("q", map(len, snapshot.names))
     meta = msgspec.msgpack.encode(["".join(snapshot.names).encode("utf-8", "surrogatepass"),
                                    lengths.tobytes(), snapshot.counts.tobytes(),
-                                   snapshot.deleted.tobytes(), snapshot.consumers])
+                                   snapshot.deleted.tobytes(), snapshot.consumers,
+                                   [snapshot.fence, snapshot.configs, snapshot.work]])
     body = zlib.compress(len(meta).to_bytes(8, "little") + meta + snapshot.offsets.tobytes(), 1)
     parts = [body[i:i + CHUNK_BYTES] for i in range(0, len(body), CHUNK_BYTES)] or [b""]
     chunks = [(chunk_key(snapshot.partition, snapshot_id, i), MAGIC + part)
@@ -164,13 +185,13 @@ def _array(raw: bytes) -> array[int]:
     return out
 
 
-def latest(partition: int, records: Iterable[tuple[bytes | None, bytes | None]]
+def latest(partition: int, records: Iterable[Sequence[Any]]
            ) -> Snapshot | None:
     """The latest complete snapshot among a snapshot partition's records (in log order), or
     None if there is none. Raises SnapshotError for one that is incomplete or corrupt."""
     manifest: dict[str, int | str] | None = None
     chunks: dict[tuple[int, int], bytes | None] = {}
-    for key, value in records:
+    for key, value, *_ in records:
         try:
             parts = json.loads(key or b"")
         except ValueError:
@@ -185,8 +206,9 @@ def latest(partition: int, records: Iterable[tuple[bytes | None, bytes | None]]
     if manifest is None:
         return None
     try:
-        if manifest["v"] != FORMAT_VERSION:
-            raise SnapshotError(f"snapshot format {manifest['v']} is not {FORMAT_VERSION}")
+        if manifest["v"] not in READABLE_VERSIONS:
+            raise SnapshotError(f"snapshot format {manifest['v']} is not one of "
+                                f"{READABLE_VERSIONS}")
         sid, count = int(manifest["id"]), int(manifest["chunks"])
         body = b""
         for i in range(count):
@@ -198,12 +220,16 @@ def latest(partition: int, records: Iterable[tuple[bytes | None, bytes | None]]
             raise SnapshotError(f"snapshot {sid}: chunks do not match the manifest's digest")
         data = zlib.decompress(body)
         size = int.from_bytes(data[:8], "little")
-        text, lengths, counts, deleted, consumers = msgspec.msgpack.decode(data[8:8 + size])
+        text, lengths, counts, deleted, consumers, *more = msgspec.msgpack.decode(
+            data[8:8 + size])
+        fence, configs, work = more[0] if more else (0, [], [])
         image = Snapshot(partition, int(manifest["data_position"]),
                          int(manifest["offsets_position"]), int(manifest["log_start"]),
                          _split_names(text.decode("utf-8", "surrogatepass"), _array(lengths)),
                          _array(counts), _array(deleted), _array(data[8 + size:]),
-                         [(int(i), str(c), int(o), int(a)) for i, c, o, a in consumers])
+                         [(int(i), str(c), int(o), int(a)) for i, c, o, a in consumers],
+                         int(fence), [tuple(x) for x in configs],
+                         [tuple(x) for x in work])
         if not len(image.names) == len(image.counts) == len(image.deleted) or \
                 sum(image.counts) != len(image.offsets):
             raise SnapshotError(f"snapshot {sid}: its columns do not agree")
@@ -212,11 +238,11 @@ def latest(partition: int, records: Iterable[tuple[bytes | None, bytes | None]]
         raise SnapshotError(f"unreadable snapshot: {exc!r}") from None
 
 
-def manifest_of(records: Sequence[tuple[bytes | None, bytes | None]], partition: int
+def manifest_of(records: Sequence[Sequence[Any]], partition: int
                 ) -> dict[str, int] | None:
     """The last manifest among a snapshot partition's records (id and chunk count)."""
     found = None
-    for key, value in records:
+    for key, value, *_ in records:
         if key == manifest_key(partition) and value is not None:
             try:
                 found = json.loads(value)
@@ -273,6 +299,16 @@ def restore(state: PartitionState, snapshot: Snapshot,
     """Hand a fresh `state` what `build` made of `snapshot`; the tail then continues at
     `snapshot.data_position` and the offset replay at `snapshot.offsets_position`."""
     state.queues, state.names = built
+    state.fence = snapshot.fence
+    state.configs = {(q, c): ConsumerConfig(mode, attempts, dlq, visibility)
+                     for q, c, mode, attempts, dlq, visibility in snapshot.configs}
+    state.work = {}
+    for q, c, frontier, dead, starts, ends, deliveries in snapshot.work:
+        w = state.work[(q, c)] = WorkState(frontier)
+        w.dead_lettered = dead
+        w.done.starts, w.done.ends = list(starts), list(ends)
+        w.deliveries = {o: Delivery(a, u, leased, k, why)
+                        for o, a, u, leased, k, why in deliveries}
     state.log_start = snapshot.log_start
     state.next_offset = state.tail_offset = snapshot.data_position
     state.offsets_position = snapshot.offsets_position

@@ -7,7 +7,7 @@ of the data log, the offset log and the record fetcher, as Protocols.
 
 from __future__ import annotations
 
-from collections.abc import Container, Sequence
+from collections.abc import Awaitable, Container, Sequence
 from typing import Protocol
 
 from vqueues.records import Record
@@ -19,8 +19,8 @@ SEEK_GAP = 256
 Outgoing = tuple[bytes | None, bytes | None, Sequence[tuple[str, bytes]] | None]
 # (offset, timestamp) the broker gave one written record; (-1, -1) when unknown (acks=0).
 Delivered = tuple[int, int]
-# (key, value) of one record read back from a log.
-Entry = tuple[bytes | None, bytes | None]
+# (key, value, headers) of one record read back from a log.
+Entry = tuple[bytes | None, bytes | None, list[tuple[str, bytes | None]] | None]
 # (partition, key, record) of one data record the group's tail consumed.
 Consumed = tuple[int, bytes | None, Record]
 
@@ -53,6 +53,12 @@ class Log(Protocol):
         """Write `records` in order; return each one's (offset, timestamp) once acknowledged."""
         ...
 
+    def submit(self, partition: int, records: Sequence[Outgoing]
+               ) -> Awaitable[list[Delivered]]:
+        """`append`, with the records handed to the producer before this returns: writes
+        submitted one after another reach the partition in that order."""
+        ...
+
 
 class OffsetLog(Log, Protocol):
     """A compacted topic written by the partition's owner and read back on assignment (the
@@ -60,7 +66,8 @@ class OffsetLog(Log, Protocol):
 
     def read_to_end(self, partitions: Sequence[int], starts: dict[int, int] | None = None
                     ) -> dict[int, tuple[list[Entry], int]]:
-        """Blocking: every (key, value) of `partitions` from `starts` (default: the beginning)
+        """Blocking: every (key, value, headers) of `partitions` from `starts` (default: the
+        beginning)
         to their end, and the offset of that end."""
         ...
 

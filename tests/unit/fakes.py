@@ -5,7 +5,8 @@ Never used where a test claims Kafka behaviour: those tests run against a real b
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import asyncio
+from collections.abc import Awaitable, Sequence
 
 from vqueues.records import Record
 from vqueues.storage import Delivered, Entry, GroupListener, Outgoing
@@ -29,6 +30,9 @@ class MemoryLog:
         if self.fail_next is not None:
             exc, self.fail_next = self.fail_next, None
             raise exc
+        return self._write(partition, records)
+
+    def _write(self, partition: int, records: Sequence[Outgoing]) -> list[Delivered]:
         log = self.partitions.setdefault(partition, [])
         out: list[Delivered] = []
         consumed = []
@@ -42,13 +46,26 @@ class MemoryLog:
             self.tail.consumed(consumed, {partition: len(log)}, {partition: len(log)})
         return out
 
+    def submit(self, partition: int, records: Sequence[Outgoing]
+               ) -> Awaitable[list[Delivered]]:
+        """Written at once (in call order); the awaitable gives the delivery reports."""
+        if self.fail_next is not None:
+            exc, self.fail_next = self.fail_next, None
+            failed: asyncio.Future[list[Delivered]] = asyncio.get_running_loop().create_future()
+            failed.set_exception(exc)
+            return failed
+        done = asyncio.get_running_loop().create_future()
+        done.set_result(self._write(partition, records))
+        return done
+
     def read_to_end(self, partitions: Sequence[int], starts: dict[int, int] | None = None
                     ) -> dict[int, tuple[list[Entry], int]]:
         out = {}
         for p in partitions:
             records = self.partitions.get(p, [])
             start = (starts or {}).get(p, 0)
-            out[p] = ([(k, v) for k, v, _ in records[start:]], len(records))
+            out[p] = ([(k, v, list(h) if h else None) for k, v, h in records[start:]],
+                      len(records))
         return out
 
     def end(self, partition: int) -> int:

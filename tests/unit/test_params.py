@@ -22,7 +22,32 @@ def _integer_params(doc):
 SPECS = {("/v1/queues/{queue}/records", "get", "offset"): params.READ_OFFSET,
          ("/v1/queues/{queue}/records", "get", "limit"): params.READ_LIMIT,
          ("/v1/queues/{queue}/records", "get", "wait_ms"): params.READ_WAIT_MS,
-         ("/v1/queues", "get", "limit"): params.LIST_LIMIT}
+         ("/v1/queues", "get", "limit"): params.LIST_LIMIT,
+         ("/v1/queues/{queue}/consumers/{consumer}/stream", "get", "visibility_ms"):
+             params.LEASE_VISIBILITY_MS}
+
+BODY_SPECS = {("LeaseRequest", "max_records"): params.LEASE_MAX_RECORDS,
+              ("LeaseRequest", "visibility_ms"): params.LEASE_VISIBILITY_MS,
+              ("LeaseRequest", "wait_ms"): params.LEASE_WAIT_MS,
+              ("RetryRequest", "delay_ms"): params.RETRY_DELAY_MS,
+              ("ExtendRequest", "visibility_ms"): params.LEASE_VISIBILITY_MS}
+
+
+def test_every_documented_body_bound_and_default_is_what_validation_enforces():
+    schemas = openapi_document(SETTINGS)["components"]["schemas"]
+    for (schema, name), spec in BODY_SPECS.items():
+        prop = schemas[schema]["properties"][name]
+        lo, hi = prop["minimum"], prop["maximum"]
+        assert spec.from_body({name: lo}, SETTINGS) == lo
+        assert spec.from_body({name: hi}, SETTINGS) == hi
+        for bad in (lo - 1, hi + 1):
+            with pytest.raises(VQError) as err:
+                spec.from_body({name: bad}, SETTINGS)
+            assert err.value.code == "limit_out_of_range"
+        with pytest.raises(VQError) as err:
+            spec.from_body({name: "5"}, SETTINGS)
+        assert err.value.code == "invalid_parameter"
+        assert spec.from_body({}, SETTINGS) == prop.get("default")
 
 
 def test_every_documented_bound_and_default_is_what_validation_enforces():

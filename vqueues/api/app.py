@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from vqueues.api import compat, handlers
-from vqueues.api.keys import SERVICE, SETTINGS
+from vqueues.api import compat, handlers, stream, work
+from vqueues.api.keys import SERVICE, SETTINGS, WORK
 from vqueues.api.middlewares import error_middleware, metrics_middleware
 from vqueues.api.proxy import forward_middleware, proxy_session
 from vqueues.service import QueueService
 from vqueues.settings import Settings
+from vqueues.work_service import WorkService
 
 
 def create_app(service: QueueService, settings: Settings) -> web.Application:
@@ -20,6 +21,7 @@ def create_app(service: QueueService, settings: Settings) -> web.Application:
     app = web.Application(middlewares=middlewares, client_max_size=settings.max_body_bytes)
     app[SERVICE] = service
     app[SETTINGS] = settings
+    app[WORK] = WorkService(settings, service)
     if settings.forward:
         app.cleanup_ctx.append(proxy_session)
     q = "/v1/queues/{queue:[^/]+}"
@@ -28,6 +30,13 @@ def create_app(service: QueueService, settings: Settings) -> web.Application:
     app.router.add_get(f"{q}/records", handlers.read)
     app.router.add_post(f"{c}/ack", handlers.ack)
     app.router.add_delete(c, handlers.delete_consumer)
+    app.router.add_put(c, work.put_consumer)
+    app.router.add_get(c, work.get_consumer)
+    app.router.add_post(f"{c}/lease", work.lease)
+    app.router.add_post(f"{c}/complete", work.complete)
+    app.router.add_post(f"{c}/retry", work.retry)
+    app.router.add_post(f"{c}/extend", work.extend)
+    app.router.add_get(f"{c}/stream", stream.stream)
     app.router.add_get(q, handlers.queue_info)
     app.router.add_delete(q, handlers.delete_queue)
     app.router.add_get("/v1/queues", handlers.list_queues)

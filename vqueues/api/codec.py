@@ -12,6 +12,7 @@ from aiohttp import web
 
 from vqueues.errors import BadRequest, PayloadTooLarge
 from vqueues.records import Record
+from vqueues.results import LeasedRecord
 from vqueues.service import NewRecord
 from vqueues.settings import Settings
 
@@ -28,6 +29,30 @@ class RecordOut(msgspec.Struct, omit_defaults=True):
     value: str | None
     headers: dict[str, str | None]
     encoding: str | None = None
+
+
+class LeasedOut(msgspec.Struct, omit_defaults=True):
+    """A leased record: the record, and the lease it is held under."""
+
+    offset: int
+    timestamp: int
+    value: str | None
+    headers: dict[str, str | None]
+    token: str
+    attempt: int
+    deadline: int
+    encoding: str | None = None
+
+
+class LeasePage(msgspec.Struct):
+    partition: int
+    records: list[LeasedOut]
+
+
+def encode_leased(leased: LeasedRecord, encoding: str) -> LeasedOut:
+    out = encode_record(leased.record, encoding)
+    return LeasedOut(out.offset, out.timestamp, out.value, out.headers, leased.token,
+                     leased.attempt, leased.deadline, out.encoding)
 
 
 class ReadPage(msgspec.Struct):

@@ -7,7 +7,9 @@ from aiohttp import web
 
 from vqueues.service import QueueService
 from vqueues.settings import Settings
+from vqueues.work_service import WorkService
 
 SERVICE = web.AppKey("service", QueueService)
 SETTINGS = web.AppKey("settings", Settings)
+WORK = web.AppKey("work", WorkService)
 PROXY = web.AppKey("proxy", aiohttp.ClientSession)

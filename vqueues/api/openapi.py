@@ -13,22 +13,25 @@ import msgspec
 
 from vqueues import __version__
 from vqueues.api import params
-from vqueues.api.codec import ReadPage
+from vqueues.api.codec import LeasePage, ReadPage
 from vqueues.errors import REGISTRY
 from vqueues.names import MAX_NAME_BYTES
 from vqueues.results import (
     AckResult,
     ConsumerDeletion,
+    ConsumerSettings,
     EnqueueResult,
     PartitionsInfo,
     QueueDeletion,
     QueueInfo,
     QueueList,
+    SettleResult,
 )
-from vqueues.settings import Settings
+from vqueues.settings import MIN_VISIBILITY_MS, Settings
+from vqueues.work_service import MAX_ATTEMPTS_LIMIT, MAX_REASON_CHARS
 
 _ANSWERS = (EnqueueResult, ReadPage, AckResult, ConsumerDeletion, QueueInfo, QueueDeletion,
-            QueueList, PartitionsInfo)
+            QueueList, PartitionsInfo, ConsumerSettings, LeasePage, SettleResult)
 _TEMPLATE = "#/components/schemas/{name}"
 
 
@@ -43,6 +46,10 @@ def _ok(schema: str, description: str = "OK") -> dict[str, Any]:
 
 _ERR = {"description": "error (see the Error schema for every code)",
         "content": {"application/json": {"schema": _ref("Error")}}}
+
+
+def _body(schema: str) -> dict[str, Any]:
+    return {"required": True, "content": {"application/json": {"schema": _ref(schema)}}}
 
 
 def _request_schemas(s: Settings) -> dict[str, Any]:
@@ -62,6 +69,32 @@ def _request_schemas(s: Settings) -> dict[str, Any]:
         "AckRequest": {"type": "object", "required": ["offset"], "properties": {
             "offset": {"type": "integer", "minimum": 0},
             "allow_rewind": {"type": "boolean", "default": False}}},
+        "ConsumerSettingsRequest": {"type": "object", "additionalProperties": False,
+                                    "properties": {
+            "mode": {"enum": ["cursor", "lease"]},
+            "max_attempts": {"type": "integer", "minimum": 1, "maximum": MAX_ATTEMPTS_LIMIT,
+                             "default": s.default_max_attempts},
+            "dead_letter_queue": {"type": ["string", "null"],
+                                  "description": "a queue name; null: none (records past "
+                                                 "max_attempts are counted and skipped)"},
+            "visibility_ms": {"type": "integer", "minimum": MIN_VISIBILITY_MS,
+                              "maximum": s.max_visibility_ms,
+                              "default": s.default_visibility_ms}}},
+        "LeaseRequest": {"type": "object", "properties": {
+            "max_records": params.LEASE_MAX_RECORDS.body_schema(s),
+            "visibility_ms": params.LEASE_VISIBILITY_MS.body_schema(s),
+            "wait_ms": params.LEASE_WAIT_MS.body_schema(s),
+            "encoding": {"enum": ["utf8", "base64"], "default": "utf8"}}},
+        "TokensRequest": {"type": "object", "required": ["tokens"], "properties": {
+            "tokens": {"type": "array", "minItems": 1, "items": {"type": "string"}}}},
+        "RetryRequest": {"type": "object", "required": ["tokens"], "properties": {
+            "tokens": {"type": "array", "minItems": 1, "items": {"type": "string"}},
+            "delay_ms": params.RETRY_DELAY_MS.body_schema(s),
+            "reason": {"type": "string", "maxLength": MAX_REASON_CHARS}}},
+        "ExtendRequest": {"type": "object", "required": ["tokens", "visibility_ms"],
+                          "properties": {
+            "tokens": {"type": "array", "minItems": 1, "items": {"type": "string"}},
+            "visibility_ms": params.LEASE_VISIBILITY_MS.body_schema(s)}},
         "Error": {"type": "object", "required": ["error"], "properties": {"error": {
             "type": "object", "required": ["code", "message", "retriable"],
             "properties": {"code": {"enum": sorted(REGISTRY)}, "message": {"type": "string"},
@@ -122,7 +155,43 @@ def openapi_document(s: Settings) -> dict[str, Any]:
                 "delete": {"summary": "Delete a consumer", "parameters": [queue_p, consumer_p],
                            "responses": {"200": _ok("ConsumerDeletion"), "404": _ERR,
                                          **errors}},
+                "put": {"summary": "Set a consumer's settings (absent fields keep their value)",
+                        "parameters": [queue_p, consumer_p],
+                        "requestBody": _body("ConsumerSettingsRequest"),
+                        "responses": {"200": _ok("ConsumerSettings"), **errors}},
+                "get": {"summary": "A consumer's settings and committed offset",
+                        "parameters": [queue_p, consumer_p],
+                        "responses": {"200": _ok("ConsumerSettings"), "404": _ERR, **errors}},
             },
+            "/v1/queues/{queue}/consumers/{consumer}/lease": {"post": {
+                "summary": "Lease records no other worker holds, lowest offset first, one per "
+                           "ordering key at a time (long poll with wait_ms)",
+                "parameters": [queue_p, consumer_p], "requestBody": _body("LeaseRequest"),
+                "responses": {"200": _ok("LeasePage"), **errors}}},
+            "/v1/queues/{queue}/consumers/{consumer}/complete": {"post": {
+                "summary": "Finish leased records for good (all tokens, or 409 and none)",
+                "parameters": [queue_p, consumer_p], "requestBody": _body("TokensRequest"),
+                "responses": {"200": _ok("SettleResult"), **errors}}},
+            "/v1/queues/{queue}/consumers/{consumer}/retry": {"post": {
+                "summary": "Give leased records back, available after delay_ms; past "
+                           "max_attempts they go to the dead-letter queue",
+                "parameters": [queue_p, consumer_p], "requestBody": _body("RetryRequest"),
+                "responses": {"200": _ok("SettleResult"), **errors}}},
+            "/v1/queues/{queue}/consumers/{consumer}/extend": {"post": {
+                "summary": "Move leases' deadline to now + visibility_ms",
+                "parameters": [queue_p, consumer_p], "requestBody": _body("ExtendRequest"),
+                "responses": {"200": _ok("SettleResult"), **errors}}},
+            "/v1/queues/{queue}/consumers/{consumer}/stream": {"get": {
+                "summary": "WebSocket: records pushed under credit; complete/retry/extend "
+                           "(lease) or ack (cursor) on the socket (docs/work-queues.md)",
+                "parameters": [queue_p, consumer_p,
+                               {"name": "mode", "in": "query",
+                                "schema": {"enum": ["cursor", "lease"]}},
+                               params.LEASE_VISIBILITY_MS.openapi(s),
+                               {"name": "encoding", "in": "query",
+                                "schema": {"enum": ["utf8", "base64"], "default": "utf8"}}],
+                "responses": {"101": {"description": "switching to the WebSocket protocol"},
+                              **errors}}},
             "/v1/queues/{queue}": {
                 "get": {"summary": "A queue's partition, records, offsets and consumers' lag",
                         "parameters": [queue_p],

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from vqueues.errors import BadRequest
-from vqueues.settings import Settings
+from vqueues.settings import MIN_VISIBILITY_MS, Settings
 
 MAX_OFFSET = 2**63 - 1
 DEFAULT_LIST_LIMIT = 1000
@@ -40,6 +40,20 @@ class IntParam:
                              min=self.minimum, max=hi)
         return value
 
+    def from_body(self, body: Mapping[str, Any], settings: Settings) -> int | None:
+        """The parameter from a JSON body (an integer, not a string)."""
+        raw = body.get(self.name)
+        if raw is None:
+            return self.default(settings)
+        if isinstance(raw, bool) or not isinstance(raw, int):
+            raise BadRequest("invalid_parameter", f"{self.name} must be an integer",
+                             parameter=self.name)
+        return self.parse({self.name: str(raw)}, settings)
+
+    def body_schema(self, settings: Settings) -> dict[str, Any]:
+        schema = self.openapi(settings)["schema"]
+        return {**schema, "description": self.description}
+
     def require(self, query: Mapping[str, str], settings: Settings) -> int:
         """`parse` for a parameter that has a default."""
         value = self.parse(query, settings)
@@ -66,3 +80,12 @@ READ_WAIT_MS = IntParam("wait_ms", 0, lambda s: s.max_wait_ms, lambda s: 0,
 LIST_LIMIT = IntParam("limit", 1, lambda s: s.max_list_queues,
                       lambda s: min(DEFAULT_LIST_LIMIT, s.max_list_queues),
                       "most queue names to return")
+LEASE_MAX_RECORDS = IntParam("max_records", 1, lambda s: s.max_lease_records, lambda s: 1,
+                             "most records to lease")
+LEASE_WAIT_MS = IntParam("wait_ms", 0, lambda s: s.max_wait_ms, lambda s: 0,
+                         "long poll: wait up to this long for a first record")
+LEASE_VISIBILITY_MS = IntParam("visibility_ms", MIN_VISIBILITY_MS, lambda s: s.max_visibility_ms,
+                               lambda s: None, "lease length (default: the consumer's "
+                               "visibility_ms setting)")
+RETRY_DELAY_MS = IntParam("delay_ms", 0, lambda s: s.max_retry_delay_ms, lambda s: 0,
+                          "the records are available again after this long")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
@@ -24,6 +24,10 @@ class TopicLog:
     async def append(self, partition: int, records: Sequence[Outgoing]) -> list[Delivered]:
         return await self.producer.send(self.topic, partition, records)
 
+    def submit(self, partition: int, records: Sequence[Outgoing]
+               ) -> Awaitable[list[Delivered]]:
+        return self.producer.submit(self.topic, partition, records)
+
 
 class KafkaOffsetLog(TopicLog):
     """The offset topic: written like any topic, replayed with `read_to_end`."""
@@ -41,7 +45,7 @@ def read_to_end(conf: dict[str, Any], topic: str, partitions: Sequence[int],
                 starts: dict[int, int] | None = None, timeout_s: float = 120.0
                 ) -> dict[int, tuple[list[Entry], int]]:
     """Read `partitions` of `topic` from `starts` (default: the beginning) to their end:
-    (key, value) per record, and the end offset (from the partition-EOF event)."""
+    (key, value, headers) per record, and the end offset (from the partition-EOF event)."""
     out: dict[int, list[Entry]] = {p: [] for p in partitions}
     ends: dict[int, int] = {}
     if not partitions:
@@ -60,7 +64,7 @@ def read_to_end(conf: dict[str, Any], topic: str, partitions: Sequence[int],
                 raise BrokerError("broker_timeout", f"replaying {topic} timed out")
             polled = poll(consumer, 1000, 0.05)
             for msg in polled.messages:
-                out[msg.partition()].append((msg.key(), msg.value()))
+                out[msg.partition()].append((msg.key(), msg.value(), msg.headers()))
             for p, end in polled.ends.items():
                 if p in pending:
                     ends[p] = end

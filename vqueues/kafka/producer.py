@@ -49,6 +49,32 @@ class AsyncProducer:
         except TimeoutError:
             raise BrokerError("broker_timeout", "the broker did not acknowledge in time") from None
 
+    def submit(self, topic: str, partition: int, records: Sequence[Outgoing],
+               timeout_s: float = 30.0) -> asyncio.Future[list[Delivered]]:
+        """Hand `records` to librdkafka now, in order, and return the future of their delivery
+        reports: submissions to one partition are written in the order they were made. A full
+        local queue fails at once (retriable) rather than waiting."""
+        loop = asyncio.get_running_loop()
+        batch = _Batch(loop, len(records))
+        for key, value, headers in records:
+            try:
+                self._producer.produce(topic, value=value, key=key, partition=partition,
+                                       headers=list(headers) if headers else None,
+                                       on_delivery=batch.delivered)
+            except BufferError:
+                raise Unavailable("producer_queue_full",
+                                  "the node's producer queue is full; retry") from None
+            except KafkaException as exc:
+                raise translate(exc.args[0], "produce") from None
+
+        async def delivered() -> list[Delivered]:
+            try:
+                return await asyncio.wait_for(asyncio.shield(batch.done), timeout_s)
+            except TimeoutError:
+                raise BrokerError("broker_timeout",
+                                  "the broker did not acknowledge in time") from None
+        return asyncio.ensure_future(delivered())
+
     async def _produce_one(self, topic: str, partition: int, key: bytes | None,
                            value: bytes | None, headers: Sequence[tuple[str, bytes]] | None,
                            batch: _Batch) -> None:

@@ -10,7 +10,6 @@ from typing import Any
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
 from vqueues.kafka import poll
-from vqueues.storage import Entry
 
 log = logging.getLogger(__name__)
 
@@ -19,7 +18,7 @@ class TopicTail:
     """Calls `on_batch([(key, value), ...])` from its own thread for every record, in order."""
 
     def __init__(self, conf: dict[str, Any], topic: str, partitions: int,
-                 on_batch: Callable[[list[Entry]], object]) -> None:
+                 on_batch: Callable[[list[tuple[bytes | None, bytes | None]]], object]) -> None:
         self._consumer = Consumer({**conf, "enable.auto.commit": False,
                                    "enable.partition.eof": False})
         self._consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING)

@@ -1,0 +1,183 @@
+"""`GET /v1/queues/{queue}/consumers/{consumer}/stream`: records pushed over a WebSocket under
+credit-based flow control (docs/work-queues.md#streaming).
+
+The client grants credit (`{"op": "credit", "n": N}`) and is never sent more records than it
+granted. In lease mode each record comes leased (token, attempt, deadline) and the client sends
+`complete`, `retry` and `extend` on the same socket; in cursor mode records come from the
+consumer's committed offset on, and the client sends `ack`. Every op may carry an `id`, echoed
+in its `result` or `error` frame. A dropped socket keeps nothing: its leases end at their
+deadline, as any lease does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Any
+
+import msgspec
+from aiohttp import WSMsgType, web
+
+from vqueues.api import params
+from vqueues.api.codec import ENCODINGS, encode_leased, encode_record
+from vqueues.api.keys import SERVICE, SETTINGS, WORK
+from vqueues.errors import BadRequest, VQError
+from vqueues.leases import CURSOR, LEASE, MODES
+from vqueues.names import validate_name
+
+log = logging.getLogger(__name__)
+
+# The most credit a client may have outstanding; more is refused (a bound on what one socket
+# can make the node hold).
+MAX_CREDIT = 10_000
+# A push waits this long for records before looking at the socket and the credit again.
+PUSH_WAIT_MS = 1000
+
+_encode = msgspec.json.Encoder().encode
+
+
+class _Stream:
+    def __init__(self, request: web.Request, ws: web.WebSocketResponse, queue: str,
+                 consumer: str, mode: str, encoding: str, visibility_ms: int | None) -> None:
+        self.request = request
+        self.ws = ws
+        self.queue = queue
+        self.consumer = consumer
+        self.mode = mode
+        self.encoding = encoding
+        self.visibility_ms = visibility_ms
+        self.credit = 0
+        self.granted = asyncio.Event()
+        self.position: int | None = None  # cursor mode: the next offset to push
+
+    async def send(self, frame: dict[str, Any]) -> None:
+        if not self.ws.closed:
+            await self.ws.send_str(_encode(frame).decode())
+
+    async def run(self) -> None:
+        """Push until the socket closes; an error that ends the stream (the partition moved,
+        the consumer's mode does not fit) is sent as a last frame, then the socket closes."""
+        try:
+            await self.push()
+        except VQError as exc:
+            await self.send({"type": "error", **exc.to_json()})
+            await self.ws.close()
+        except (ConnectionResetError, asyncio.CancelledError):
+            raise
+        except Exception as exc:
+            log.error("stream_failed", extra={"queue": self.queue, "error": repr(exc)})
+            await self.ws.close()
+
+    async def push(self) -> None:
+        """Send records while there is credit."""
+        app = self.request.app
+        settings = app[SETTINGS]
+        while not self.ws.closed:
+            if self.credit <= 0:
+                self.granted.clear()
+                await self.granted.wait()
+                continue
+            out: list[Any]
+            if self.mode == LEASE:
+                limit = min(self.credit, settings.max_lease_records)
+                leased = await app[WORK].lease(self.queue, self.consumer, limit,
+                                               self.visibility_ms, PUSH_WAIT_MS)
+                out = [encode_leased(r, self.encoding) for r in leased.records]
+            else:
+                limit = min(self.credit, settings.max_read_limit)
+                page = await app[SERVICE].read(self.queue, self.consumer, self.position,
+                                               limit, PUSH_WAIT_MS)
+                self.position = page.next_offset
+                out = [encode_record(r, self.encoding) for r in page.records]
+            if out:
+                self.credit -= len(out)
+                await self.send({"type": "records", "records": out})
+
+    async def handle(self, op: dict[str, Any]) -> None:
+        """One client frame."""
+        app = self.request.app
+        kind = op.get("op")
+        ident = op.get("id")
+        try:
+            if kind == "credit":
+                n = op.get("n")
+                if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+                    raise BadRequest("invalid_parameter", "credit `n` must be a positive integer")
+                if self.credit + n > MAX_CREDIT:
+                    raise BadRequest("limit_out_of_range", f"at most {MAX_CREDIT} credit "
+                                     "outstanding", parameter="n", min=1, max=MAX_CREDIT)
+                self.credit += n
+                self.granted.set()
+                return
+            work = app[WORK]
+            result: Any
+            if kind in ("complete", "retry", "extend") and self.mode != LEASE:
+                raise BadRequest("invalid_parameter", f"{kind} needs a lease stream")
+            if kind == "complete":
+                result = await work.complete(self.queue, self.consumer,
+                                             work.parse_tokens(op.get("tokens")))
+            elif kind == "retry":
+                delay = params.RETRY_DELAY_MS.from_body(op, app[SETTINGS]) or 0
+                result = await work.retry(self.queue, self.consumer,
+                                          work.parse_tokens(op.get("tokens")), delay,
+                                          op.get("reason"))
+            elif kind == "extend":
+                visibility = params.LEASE_VISIBILITY_MS.from_body(op, app[SETTINGS])
+                if visibility is None:
+                    raise BadRequest("invalid_parameter", "extend needs `visibility_ms`")
+                result = await work.extend(self.queue, self.consumer,
+                                           work.parse_tokens(op.get("tokens")), visibility)
+            elif kind == "ack":
+                if self.mode != CURSOR:
+                    raise BadRequest("invalid_parameter", "ack needs a cursor stream")
+                offset = op.get("offset")
+                if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+                    raise BadRequest("invalid_offset", "`offset` must be a non-negative integer")
+                result = await app[SERVICE].ack(self.queue, self.consumer, offset, False)
+            else:
+                raise BadRequest("invalid_parameter",
+                                 "op must be credit, complete, retry, extend or ack")
+            await self.send({"type": "result", "id": ident, "op": kind,
+                             "result": msgspec.to_builtins(result)})
+        except VQError as exc:
+            await self.send({"type": "error", "id": ident, "op": kind, **exc.to_json()})
+
+
+async def stream(request: web.Request) -> web.StreamResponse:
+    queue = validate_name(request.match_info["queue"], "queue")
+    consumer = validate_name(request.match_info["consumer"], "consumer")
+    settings = request.app[SETTINGS]
+    encoding = request.query.get("encoding", "utf8")
+    if encoding not in ENCODINGS:
+        raise BadRequest("invalid_parameter", "encoding must be utf8 or base64")
+    visibility_ms = params.LEASE_VISIBILITY_MS.parse(request.query, settings)
+    service = request.app[SERVICE]
+    state = service.ownership.require(service.partition_of(queue))  # 409/503 before upgrading
+    config = state.configs.get((queue, consumer))
+    mode = request.query.get("mode") or (config.mode if config is not None else CURSOR)
+    if mode not in MODES:
+        raise BadRequest("invalid_parameter", "mode must be cursor or lease")
+    ws = web.WebSocketResponse(heartbeat=30.0)
+    await ws.prepare(request)
+    session = _Stream(request, ws, queue, consumer, mode, encoding, visibility_ms)
+    pusher = asyncio.create_task(session.run())
+    try:
+        async for msg in ws:
+            if msg.type != WSMsgType.TEXT:
+                continue
+            try:
+                op = msgspec.json.decode(msg.data)
+            except msgspec.DecodeError:
+                op = None
+            if not isinstance(op, dict):
+                await session.send({"type": "error", **BadRequest(
+                    "malformed_json", "a frame must be a JSON object").to_json()})
+                continue
+            await session.handle(op)
+    finally:
+        pusher.cancel()
+        with contextlib.suppress(asyncio.CancelledError, ConnectionResetError):
+            await pusher
+    await ws.close()
+    return ws

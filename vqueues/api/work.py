@@ -1,0 +1,94 @@
+"""The work-queue handlers: consumer settings, lease, complete, retry, extend (docs/work-queues.md).
+Each decodes its JSON body, calls one WorkService function, and encodes the result."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aiohttp import web
+
+from vqueues.api import params
+from vqueues.api.codec import ENCODINGS, LeasePage, encode_leased, read_body, respond
+from vqueues.api.keys import SETTINGS, WORK
+from vqueues.errors import BadRequest
+from vqueues.names import validate_name
+
+_SETTINGS_FIELDS = {"mode", "max_attempts", "dead_letter_queue", "visibility_ms"}
+
+
+def _names(request: web.Request) -> tuple[str, str]:
+    return (validate_name(request.match_info["queue"], "queue"),
+            validate_name(request.match_info["consumer"], "consumer"))
+
+
+def _encoding(body: dict[str, Any]) -> str:
+    encoding = body.get("encoding", "utf8")
+    if encoding not in ENCODINGS:
+        raise BadRequest("invalid_parameter", "encoding must be utf8 or base64")
+    return str(encoding)
+
+
+async def _optional_body(request: web.Request) -> dict[str, Any]:
+    return await read_body(request) if request.can_read_body else {}
+
+
+async def put_consumer(request: web.Request) -> web.Response:
+    queue, consumer = _names(request)
+    body = await read_body(request)
+    unknown = set(body) - _SETTINGS_FIELDS
+    if unknown:
+        raise BadRequest("invalid_parameter", f"unknown consumer settings {sorted(unknown)}")
+    dlq = body.get("dead_letter_queue", False)
+    if dlq is not False and dlq is not None and not isinstance(dlq, str):
+        raise BadRequest("invalid_parameter", "dead_letter_queue must be a queue name or null")
+    mode = body.get("mode")
+    if mode is not None and not isinstance(mode, str):
+        raise BadRequest("invalid_parameter", "mode must be cursor or lease")
+    return respond(await request.app[WORK].configure(
+        queue, consumer, mode, body.get("max_attempts"), dlq, body.get("visibility_ms")))
+
+
+async def get_consumer(request: web.Request) -> web.Response:
+    return respond(request.app[WORK].consumer_settings(*_names(request)))
+
+
+async def lease(request: web.Request) -> web.Response:
+    queue, consumer = _names(request)
+    body = await _optional_body(request)
+    settings = request.app[SETTINGS]
+    encoding = _encoding(body)
+    max_records = params.LEASE_MAX_RECORDS.from_body(body, settings)
+    wait_ms = params.LEASE_WAIT_MS.from_body(body, settings)
+    visibility_ms = params.LEASE_VISIBILITY_MS.from_body(body, settings)
+    assert max_records is not None and wait_ms is not None
+    result = await request.app[WORK].lease(queue, consumer, max_records, visibility_ms, wait_ms)
+    return respond(LeasePage(result.partition,
+                             [encode_leased(r, encoding) for r in result.records]))
+
+
+async def complete(request: web.Request) -> web.Response:
+    queue, consumer = _names(request)
+    work = request.app[WORK]
+    body = await read_body(request)
+    return respond(await work.complete(queue, consumer, work.parse_tokens(body.get("tokens"))))
+
+
+async def retry(request: web.Request) -> web.Response:
+    queue, consumer = _names(request)
+    work = request.app[WORK]
+    body = await read_body(request)
+    tokens = work.parse_tokens(body.get("tokens"))
+    delay_ms = params.RETRY_DELAY_MS.from_body(body, request.app[SETTINGS])
+    assert delay_ms is not None
+    return respond(await work.retry(queue, consumer, tokens, delay_ms, body.get("reason")))
+
+
+async def extend(request: web.Request) -> web.Response:
+    queue, consumer = _names(request)
+    work = request.app[WORK]
+    body = await read_body(request)
+    tokens = work.parse_tokens(body.get("tokens"))
+    visibility_ms = params.LEASE_VISIBILITY_MS.from_body(body, request.app[SETTINGS])
+    if visibility_ms is None:
+        raise BadRequest("invalid_parameter", "extend needs `visibility_ms`")
+    return respond(await work.extend(queue, consumer, tokens, visibility_ms))
