@@ -265,7 +265,7 @@ async def test_writes_of_a_fenced_off_owner_are_ignored_by_replay(node, settings
     offsets = await _fill(svc, "z", 2)
     rec = (await work.lease("z", "w", 1, 60_000, 0)).records[0]
     old = svc.ownership.require(svc.partition_of("z"))
-    svc2, work2 = await _node(data_log, offset_log, settings)  # takes over, writes its fence
+    svc2, _ = await _node(data_log, offset_log, settings)  # takes over, writes its fence
     # The old owner, not knowing, writes a state that would hand the record out again.
     stale = DeliveryUpdated("z", "w", rec.record.offset, 0, 0, False)
     await offset_log.append(old.partition, [(*encode_offset_entry(stale),
