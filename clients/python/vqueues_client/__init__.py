@@ -1,15 +1,23 @@
 """Partition-aware Python client for vqueues."""
 
-from vqueues_client.client import AsyncClient, EnqueueResult, NewRecord, ReadResult, Record
+from vqueues_client.client import (
+    AsyncClient,
+    EnqueueResult,
+    Lease,
+    NewRecord,
+    ReadResult,
+    Record,
+)
 from vqueues_client.consumer import consume
 from vqueues_client.errors import DeadlineExceeded, VQError
 from vqueues_client.hashing import murmur2, partition_for
 from vqueues_client.producer import BatchProducer
 from vqueues_client.sync import Client
+from vqueues_client.worker import Worker
 
 __all__ = [
-    "AsyncClient", "BatchProducer", "Client", "DeadlineExceeded", "EnqueueResult", "NewRecord",
-    "ReadResult",
-    "Record", "VQError", "consume", "murmur2", "partition_for",
+    "AsyncClient", "BatchProducer", "Client", "DeadlineExceeded", "EnqueueResult", "Lease",
+    "NewRecord", "ReadResult", "Record", "VQError", "Worker", "consume", "murmur2",
+    "partition_for",
 ]
 __version__ = "0.1.0"

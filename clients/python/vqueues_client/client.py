@@ -32,6 +32,35 @@ class Record:
 
 
 @dataclass(frozen=True, slots=True)
+class Lease:
+    """A leased record: complete, retry or extend it by `token` before `deadline`."""
+
+    record: Record
+    token: str
+    attempt: int  # 1 on the first delivery
+    deadline: int  # UTC epoch ms
+
+    @property
+    def offset(self) -> int:
+        return self.record.offset
+
+    @property
+    def value(self) -> bytes | None:
+        return self.record.value
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return self.record.headers
+
+    @property
+    def text(self) -> str | None:
+        return self.record.text
+
+
+_UNSET: Any = object()
+
+
+@dataclass(frozen=True, slots=True)
 class ReadResult:
     partition: int
     records: list[Record]
@@ -267,3 +296,78 @@ class AsyncClient:
 
     async def cluster_map(self) -> dict[str, Any]:
         return await self.refresh_map()
+
+    # Work queues (docs/work-queues.md) --------------------------------------------------------
+
+    def _c(self, queue: str, consumer: str) -> str:
+        return f"/v1/queues/{self._q(queue)}/consumers/{self._q(consumer)}"
+
+    async def configure_consumer(self, queue: str, consumer: str, *, mode: str | None = None,
+                                 max_attempts: int | None = None,
+                                 dead_letter_queue: str | None = _UNSET,
+                                 visibility_ms: int | None = None) -> dict[str, Any]:
+        """Set a consumer's settings; fields left out keep their value (`dead_letter_queue=None`
+        removes the dead-letter queue)."""
+        body: dict[str, Any] = {k: v for k, v in (("mode", mode), ("max_attempts", max_attempts),
+                                                  ("visibility_ms", visibility_ms))
+                                if v is not None}
+        if dead_letter_queue is not _UNSET:
+            body["dead_letter_queue"] = dead_letter_queue
+        out = await self._call_obj("PUT", queue, self._c(queue, consumer), json=body)
+        assert out is not None
+        return out
+
+    async def consumer_settings(self, queue: str, consumer: str) -> dict[str, Any] | None:
+        return await self._call_obj("GET", queue, self._c(queue, consumer), ok404=True)
+
+    async def lease(self, queue: str, consumer: str, *, max_records: int = 1,
+                    visibility_ms: int | None = None, wait_ms: int = 0) -> list[Lease]:
+        """Lease up to `max_records` records no other worker holds (long poll: `wait_ms`).
+
+        A lease whose answer is lost (a retried call) simply expires: its records come again,
+        with the next attempt number."""
+        body: dict[str, Any] = {"max_records": max_records, "wait_ms": wait_ms}
+        if visibility_ms is not None:
+            body["visibility_ms"] = visibility_ms
+        out = await self._call_obj("POST", queue, self._c(queue, consumer) + "/lease", json=body,
+                                   deadline_s=self.deadline_s + wait_ms / 1000)
+        assert out is not None
+        return [Lease(_decode_record(r), r["token"], r["attempt"], r["deadline"])
+                for r in out["records"]]
+
+    @staticmethod
+    def _tokens(leases: Lease | str | list[Lease] | list[str] | list[Lease | str]) -> list[str]:
+        items = leases if isinstance(leases, list) else [leases]
+        return [x.token if isinstance(x, Lease) else x for x in items]
+
+    async def complete(self, queue: str, consumer: str,
+                       leases: Lease | str | list[Lease] | list[str] | list[Lease | str]
+                       ) -> dict[str, Any]:
+        """Finish leased records for good (by Lease or token); 409 `lease_expired` if a lease
+        is not current any more (then nothing was done)."""
+        out = await self._call_obj("POST", queue, self._c(queue, consumer) + "/complete",
+                                   json={"tokens": self._tokens(leases)})
+        assert out is not None
+        return out
+
+    async def retry(self, queue: str, consumer: str,
+                    leases: Lease | str | list[Lease] | list[str] | list[Lease | str], *,
+                    delay_ms: int = 0, reason: str | None = None) -> dict[str, Any]:
+        """Give leased records back, available again after `delay_ms`; a record that used up
+        its attempts goes to the consumer's dead-letter queue instead."""
+        body: dict[str, Any] = {"tokens": self._tokens(leases), "delay_ms": delay_ms}
+        if reason is not None:
+            body["reason"] = reason
+        out = await self._call_obj("POST", queue, self._c(queue, consumer) + "/retry", json=body)
+        assert out is not None
+        return out
+
+    async def extend(self, queue: str, consumer: str,
+                     leases: Lease | str | list[Lease] | list[str] | list[Lease | str],
+                     visibility_ms: int) -> dict[str, Any]:
+        """Move the leases' deadline to now + `visibility_ms`."""
+        out = await self._call_obj("POST", queue, self._c(queue, consumer) + "/extend",
+                                   json={"tokens": self._tokens(leases),
+                                         "visibility_ms": visibility_ms})
+        assert out is not None
+        return out

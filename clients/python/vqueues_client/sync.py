@@ -7,7 +7,14 @@ import threading
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
-from vqueues_client.client import AsyncClient, EnqueueResult, NewRecord, ReadResult, Value
+from vqueues_client.client import (
+    AsyncClient,
+    EnqueueResult,
+    Lease,
+    NewRecord,
+    ReadResult,
+    Value,
+)
 
 T = TypeVar("T")
 
@@ -67,3 +74,40 @@ class Client:
 
     def cluster_map(self) -> dict[str, Any]:
         return self._run(self._async.cluster_map())
+
+    # Work queues ---------------------------------------------------------------------------------
+
+    def configure_consumer(self, queue: str, consumer: str, **settings: Any) -> dict[str, Any]:
+        return self._run(self._async.configure_consumer(queue, consumer, **settings))
+
+    def consumer_settings(self, queue: str, consumer: str) -> dict[str, Any] | None:
+        return self._run(self._async.consumer_settings(queue, consumer))
+
+    def lease(self, queue: str, consumer: str, **kw: Any) -> list[Lease]:
+        return self._run(self._async.lease(queue, consumer, **kw))
+
+    def complete(self, queue: str, consumer: str, leases: Any) -> dict[str, Any]:
+        return self._run(self._async.complete(queue, consumer, leases))
+
+    def retry(self, queue: str, consumer: str, leases: Any, **kw: Any) -> dict[str, Any]:
+        return self._run(self._async.retry(queue, consumer, leases, **kw))
+
+    def extend(self, queue: str, consumer: str, leases: Any, visibility_ms: int
+               ) -> dict[str, Any]:
+        return self._run(self._async.extend(queue, consumer, leases, visibility_ms))
+
+    def work(self, queues: str | list[str], consumer: str, handler: Any,
+             stop: threading.Event, **options: Any) -> None:
+        """Run a `Worker` (handler: a plain function, run in threads) until `stop` is set;
+        running handlers finish first."""
+        from vqueues_client.worker import Worker
+
+        async def go() -> None:
+            worker = Worker(self._async, queues, consumer, handler, **options)
+            runner = asyncio.create_task(worker.run())
+            while not stop.is_set() and not runner.done():
+                await asyncio.sleep(0.05)
+            await worker.stop()
+            await runner
+
+        self._run(go())

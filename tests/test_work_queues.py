@@ -1,0 +1,333 @@
+"""Work queues against the real broker and real node processes: competing workers, redelivery,
+dead letters, per-key order, a SIGKILL under load, delayed retries, the WebSocket stream and bad
+input (docs/work-queues.md)."""
+
+import asyncio
+import time
+import uuid
+from collections import Counter, defaultdict
+
+import aiohttp
+from vqueues_client import AsyncClient, Worker
+
+from tests.support import NodeProcess, create_topics, http
+
+
+def qname(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+async def fill(vq: AsyncClient, queue: str, values: list[str], key: str | None = None) -> None:
+    from vqueues_client import NewRecord
+    headers = {"vq-ordering-key": key} if key else None
+    for i in range(0, len(values), 500):
+        await vq.enqueue(queue, [NewRecord(v, headers) for v in values[i:i + 500]])
+
+
+async def test_eight_workers_complete_twenty_thousand_records_over_fifty_queues_once(node):
+    queues = [qname(f"wq{i}") for i in range(50)]
+    seen: Counter[tuple[str, str]] = Counter()
+    async with AsyncClient(node.url) as vq:
+        await asyncio.gather(*(fill(vq, q, [f"{q}:{i}" for i in range(400)]) for q in queues))
+
+        async def lease_loop(stop: asyncio.Event) -> None:
+            turn = 0
+            while not stop.is_set():
+                q = queues[turn % len(queues)]
+                turn += 1
+                got = await vq.lease(q, "pool", max_records=50, visibility_ms=60_000)
+                for lease in got:
+                    seen[(q, lease.text)] += 1
+                if got:
+                    await vq.complete(q, "pool", got)
+
+        stop = asyncio.Event()
+        workers = [asyncio.create_task(lease_loop(stop)) for _ in range(8)]
+        deadline = time.monotonic() + 240
+        while sum(seen.values()) < 20_000 and time.monotonic() < deadline:
+            await asyncio.sleep(0.2)
+        await asyncio.sleep(0.5)  # anything delivered twice would show up now
+        stop.set()
+        await asyncio.gather(*workers)
+        assert len(seen) == 20_000 and set(seen.values()) == {1}
+        for q in queues[:5]:
+            info = await vq.queue_info(q)
+            assert info is not None
+            pool = next(c for c in info["consumers"] if c["consumer"] == "pool")
+            assert (pool["mode"], pool["lag"], pool["in_flight"]) == ("lease", 0, 0)
+            assert pool["offset"] == info["last_offset"] + 1
+
+
+async def test_a_worker_that_stops_mid_lease_has_its_records_redelivered_to_another(node):
+    q = qname("stuck")
+    async with AsyncClient(node.url) as vq:
+        await fill(vq, q, ["a", "b"])
+        held = await vq.lease(q, "w", max_records=2, visibility_ms=800)
+        assert [x.text for x in held] == ["a", "b"]
+        assert await vq.lease(q, "w", max_records=2) == []  # held by the stalled worker
+        started = time.monotonic()
+        again = await vq.lease(q, "w", max_records=2, wait_ms=5000)
+        assert time.monotonic() - started >= 0.5
+        assert [(x.text, x.attempt) for x in again] == [("a", 2), ("b", 2)]
+        status, body = http("POST", f"{node.url}/v1/queues/{q}/consumers/w/complete",
+                            {"tokens": [held[0].token]})
+        assert status == 409 and body["error"]["code"] == "lease_expired"
+        assert body["error"]["retriable"] is False
+        await vq.complete(q, "w", again)
+
+
+async def test_the_worker_helper_redelivers_what_a_stopped_worker_held(node):
+    q = qname("handover")
+    async with AsyncClient(node.url) as vq:
+        await fill(vq, q, [f"r{i}" for i in range(6)])
+        release = asyncio.Event()
+
+        async def stuck(lease):
+            await release.wait()
+
+        first = Worker(vq, q, "w", stuck, concurrency=3, visibility_ms=1000, wait_ms=200)
+        runner = asyncio.create_task(first.run())
+        await asyncio.sleep(0.5)
+        # The first worker dies without a word (its tasks vanish, its leases stay).
+        runner.cancel()
+        await asyncio.gather(runner, return_exceptions=True)
+        done: list[str] = []
+
+        async def handle(lease):
+            done.append(lease.text)
+
+        second = Worker(vq, q, "w", handle, concurrency=3, visibility_ms=5000, wait_ms=200)
+        runner = asyncio.create_task(second.run())
+        deadline = time.monotonic() + 20
+        while len(done) < 6 and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        await second.stop()
+        await runner
+        assert sorted(done) == [f"r{i}" for i in range(6)]
+        info = await vq.queue_info(q)
+        assert info is not None and info["consumers"][0]["lag"] == 0
+
+
+async def test_a_poison_record_lands_in_the_dead_letter_queue_after_max_attempts(node):
+    q, dlq = qname("poison"), qname("poison-dlq")
+    async with AsyncClient(node.url) as vq:
+        await vq.configure_consumer(q, "w", mode="lease", max_attempts=3, dead_letter_queue=dlq)
+        await fill(vq, q, ["bad", "good"])
+        attempts: Counter[str] = Counter()
+
+        async def handle(lease):
+            attempts[lease.text] += 1
+            if lease.text == "bad":
+                raise ValueError("cannot parse")
+
+        worker = Worker(vq, q, "w", handle, concurrency=2, wait_ms=200, backoff_initial_ms=50,
+                        backoff_max_ms=100)
+        runner = asyncio.create_task(worker.run())
+        page = await vq.read(dlq, wait_ms=15_000)
+        await worker.stop()
+        await runner
+        assert attempts == {"bad": 3, "good": 1}
+        assert [r.text for r in page.records] == ["bad"]
+        headers = page.records[0].headers
+        assert headers["vq-dlq-source-queue"] == q
+        assert headers["vq-dlq-consumer"] == "w"
+        assert headers["vq-dlq-attempts"] == "3"
+        assert headers["vq-dlq-reason"] == "ValueError: cannot parse"
+        assert int(headers["vq-dlq-source-offset"]) >= 0
+        info = await vq.queue_info(q)
+        assert info is not None
+        assert (info["consumers"][0]["dead_lettered"], info["consumers"][0]["lag"]) == (1, 0)
+
+
+async def test_per_key_order_holds_under_eight_workers(node):
+    q = qname("keyed")
+    async with AsyncClient(node.url) as vq:
+        keys = [f"k{i}" for i in range(10)]
+        for round_ in range(20):
+            for k in keys:
+                await fill(vq, q, [f"{k}:{round_}"], key=k)
+        order: dict[str, list[int]] = defaultdict(list)
+        active: set[str] = set()
+        overlaps = []
+
+        async def handle(lease):
+            key = lease.headers["vq-ordering-key"]
+            if key in active:
+                overlaps.append(key)
+            active.add(key)
+            await asyncio.sleep(0.002)
+            order[key].append(int(lease.text.split(":")[1]))
+            active.discard(key)
+
+        worker = Worker(vq, q, "w", handle, concurrency=8, wait_ms=200)
+        runner = asyncio.create_task(worker.run())
+        deadline = time.monotonic() + 60
+        while sum(map(len, order.values())) < 200 and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        await worker.stop()
+        await runner
+        assert overlaps == []
+        assert {k: v for k, v in order.items()} == {k: list(range(20)) for k in keys}
+
+
+async def test_a_delayed_retry_is_not_delivered_before_its_time(node):
+    q = qname("delay")
+    async with AsyncClient(node.url) as vq:
+        await fill(vq, q, ["x"])
+        lease = (await vq.lease(q, "w"))[0]
+        await vq.retry(q, "w", lease, delay_ms=1500, reason="not yet")
+        retried_at = time.monotonic()
+        info = await vq.queue_info(q)
+        assert info is not None and info["consumers"][0]["delayed"] == 1
+        again = await vq.lease(q, "w", wait_ms=5000)
+        waited = time.monotonic() - retried_at
+        assert [x.attempt for x in again] == [2]
+        assert waited >= 1.45, waited  # scheduling jitter only
+
+
+def test_bad_input_gets_the_registrys_json_errors(node):
+    q = qname("bad")
+    base = f"{node.url}/v1/queues/{q}/consumers/w"
+    http("POST", f"{node.url}/v1/queues/{q}/records", {"records": [{"value": "x"}]})
+    status, leased = http("POST", f"{base}/lease", {"max_records": 1})
+    assert status == 200
+    token = leased["records"][0]["token"]
+    cases = [
+        ("POST", "/complete", {"tokens": ["not-a-token"]}, 400, "invalid_token"),
+        ("POST", "/complete", {"tokens": []}, 400, "invalid_token"),
+        ("POST", "/complete", {"tokens": ["999999.1"]}, 409, "lease_expired"),
+        ("POST", "/retry", {"tokens": [token], "delay_ms": -1}, 400, "limit_out_of_range"),
+        ("POST", "/retry", {"tokens": [token], "delay_ms": "soon"}, 400, "invalid_parameter"),
+        ("POST", "/extend", {"tokens": [token], "visibility_ms": 5}, 400, "limit_out_of_range"),
+        ("POST", "/lease", {"visibility_ms": 10**12}, 400, "limit_out_of_range"),
+        ("POST", "/lease", {"max_records": 0}, 400, "limit_out_of_range"),
+        ("PUT", "", {"mode": "fifo"}, 400, "invalid_parameter"),
+        ("PUT", "", {"max_attempts": 0}, 400, "limit_out_of_range"),
+        ("PUT", "", {"dead_letter_queue": q}, 400, "invalid_parameter"),
+        ("POST", "/ack", {"offset": 0}, 409, "consumer_mode_mismatch"),
+    ]
+    for method, path, body, want_status, code in cases:
+        status, out = http(method, base + path, body)
+        assert (status, out["error"]["code"]) == (want_status, code), (path, body, out)
+        assert out["error"]["retriable"] is False
+    # Nothing above changed the lease: it still completes.
+    status, out = http("POST", f"{base}/complete", {"tokens": [token]})
+    assert status == 200 and out["done"] == [token]
+
+
+def test_consumer_settings_are_kept_and_shown(node):
+    q = qname("settings")
+    base = f"{node.url}/v1/queues/{q}/consumers/w"
+    status, out = http("PUT", base, {"mode": "lease", "max_attempts": 7,
+                                     "dead_letter_queue": "dead", "visibility_ms": 2000})
+    assert status == 200
+    assert (out["mode"], out["max_attempts"], out["dead_letter_queue"], out["visibility_ms"]) \
+        == ("lease", 7, "dead", 2000)
+    status, out = http("PUT", base, {"max_attempts": 2})
+    assert (out["max_attempts"], out["dead_letter_queue"], out["visibility_ms"]) == \
+        (2, "dead", 2000)
+    status, got = http("GET", base)
+    assert status == 200 and got == out
+    assert http("GET", f"{node.url}/v1/queues/{q}/consumers/nobody")[0] == 404
+
+
+def test_a_sigkilled_node_loses_no_completion_and_regresses_no_attempt(bootstrap):
+    t = create_topics(bootstrap, partitions=4)
+    q = "killed-jobs"
+    node = NodeProcess(t).start()
+    base = f"{node.url}/v1/queues/{q}/consumers/w"
+    completed: set[int] = set()
+    attempts: dict[int, int] = {}
+    try:
+        http("POST", f"{node.url}/v1/queues/{q}/records",
+             {"records": [{"value": f"j{i}"} for i in range(300)]})
+        for _ in range(20):
+            status, page = http("POST", f"{base}/lease", {"max_records": 10,
+                                                          "visibility_ms": 600})
+            assert status == 200
+            recs = page["records"]
+            for r in recs:
+                attempts[r["offset"]] = r["attempt"]
+            # Complete two thirds, leave the rest to expire (attempt 1 is recorded).
+            done = [r for i, r in enumerate(recs) if i % 3]
+            status, _ = http("POST", f"{base}/complete", {"tokens": [r["token"] for r in done]})
+            assert status == 200
+            completed.update(r["offset"] for r in done)
+    finally:
+        assert node.kill() == -9
+    node = NodeProcess(t, port=node.port).start()
+    base = f"{node.url}/v1/queues/{q}/consumers/w"
+    try:
+        time.sleep(0.7)  # the leases left behind have expired by now
+        seen: set[int] = set()
+        for _ in range(100):
+            status, page = http("POST", f"{base}/lease", {"max_records": 50})
+            assert status == 200
+            if not page["records"]:
+                break
+            for r in page["records"]:
+                assert r["offset"] not in completed, "a completed record came again"
+                assert r["attempt"] == attempts.get(r["offset"], 0) + 1
+                seen.add(r["offset"])
+            http("POST", f"{base}/complete", {"tokens": [r["token"] for r in page["records"]]})
+        assert len(seen) + len(completed) == 300
+        _, info = http("GET", f"{node.url}/v1/queues/{q}")
+        assert info["consumers"][0]["lag"] == 0
+    finally:
+        node.terminate()
+
+
+async def test_a_stream_pushes_leased_records_under_credit_and_takes_completions(node):
+    q = qname("stream")
+    async with AsyncClient(node.url) as vq:
+        await fill(vq, q, [f"s{i}" for i in range(25)])
+    url = f"{node.url.replace('http', 'ws')}/v1/queues/{q}/consumers/w/stream?mode=lease"
+    async with aiohttp.ClientSession() as session, session.ws_connect(url) as ws:
+        await ws.send_json({"op": "credit", "n": 10})
+        got = []
+        while len(got) < 10:
+            frame = await ws.receive_json(timeout=10)
+            assert frame["type"] == "records"
+            got += frame["records"]
+        # A slow client: no more credit, no more records.
+        await asyncio.sleep(0.5)
+        try:
+            extra = await ws.receive_json(timeout=0.3)
+        except TimeoutError:
+            extra = None
+        assert extra is None and len(got) == 10
+        await ws.send_json({"op": "complete", "id": 1, "tokens": [r["token"] for r in got]})
+        result = await ws.receive_json(timeout=10)
+        assert (result["type"], result["id"], len(result["result"]["done"])) == ("result", 1, 10)
+        await ws.send_json({"op": "credit", "n": 1})
+        one = await ws.receive_json(timeout=10)
+        assert [r["value"] for r in one["records"]] == ["s10"]
+        await ws.send_json({"op": "complete", "id": 2, "tokens": ["bogus"]})
+        err = await ws.receive_json(timeout=10)
+        assert (err["type"], err["id"], err["error"]["code"]) == ("error", 2, "invalid_token")
+        await ws.send_str("not json")
+        err = await ws.receive_json(timeout=10)
+        assert err["error"]["code"] == "malformed_json"
+    # The socket dropped holding s10: it comes back once its lease ends (30 s by default), not
+    # before; the rest are there at once.
+    status, page = http("POST", f"{node.url}/v1/queues/{q}/consumers/w/lease",
+                        {"max_records": 100})
+    assert status == 200
+    assert [r["value"] for r in page["records"]] == [f"s{i}" for i in range(11, 25)]
+
+
+async def test_a_cursor_stream_pushes_from_the_committed_offset_and_takes_acks(node):
+    q = qname("cstream")
+    async with AsyncClient(node.url) as vq:
+        await fill(vq, q, ["c0", "c1", "c2"])
+    url = f"{node.url.replace('http', 'ws')}/v1/queues/{q}/consumers/r/stream"
+    async with aiohttp.ClientSession() as session, session.ws_connect(url) as ws:
+        await ws.send_json({"op": "credit", "n": 2})
+        frame = await ws.receive_json(timeout=10)
+        assert [r["value"] for r in frame["records"]] == ["c0", "c1"]
+        await ws.send_json({"op": "ack", "id": "a", "offset": frame["records"][-1]["offset"] + 1})
+        ack = await ws.receive_json(timeout=10)
+        assert ack["type"] == "result" and ack["id"] == "a"
+    status, info = http("GET", f"{node.url}/v1/queues/{q}")
+    assert status == 200
+    assert info["consumers"][0]["lag"] == 1 and info["consumers"][0]["mode"] == "cursor"
