@@ -331,3 +331,42 @@ async def test_a_cursor_stream_pushes_from_the_committed_offset_and_takes_acks(n
     status, info = http("GET", f"{node.url}/v1/queues/{q}")
     assert status == 200
     assert info["consumers"][0]["lag"] == 1 and info["consumers"][0]["mode"] == "cursor"
+
+
+def test_a_zombie_owners_late_write_is_fenced_off_on_the_next_replay(bootstrap):
+    from confluent_kafka import Producer
+
+    from vqueues.records import DeliveryUpdated, encode_offset_entry, generation_header
+
+    t = create_topics(bootstrap, partitions=2)
+    q = "fenced-jobs"
+    node = NodeProcess(t).start()
+    base = f"{node.url}/v1/queues/{q}/consumers/w"
+    try:
+        http("POST", f"{node.url}/v1/queues/{q}/records", {"records": [{"value": "x"}]})
+        status, page = http("POST", f"{base}/lease", {"visibility_ms": 60_000})
+        assert status == 200
+        rec = page["records"][0]
+        partition = _partition_of(node, q)
+        # An owner of an older generation (a zombie) writes, after this node's fence, a state
+        # that would hand the leased record out again at once.
+        key, value = encode_offset_entry(DeliveryUpdated(q, "w", rec["offset"], 0, 0, False))
+        producer = Producer({"bootstrap.servers": bootstrap})
+        producer.produce(t.offsets, key=key, value=value, partition=partition,
+                         headers=generation_header(0))
+        assert producer.flush(10) == 0
+    finally:
+        assert node.kill() == -9
+    node = NodeProcess(t, port=node.port).start()
+    try:
+        status, page = http("POST", f"{node.url}/v1/queues/{q}/consumers/w/lease", {})
+        assert status == 200 and page["records"] == []  # still leased until its deadline
+        _, info = http("GET", f"{node.url}/v1/queues/{q}")
+        assert info["consumers"][0]["in_flight"] == 1
+    finally:
+        node.terminate()
+
+
+def _partition_of(node: NodeProcess, queue: str) -> int:
+    _, info = http("GET", f"{node.url}/v1/queues/{queue}")
+    return int(info["partition"])
