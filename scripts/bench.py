@@ -7,6 +7,8 @@ Starts the embedded broker (or uses --bootstrap) and one node process, then meas
   read latency         100 cached records per request, sequential (p50/p99)
   end-to-end latency   enqueue -> a reader long-polling the queue (p50/p99)
   read throughput      cached pages of 100 records, --concurrency readers
+  lease throughput     lease (10 records) -> complete, --concurrency workers over 10 queues
+  lease end-to-end     enqueue -> a lease long-polling the queue (p50/p99)
 and the same workloads through a raw Producer/Consumer (acks=all), printing the ratio.
 With --cluster N (default 3) the same workloads also run on N nodes, clients routing by the
 cluster map, reported beside the single node. Then, on a topic already holding --many-queues
@@ -250,6 +252,67 @@ async def vq_e2e(s: aiohttp.ClientSession, base: str, q: str, count: int
     return out, after_writer
 
 
+async def vq_lease_throughput(s: aiohttp.ClientSession, route, seconds: float, workers: int,
+                              batch: int = 10, queues: int = 10) -> float:
+    """Lease -> complete with `workers` workers over `queues` prefilled queues, `batch` records
+    per lease: records completed per second."""
+    names = [f"lw-{uuid.uuid4().hex[:6]}-{i}" for i in range(queues)]
+    per_queue = 6000
+    body = json.dumps({"records": [{"value": VALUE}] * 500})
+    for q in names:
+        for _ in range(per_queue // 500):
+            async with s.post(route(q) + f"/v1/queues/{q}/records", data=body,
+                              headers={"Content-Type": "application/json"}) as r:
+                assert r.status == 200, await r.text()
+    count = 0
+    stop = time.perf_counter() + seconds
+
+    async def worker(i: int) -> None:
+        nonlocal count
+        k = i
+        while time.perf_counter() < stop:
+            q = names[k % queues]
+            k += 1
+            base = route(q) + f"/v1/queues/{q}/consumers/bench"
+            async with s.post(base + "/lease", json={"max_records": batch}) as r:
+                got = (await r.json())["records"]
+            if got:
+                async with s.post(base + "/complete",
+                                  json={"tokens": [x["token"] for x in got]}) as r:
+                    assert r.status == 200, await r.text()
+                count += len(got)
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(worker(i) for i in range(workers)))
+    return count / (time.perf_counter() - t0)
+
+
+async def vq_lease_e2e(s: aiohttp.ClientSession, base: str, q: str, count: int) -> list[float]:
+    """Enqueue -> a lease long-polling the queue, then complete (outside the timing)."""
+    out = []
+    body = json.dumps({"records": [{"value": VALUE}]})
+    lease_url = f"{base}/v1/queues/{q}/consumers/e2e/lease"
+
+    async def lease() -> tuple[dict, float]:
+        async with s.post(lease_url, json={"wait_ms": 5000}) as r:
+            return await r.json(), time.perf_counter()
+
+    for _ in range(count):
+        leaser = asyncio.create_task(lease())
+        await asyncio.sleep(0.005)  # parked in its long poll
+        t0 = time.perf_counter()
+        async with s.post(f"{base}/v1/queues/{q}/records", data=body,
+                          headers={"Content-Type": "application/json"}) as r:
+            await r.read()
+        got, at = await leaser
+        out.append(at - t0)
+        assert got["records"], got
+        async with s.post(f"{base}/v1/queues/{q}/consumers/e2e/complete",
+                          json={"tokens": [x["token"] for x in got["records"]]}) as r:
+            await r.read()
+    return out
+
+
 # Driver ------------------------------------------------------------------------------------------
 
 def start_nodes(bootstrap: str, prefix: str, count: int, code: str | None = None
@@ -331,6 +394,11 @@ async def measure_vqueues(args: argparse.Namespace, bootstrap: str, nodes: int,
             samples["e2e"], after_writer = await vq_e2e(s, route("e2e-1"), "e2e-1",
                                                         args.samples)
             out["reader_after_writer_p50"] = pct(after_writer, .5)
+            if code is None:  # work queues: this checkout only (older ones have no leases)
+                out["lease_throughput"] = await vq_lease_throughput(
+                    s, route, args.seconds, args.concurrency)
+                samples["lease_e2e"] = await vq_lease_e2e(s, route("le2e-1"), "le2e-1",
+                                                          args.samples)
         for name, values in samples.items():
             out[f"{name}_p50"], out[f"{name}_p99"] = pct(values, .5), pct(values, .99)
         return out
@@ -478,6 +546,14 @@ async def run(args: argparse.Namespace) -> None:
         lines.append(f"node CPU per enqueued record (user + system, batches of 100), {name}: "
                      f"{res['cpu_us_per_record']:.1f} µs; a parked reader answers "
                      f"{res['reader_after_writer_p50']:.2f} ms (p50) after the writer")
+    for name, res in modes.items():
+        if "lease_throughput" in res:
+            lines.append(
+                f"work queues, {name}: lease -> complete {res['lease_throughput']:,.0f} rec/s "
+                f"({args.concurrency} workers, 10 records per lease, over 10 queues; cursor "
+                f"enqueue above: {res['throughput']:,.0f}); enqueue -> long-polling lease "
+                f"p50 {res['lease_e2e_p50']:.2f} ms, p99 {res['lease_e2e_p99']:.2f} ms "
+                f"(cursor read: p50 {res['e2e_p50']:.2f} ms, p99 {res['e2e_p99']:.2f} ms)")
     for name, res in many.items():
         lines.append(
             f"{args.many_queues:,} queues x 2 records already in the topic, {name}: replay to "
