@@ -370,3 +370,47 @@ def test_a_zombie_owners_late_write_is_fenced_off_on_the_next_replay(bootstrap):
 def _partition_of(node: NodeProcess, queue: str) -> int:
     _, info = http("GET", f"{node.url}/v1/queues/{queue}")
     return int(info["partition"])
+
+
+async def test_a_worker_stopped_without_finishing_gives_its_records_back_at_once(node):
+    q = qname("giveback")
+    async with AsyncClient(node.url) as vq:
+        await fill(vq, q, ["a", "b"])
+        started = asyncio.Event()
+
+        async def forever(lease):
+            started.set()
+            await asyncio.sleep(3600)
+
+        worker = Worker(vq, q, "w", forever, concurrency=2, visibility_ms=60_000, wait_ms=200)
+        runner = asyncio.create_task(worker.run())
+        await asyncio.wait_for(started.wait(), 10)
+        await asyncio.sleep(0.3)  # both slots hold a record
+        await worker.stop(finish=False)
+        await runner
+        again = await vq.lease(q, "w", max_records=2)  # not after 60 s: now
+        assert sorted((x.text, x.attempt) for x in again) == [("a", 2), ("b", 2)]
+
+
+def test_the_blocking_client_runs_a_worker_with_a_plain_function(node):
+    import threading
+
+    from vqueues_client import Client
+
+    q = qname("sync")
+    done: list[str] = []
+    stop = threading.Event()
+    with Client(node.url) as vq:
+        vq.configure_consumer(q, "w", mode="lease", visibility_ms=5000)
+        vq.enqueue(q, [f"v{i}" for i in range(5)])
+
+        def handle(lease):
+            done.append(lease.text)
+            if len(done) == 5:
+                stop.set()
+
+        vq.work(q, "w", handle, stop, concurrency=2, wait_ms=200)
+        assert sorted(done) == [f"v{i}" for i in range(5)]
+        info = vq.queue_info(q)
+        assert info is not None and info["consumers"][0]["lag"] == 0
+        assert vq.consumer_settings(q, "w")["visibility_ms"] == 5000

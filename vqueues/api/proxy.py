@@ -23,7 +23,9 @@ async def forward_middleware(request: web.Request, handler: Handler) -> web.Stre
         return await handler(request)
     except WrongNode as exc:
         owner = exc.details.get("owner")
-        if not owner or FORWARDED in request.headers:
+        # A WebSocket (the stream) is not proxied: the client connects to the owner itself.
+        upgrade = request.headers.get("Upgrade", "").lower() == "websocket"
+        if not owner or FORWARDED in request.headers or upgrade:
             raise
         return await _proxy(request, str(owner))
 
