@@ -66,29 +66,29 @@ async def lease(request: web.Request) -> web.Response:
                              [encode_leased(r, encoding) for r in result.records]))
 
 
-async def complete(request: web.Request) -> web.Response:
+async def _settling(request: web.Request) -> tuple[str, str, list[str], dict[str, Any]]:
+    """(queue, consumer, tokens, body) of a complete, retry or extend request."""
     queue, consumer = _names(request)
-    work = request.app[WORK]
     body = await read_body(request)
-    return respond(await work.complete(queue, consumer, work.parse_tokens(body.get("tokens"))))
+    return queue, consumer, request.app[WORK].parse_tokens(body.get("tokens")), body
+
+
+async def complete(request: web.Request) -> web.Response:
+    queue, consumer, tokens, _ = await _settling(request)
+    return respond(await request.app[WORK].complete(queue, consumer, tokens))
 
 
 async def retry(request: web.Request) -> web.Response:
-    queue, consumer = _names(request)
-    work = request.app[WORK]
-    body = await read_body(request)
-    tokens = work.parse_tokens(body.get("tokens"))
+    queue, consumer, tokens, body = await _settling(request)
     delay_ms = params.RETRY_DELAY_MS.from_body(body, request.app[SETTINGS])
     assert delay_ms is not None
-    return respond(await work.retry(queue, consumer, tokens, delay_ms, body.get("reason")))
+    return respond(await request.app[WORK].retry(queue, consumer, tokens, delay_ms,
+                                                 body.get("reason")))
 
 
 async def extend(request: web.Request) -> web.Response:
-    queue, consumer = _names(request)
-    work = request.app[WORK]
-    body = await read_body(request)
-    tokens = work.parse_tokens(body.get("tokens"))
+    queue, consumer, tokens, body = await _settling(request)
     visibility_ms = params.LEASE_VISIBILITY_MS.from_body(body, request.app[SETTINGS])
     if visibility_ms is None:
         raise BadRequest("invalid_parameter", "extend needs `visibility_ms`")
-    return respond(await work.extend(queue, consumer, tokens, visibility_ms))
+    return respond(await request.app[WORK].extend(queue, consumer, tokens, visibility_ms))
