@@ -77,7 +77,8 @@ class Node:
         self.ownership = Ownership(
             loop, partitions, cache, offset_log,
             node_id=s.effective_node_id, url=s.effective_url, cluster_map=cluster_map,
-            assignment_log=TopicLog(offsets, s.assignment_topic), snapshot_log=snapshot_log)
+            assignment_log=TopicLog(offsets, s.assignment_topic), snapshot_log=snapshot_log,
+            idempotency_window_ms=s.idempotency_window_ms)
         self._tail = TopicTail(
             self._conf(**{"group.id": f"vq-map-{s.effective_node_id}",
                           "fetch.wait.max.ms": s.fetch_wait_max_ms}),

@@ -62,9 +62,11 @@ class Ownership:
                  cluster_map: ClusterMap | None = None,
                  assignment_log: Log | None = None,
                  metrics: Metrics | None = None,
-                 snapshot_log: OffsetLog | None = None) -> None:
+                 snapshot_log: OffsetLog | None = None,
+                 idempotency_window_ms: int = 600_000) -> None:
         self.loop = loop
         self.partitions = partitions
+        self.idempotency_window_ms = idempotency_window_ms
         self.cache = cache
         self.node_id = node_id
         self.url = url
@@ -189,7 +191,7 @@ class Ownership:
             old = self.states.get(p)
             if old is not None:
                 old.revoke()
-            self.states[p] = PartitionState(p, self.cache)
+            self.states[p] = PartitionState(p, self.cache, self.idempotency_window_ms)
             self._assigned_at[p] = time.monotonic()
             fresh.append(p)
         self.metrics.rebalances.inc(len(fresh))

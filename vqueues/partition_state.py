@@ -17,6 +17,13 @@ from dataclasses import dataclass
 from sortedcontainers import SortedList
 
 from vqueues.cache import RecordCache
+from vqueues.idempotency import (
+    IdempotencyWindow,
+    Seen,
+    fingerprint,
+    key_of,
+    payload_fingerprint,
+)
 from vqueues.leases import LEASE, ConsumerConfig, Delivery, WorkState
 from vqueues.records import (
     ConsumerAcked,
@@ -29,6 +36,7 @@ from vqueues.records import (
     OwnerFenced,
     QueueDeleted,
     Record,
+    now_ms,
 )
 
 # Shared by every queue without consumers (most of them): one dict, never written to; a queue
@@ -85,9 +93,11 @@ class PartitionState:
       (`own_indexed`) so the tail skips them when it confirms them.
     """
 
-    def __init__(self, partition: int, cache: RecordCache) -> None:
+    def __init__(self, partition: int, cache: RecordCache,
+                 idempotency_window_ms: int = 600_000) -> None:
         self.partition = partition
         self.cache = cache
+        self.idempotency = IdempotencyWindow(idempotency_window_ms)
         self.queues: dict[str, QueueIndex] = {}
         self.names = SortedList()  # the listed queues' names, kept ordered as they change
         self.log_start = 0  # the data partition's first retained offset, as last learnt
@@ -127,8 +137,18 @@ class PartitionState:
         q.offsets.append(rec.offset)
         if rec.offset >= self._uncached_below:
             self.cache.put(self.partition, rec)
+        if rec.headers:
+            self._index_headers(queue, rec)
         if queue in self._readers:
             woken.add(queue)
+
+    def _index_headers(self, queue: str, rec: Record) -> None:
+        """What a record's headers ask the index to remember: its idempotency key."""
+        key = key_of(rec.headers)
+        if key is not None:
+            self.idempotency.add(fingerprint(queue, key),
+                                 Seen(rec.offset, payload_fingerprint(rec.value, rec.headers),
+                                      rec.timestamp), now_ms())
 
     def _drain_own(self, woken: set[str]) -> None:
         """Index the own writes the frontier has reached."""

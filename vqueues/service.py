@@ -5,6 +5,7 @@ typed result (vqueues/results.py)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import heapq
 import itertools
 import logging
@@ -16,6 +17,7 @@ from vqueues import memory
 from vqueues.cache import RecordCache
 from vqueues.errors import BadRequest, Conflict, NotFound
 from vqueues.hashing import partition_for
+from vqueues.idempotency import fingerprint, key_of, payload_fingerprint
 from vqueues.leases import CURSOR, LEASE
 from vqueues.locks import KeyedLocks
 from vqueues.ownership import Ownership
@@ -90,7 +92,51 @@ class QueueService:
         """
         p = self.partition_of(queue)
         state = self.ownership.require(p)
-        return await self.append_records(queue, records, state)
+        keys = [key_of(headers) if headers else None for _, headers in records]
+        if not any(keys) or self.settings.producer_acks == "0":
+            return await self.append_records(queue, records, state)
+        return await self._enqueue_once(queue, records, keys)
+
+    async def _enqueue_once(self, queue: str, records: Sequence[NewRecord],
+                            keys: list[bytes | None]) -> EnqueueResult:
+        """Enqueue records some of which carry idempotency keys: a key already in the window
+        answers its first offset and writes nothing; its payload must match (409 otherwise).
+        The keys are locked (in order) from the check to the indexing of the write, so two
+        requests with one key never both write."""
+        p = self.partition_of(queue)
+        fps = {k: fingerprint(queue, k) for k in keys if k is not None}
+        async with contextlib.AsyncExitStack() as stack:
+            for k in sorted(fps):
+                await stack.enter_async_context(self.locks.hold(("i", p, fps[k])))
+            state = self.ownership.require(p)
+            now = now_ms()
+            offsets: list[int | None] = [None] * len(records)
+            first_in_batch: dict[bytes, int] = {}
+            todo: list[int] = []
+            for i, (key, (value, headers)) in enumerate(zip(keys, records, strict=True)):
+                if key is None:
+                    todo.append(i)
+                    continue
+                seen = state.idempotency.get(fps[key], now)
+                if seen is not None:
+                    if seen.payload != payload_fingerprint(value, headers):
+                        raise Conflict("idempotency_key_reused",
+                                       f"records[{i}]: idempotency key seen at offset "
+                                       f"{seen.offset} with another payload",
+                                       first_offset=seen.offset, index=i)
+                    offsets[i] = seen.offset
+                elif key in first_in_batch:
+                    offsets[i] = -1 - first_in_batch[key]  # the same as an earlier record
+                else:
+                    first_in_batch[key] = i
+                    todo.append(i)
+            if todo:
+                written = await self.append_records(queue, [records[i] for i in todo], state)
+                assert written.offsets is not None
+                for i, off in zip(todo, written.offsets, strict=True):
+                    offsets[i] = off
+            final = [o if o is None or o >= 0 else offsets[-1 - o] for o in offsets]
+        return EnqueueResult(p, [int(o) for o in final if o is not None])
 
     async def append_records(self, queue: str, records: Sequence[NewRecord],
                              state: PartitionState | None = None) -> EnqueueResult:

@@ -72,6 +72,9 @@ class Settings:
     consumer_retention_ms: int = _f(
         7 * 24 * 3600 * 1000, "a consumer that has not acked for this long is removed (a "
         "tombstone in the offset topic), like Kafka's offsets.retention.minutes; 0 keeps them")
+    idempotency_window_ms: int = _f(
+        600_000, "an enqueue whose record carries an idempotency key already seen for its queue "
+        "within this window writes nothing and answers the first record's offset (0: off)")
     default_visibility_ms: int = _f(
         30000, "a lease consumer's lease length when neither the consumer's settings nor the "
         "lease call give one (SQS's visibility timeout)")

@@ -11,13 +11,14 @@ import msgspec
 from aiohttp import web
 
 from vqueues.errors import BadRequest, PayloadTooLarge
+from vqueues.idempotency import KEY_HEADER, MAX_KEY_BYTES
 from vqueues.records import Record
 from vqueues.results import LeasedRecord
 from vqueues.service import NewRecord
 from vqueues.settings import Settings
 
 ENCODINGS = ("utf8", "base64")
-_RECORD_FIELDS = {"value", "encoding", "headers"}
+_RECORD_FIELDS = {"value", "encoding", "headers", "idempotency_key"}
 _encoder = msgspec.json.Encoder()
 
 
@@ -100,6 +101,21 @@ class _InRecord(msgspec.Struct, forbid_unknown_fields=True):
     value: str | None
     encoding: str = "utf8"
     headers: dict[str, str] = {}
+    idempotency_key: str | None = None
+
+
+def _with_key(headers: list[tuple[str, bytes]], key: Any, i: int) -> list[tuple[str, bytes]]:
+    """The record's headers with its idempotency key (which travels as a header)."""
+    if key is None:
+        return headers
+    if not isinstance(key, str) or not key:
+        raise BadRequest("invalid_record", f"records[{i}].idempotency_key must be a non-empty "
+                         "string")
+    raw = key.encode("utf-8", "surrogatepass")
+    if len(raw) > MAX_KEY_BYTES:
+        raise BadRequest("invalid_record", f"records[{i}].idempotency_key is over "
+                         f"{MAX_KEY_BYTES} bytes", max=MAX_KEY_BYTES)
+    return [(k, v) for k, v in headers if k != KEY_HEADER] + [(KEY_HEADER, raw)]
 
 
 class _EnqueueBody(msgspec.Struct):
@@ -132,7 +148,8 @@ def decode_enqueue(raw: bytes, settings: Settings) -> list[NewRecord]:
         if data is not None and len(data) > limit:
             raise PayloadTooLarge("record_too_large", f"records[{i}] is {len(data)} bytes; "
                                   f"at most {limit}", max=limit)
-        out.append((data, [(k, v.encode("utf-8")) for k, v in item.headers.items()]))
+        out.append((data, _with_key([(k, v.encode("utf-8")) for k, v in item.headers.items()],
+                                    item.idempotency_key, i)))
     return out
 
 
@@ -164,7 +181,8 @@ def decode_records(body: dict[str, Any], settings: Settings) -> list[NewRecord]:
                 isinstance(k, str) and isinstance(v, str) for k, v in headers.items()):
             raise BadRequest("invalid_record",
                              f"records[{i}].headers must map strings to strings")
-        out.append((value, [(k, v.encode("utf-8")) for k, v in headers.items()]))
+        out.append((value, _with_key([(k, v.encode("utf-8")) for k, v in headers.items()],
+                                     item.get("idempotency_key"), i)))
     return out
 
 

@@ -65,7 +65,13 @@ def _request_schemas(s: Settings) -> dict[str, Any]:
                                                    "default": "utf8"},
                                       "headers": {"type": "object",
                                                   "additionalProperties":
-                                                      {"type": "string"}}}}}}},
+                                                      {"type": "string"}},
+                                      "idempotency_key": {
+                                          "type": "string", "minLength": 1,
+                                          "description": "at most 256 UTF-8 bytes; a repeat "
+                                          "within idempotency_window_ms "
+                                          f"({s.idempotency_window_ms} ms) answers the first "
+                                          "offset and writes nothing"}}}}}},
         "AckRequest": {"type": "object", "required": ["offset"], "properties": {
             "offset": {"type": "integer", "minimum": 0},
             "allow_rewind": {"type": "boolean", "default": False}}},

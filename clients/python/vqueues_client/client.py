@@ -79,6 +79,7 @@ class NewRecord:
 
     value: Value
     headers: dict[str, str] | None = None
+    idempotency_key: str | None = None  # a repeat within the server's window writes nothing
 
 
 def _encode_value(value: Value, headers: dict[str, str] | None) -> dict[str, Any]:
@@ -94,7 +95,10 @@ def _encode_value(value: Value, headers: dict[str, str] | None) -> dict[str, Any
 
 def _encode_item(item: Value | NewRecord, headers: dict[str, str] | None) -> dict[str, Any]:
     if isinstance(item, NewRecord):
-        return _encode_value(item.value, item.headers)
+        out = _encode_value(item.value, item.headers)
+        if item.idempotency_key is not None:
+            out["idempotency_key"] = item.idempotency_key
+        return out
     return _encode_value(item, headers)
 
 
@@ -249,13 +253,21 @@ class AsyncClient:
 
     async def enqueue(self, queue: str,
                       values: list[Value | NewRecord] | Value | NewRecord,
-                      headers: dict[str, str] | None = None) -> EnqueueResult:
+                      headers: dict[str, str] | None = None, *,
+                      idempotency_key: str | None = None) -> EnqueueResult:
         """Enqueue one value or a list, in one request and in this order; `bytes` go base64,
         `str` as UTF-8. `headers` apply to plain values; a `NewRecord` carries its own.
 
-        A retried enqueue (after a connection error) may write twice: at-least-once.
+        A retried enqueue (after a connection error) may write twice: at-least-once, unless
+        the records carry idempotency keys (`idempotency_key` for a single value, or
+        `NewRecord(..., idempotency_key=...)` per record): then the automatic retry is safe.
         """
         items = values if isinstance(values, list) else [values]
+        if idempotency_key is not None:
+            if len(items) != 1 or isinstance(items[0], NewRecord):
+                raise ValueError("idempotency_key= is for one plain value; give each "
+                                 "NewRecord its own")
+            items = [NewRecord(items[0], headers, idempotency_key)]
         body = await self._call("POST", queue, f"/v1/queues/{self._q(queue)}/records",
                                 json={"records": [_encode_item(v, headers) for v in items]})
         return EnqueueResult(body["partition"], body["offsets"])

@@ -36,11 +36,11 @@ class BatchProducer:
     async def __aexit__(self, *exc: object) -> None:
         await self.flush()
 
-    def send_nowait(self, queue: str, value: Value, headers: dict[str, str] | None = None
-                    ) -> asyncio.Future[int | None]:
+    def send_nowait(self, queue: str, value: Value, headers: dict[str, str] | None = None, *,
+                    idempotency_key: str | None = None) -> asyncio.Future[int | None]:
         fut: asyncio.Future[int | None] = asyncio.get_running_loop().create_future()
         batch = self._pending.setdefault(queue, [])
-        batch.append((NewRecord(value, headers), fut))
+        batch.append((NewRecord(value, headers, idempotency_key), fut))
         if len(batch) >= self.max_batch:
             self._close(queue)
         elif queue not in self._timers:
@@ -48,10 +48,11 @@ class BatchProducer:
                 self.linger_s, self._close, queue)
         return fut
 
-    async def send(self, queue: str, value: Value, headers: dict[str, str] | None = None
-                   ) -> int | None:
-        """Send one record; returns its offset (None if the node writes with acks=0)."""
-        return await self.send_nowait(queue, value, headers)
+    async def send(self, queue: str, value: Value, headers: dict[str, str] | None = None, *,
+                   idempotency_key: str | None = None) -> int | None:
+        """Send one record; returns its offset (None if the node writes with acks=0). With an
+        `idempotency_key`, a record whose batch is retried is still written once."""
+        return await self.send_nowait(queue, value, headers, idempotency_key=idempotency_key)
 
     def _close(self, queue: str) -> None:
         """The queue's pending records become a batch, sent after the queue's earlier ones."""

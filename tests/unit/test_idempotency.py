@@ -1,0 +1,116 @@
+"""Idempotent enqueue through the in-memory logs: one write per key within the window, the
+first offset answered, a reused key refused, the window rebuilt by a new owner, and bounded."""
+
+import asyncio
+import sys
+import time
+
+import pytest
+
+from tests.unit.fakes import MemoryLog
+from tests.unit.test_work_service import _node
+from vqueues.errors import VQError
+from vqueues.idempotency import (
+    KEY_HEADER,
+    IdempotencyWindow,
+    Seen,
+    fingerprint,
+    payload_fingerprint,
+)
+from vqueues.settings import Settings
+
+pytestmark = pytest.mark.unit
+
+
+def keyed(value: bytes, key: str, **headers: str):
+    return (value, [*((k, v.encode()) for k, v in headers.items()), (KEY_HEADER, key.encode())])
+
+
+@pytest.fixture
+async def node():
+    data_log, offset_log = MemoryLog(), MemoryLog()
+    data_log.timestamp = int(time.time() * 1000)  # records written now, inside the window
+    svc, _ = await _node(data_log, offset_log, Settings(write_visible_timeout_ms=1000))
+    yield svc, data_log, offset_log
+    svc.close()
+
+
+async def test_a_key_seen_in_the_window_answers_the_first_offset_and_writes_nothing(node):
+    svc, data_log, _ = node
+    first = await svc.enqueue("q", [keyed(b"a", "k1"), (b"plain", [])])
+    again = await svc.enqueue("q", [keyed(b"a", "k1")])
+    assert again.offsets == first.offsets[:1]
+    p = svc.partition_of("q")
+    assert data_log.end(p) == 2
+    # Another queue's key space is its own.
+    other = await svc.enqueue("other", [keyed(b"a", "k1")])
+    assert other.offsets is not None
+
+
+async def test_concurrent_enqueues_of_one_key_write_once(node):
+    svc, data_log, _ = node
+    results = await asyncio.gather(*(svc.enqueue("c", [keyed(b"x", "same")]) for _ in range(5)))
+    assert len({tuple(r.offsets) for r in results}) == 1
+    assert data_log.end(svc.partition_of("c")) == 1
+
+
+async def test_the_same_key_twice_in_one_request_is_written_once(node):
+    svc, data_log, _ = node
+    res = await svc.enqueue("b", [keyed(b"x", "dup"), (b"y", []), keyed(b"x", "dup")])
+    assert res.offsets[0] == res.offsets[2] != res.offsets[1]
+    assert data_log.end(svc.partition_of("b")) == 2
+
+
+async def test_a_key_reused_with_another_payload_is_a_conflict_naming_the_first(node):
+    svc, *_ = node
+    first = await svc.enqueue("r", [keyed(b"one", "k")])
+    for other in (keyed(b"two", "k"), keyed(b"one", "k", h="v")):
+        with pytest.raises(VQError) as err:
+            await svc.enqueue("r", [other])
+        assert (err.value.code, err.value.status) == ("idempotency_key_reused", 409)
+        assert err.value.details["first_offset"] == first.offsets[0]
+
+
+async def test_a_new_owner_rebuilds_the_window_from_the_records(node):
+    svc, data_log, offset_log = node
+    first = await svc.enqueue("f", [keyed(b"v", "key")])
+    svc2, _ = await _node(data_log, offset_log, Settings(write_visible_timeout_ms=1000))
+    assert (await svc2.enqueue("f", [keyed(b"v", "key")])).offsets == first.offsets
+    assert data_log.end(svc.partition_of("f")) == 1
+    svc2.close()
+
+
+def test_the_window_forgets_keys_older_than_its_length():
+    w = IdempotencyWindow(1000)
+    fp = fingerprint("q", b"k")
+    w.add(fp, Seen(5, 1, 10_000), now_ms=10_000)
+    assert w.get(fp, 10_999) == Seen(5, 1, 10_000)
+    assert w.get(fp, 11_001) is None and len(w) == 0
+    w.add(fp, Seen(6, 1, 1_000), now_ms=10_000)  # a replayed record already out of the window
+    assert len(w) == 0
+    off = IdempotencyWindow(0)
+    off.add(fp, Seen(1, 1, 10_000), now_ms=10_000)
+    assert len(off) == 0
+
+
+def test_payload_fingerprints_ignore_the_key_and_header_order():
+    a = payload_fingerprint(b"v", [("x", b"1"), ("y", b"2"), (KEY_HEADER, b"k1")])
+    b = payload_fingerprint(b"v", [("y", b"2"), ("x", b"1"), (KEY_HEADER, b"k2")])
+    assert a == b
+    assert payload_fingerprint(None, []) != payload_fingerprint(b"", [])
+    assert payload_fingerprint(b"v", []) != payload_fingerprint(b"v", [("x", b"1")])
+
+
+def test_what_the_window_costs_per_key():
+    """The documented figure (docs/api.md): about 300 bytes per key held."""
+    import tracemalloc
+
+    w = IdempotencyWindow(10**9)
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    for i in range(20_000):
+        w.add(fingerprint("queue", str(i).encode()), Seen(i, i * 7919, 10**6 + i), 10**6)
+    per_key = (tracemalloc.get_traced_memory()[0] - before) / 20_000
+    tracemalloc.stop()
+    assert 200 < per_key < 400, per_key
+    assert sys.getsizeof(fingerprint("q", b"k")) <= 44
