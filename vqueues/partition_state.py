@@ -38,6 +38,7 @@ from vqueues.records import (
     Record,
     now_ms,
 )
+from vqueues.tags import tags_of
 
 # Shared by every queue without consumers (most of them): one dict, never written to; a queue
 # gets its own on its first consumer. Saves 64 B per queue.
@@ -98,6 +99,8 @@ class PartitionState:
         self.partition = partition
         self.cache = cache
         self.idempotency = IdempotencyWindow(idempotency_window_ms)
+        # The tag index: queue -> tag -> offsets of its records carrying the tag (ascending).
+        self.tags: dict[str, dict[str, array[int]]] = {}
         self.queues: dict[str, QueueIndex] = {}
         self.names = SortedList()  # the listed queues' names, kept ordered as they change
         self.log_start = 0  # the data partition's first retained offset, as last learnt
@@ -143,7 +146,17 @@ class PartitionState:
             woken.add(queue)
 
     def _index_headers(self, queue: str, rec: Record) -> None:
-        """What a record's headers ask the index to remember: its idempotency key."""
+        """What a record's headers ask the index to remember: its tags, its idempotency key."""
+        tags = tags_of(rec.headers)
+        if tags:
+            by_tag = self.tags.get(queue)
+            if by_tag is None:
+                by_tag = self.tags[queue] = {}
+            for tag in tags:
+                offsets = by_tag.get(tag)
+                if offsets is None:
+                    offsets = by_tag[tag] = array("q")
+                offsets.append(rec.offset)
         key = key_of(rec.headers)
         if key is not None:
             self.idempotency.add(fingerprint(queue, key),
@@ -339,6 +352,36 @@ class PartitionState:
         i = q.position(max(start, q.deleted_before))
         return q.offsets[i : i + limit].tolist()
 
+    def select_tagged(self, queue: str, tag: str, start: int, limit: int) -> list[int]:
+        """Offsets of up to `limit` records of `queue` carrying `tag`, at or after `start`,
+        from the tag index (never a scan of the queue)."""
+        q = self.queues.get(queue)
+        offsets = self.tags.get(queue, {}).get(tag)
+        if q is None or offsets is None:
+            return []
+        i = bisect_left(offsets, max(start, q.deleted_before))
+        return offsets[i:i + limit].tolist()
+
+    def end_of(self, queue: str, start: int) -> int:
+        """The offset after the queue's last record (at least `start`): where a filtered
+        read that found nothing more has looked up to."""
+        q = self.queues.get(queue)
+        return max(start, q.offsets[-1] + 1) if q is not None and q.offsets else start
+
+    def _trim_tags(self, queue: str, before: int) -> None:
+        by_tag = self.tags.get(queue)
+        if by_tag is None:
+            return
+        for tag in list(by_tag):
+            offsets = by_tag[tag]
+            cut = bisect_left(offsets, before)
+            if cut:
+                del offsets[:cut]
+            if not offsets:
+                del by_tag[tag]
+        if not by_tag:
+            del self.tags[queue]
+
     def first_offset(self, queue: str) -> int:
         """Where a consumer with no committed offset starts: the first retained record."""
         q = self.queues.get(queue)
@@ -376,6 +419,7 @@ class PartitionState:
         if deleted_before > q.deleted_before:
             q.deleted_before = deleted_before
         q.trim_before(q.deleted_before)
+        self._trim_tags(queue, q.deleted_before)
         q.consumers = NO_CONSUMERS
         for key in [k for k in self.configs if k[0] == queue]:
             del self.configs[key]
@@ -407,6 +451,7 @@ class PartitionState:
                     dropped += 1
                 continue
             q.trim_before(log_start)
+            self._trim_tags(name, log_start)
             if not q.listed:
                 self._forget_if_empty(name, q)
                 dropped += name not in self.queues

@@ -163,8 +163,10 @@ class QueueService:
         return EnqueueResult(p, offsets)
 
     async def read(self, queue: str, consumer: str | None, offset: int | None, limit: int,
-                   wait_ms: int) -> ReadResult:
-        """Records of `queue` from the explicit offset, the consumer's, or the first retained."""
+                   wait_ms: int, tag: str | None = None) -> ReadResult:
+        """Records of `queue` from the explicit offset, the consumer's, or the first retained;
+        with `tag`, only those carrying it (from the tag index), and `next_offset` moves past
+        the records skipped."""
         p = self.partition_of(queue)
         state = self.ownership.require(p)
         if offset is not None:
@@ -172,7 +174,12 @@ class QueueService:
         else:
             committed = state.committed(queue, consumer) if consumer else None
             start = committed if committed is not None else state.first_offset(queue)
-        offsets = state.select(queue, start, limit)
+        def select() -> list[int]:
+            if tag is None:
+                return state.select(queue, start, limit)
+            return state.select_tagged(queue, tag, start, limit)
+
+        offsets = select()
         deadline = time.monotonic() + wait_ms / 1000
         while not offsets:
             remaining = deadline - time.monotonic()
@@ -180,7 +187,7 @@ class QueueService:
                 break
             await state.wait_for_records(queue, remaining)
             state = self.ownership.require(p)
-            offsets = state.select(queue, start, limit)
+            offsets = select()
         records = await self.resolve(p, offsets)
         # Bound the answer's size; always return at least one record so a reader moves on.
         budget = self.settings.max_read_bytes
@@ -195,6 +202,8 @@ class QueueService:
             next_offset = kept[-1].offset + 1
         elif offsets:
             next_offset = offsets[-1] + 1  # all of them are gone (retention)
+        elif tag is not None:
+            next_offset = state.end_of(queue, start)  # no record up to there carries the tag
         else:
             next_offset = start
         return ReadResult(p, kept, next_offset)

@@ -27,6 +27,7 @@ import json
 import logging
 import zlib
 from array import array
+from bisect import bisect_left
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -74,6 +75,8 @@ class Snapshot:
     work: list[tuple[str, str, int, int, list[int], list[int],
                      list[tuple[int, int, int, bool, str | None, str | None]]]] = field(
         default_factory=list)
+    # (queue, tag, offsets as raw int64): the tag index below the cut
+    tags: list[tuple[str, str, bytes]] = field(default_factory=list)
 
     @property
     def records(self) -> int:
@@ -94,6 +97,9 @@ async def capture(state: PartitionState, offsets_position: int) -> Snapshot:
                    [(o, d.attempts, d.until, d.leased, d.order_key, d.reason)
                     for o, d in w.deliveries.items()])
                   for (q, c), w in state.work.items()]
+    cut = image.data_position
+    image.tags = [(q, tag, offsets[:bisect_left(offsets, cut)].tobytes())
+                  for q, by_tag in state.tags.items() for tag, offsets in by_tag.items()]
     # The queues listed at the cut, in name order (a loader then builds its sorted list without
     # sorting); then every other queue the index holds (deletion markers, and whatever the
     # history running meanwhile added), each copied once.
@@ -154,7 +160,8 @@ def encode(snapshot: Snapshot, snapshot_id: int) -> tuple[list[tuple[bytes, byte
     meta = msgspec.msgpack.encode(["".join(snapshot.names).encode("utf-8", "surrogatepass"),
                                    lengths.tobytes(), snapshot.counts.tobytes(),
                                    snapshot.deleted.tobytes(), snapshot.consumers,
-                                   [snapshot.fence, snapshot.configs, snapshot.work]])
+                                   [snapshot.fence, snapshot.configs, snapshot.work,
+                                    snapshot.tags]])
     body = zlib.compress(len(meta).to_bytes(8, "little") + meta + snapshot.offsets.tobytes(), 1)
     parts = [body[i:i + CHUNK_BYTES] for i in range(0, len(body), CHUNK_BYTES)] or [b""]
     chunks = [(chunk_key(snapshot.partition, snapshot_id, i), MAGIC + part)
@@ -222,14 +229,15 @@ def latest(partition: int, records: Iterable[Sequence[Any]]
         size = int.from_bytes(data[:8], "little")
         text, lengths, counts, deleted, consumers, *more = msgspec.msgpack.decode(
             data[8:8 + size])
-        fence, configs, work = more[0] if more else (0, [], [])
+        fence, configs, work, *rest = more[0] if more else (0, [], [])
+        tags = rest[0] if rest else []
         image = Snapshot(partition, int(manifest["data_position"]),
                          int(manifest["offsets_position"]), int(manifest["log_start"]),
                          _split_names(text.decode("utf-8", "surrogatepass"), _array(lengths)),
                          _array(counts), _array(deleted), _array(data[8 + size:]),
                          [(int(i), str(c), int(o), int(a)) for i, c, o, a in consumers],
                          int(fence), [tuple(x) for x in configs],
-                         [tuple(x) for x in work])
+                         [tuple(x) for x in work], [tuple(x) for x in tags])
         if not len(image.names) == len(image.counts) == len(image.deleted) or \
                 sum(image.counts) != len(image.offsets):
             raise SnapshotError(f"snapshot {sid}: its columns do not agree")
@@ -302,6 +310,9 @@ def restore(state: PartitionState, snapshot: Snapshot,
     state.fence = snapshot.fence
     state.configs = {(q, c): ConsumerConfig(mode, attempts, dlq, visibility)
                      for q, c, mode, attempts, dlq, visibility in snapshot.configs}
+    state.tags = {}
+    for q, tag, raw in snapshot.tags:
+        state.tags.setdefault(q, {})[tag] = _array(raw)
     state.work = {}
     for q, c, frontier, dead, starts, ends, deliveries in snapshot.work:
         w = state.work[(q, c)] = WorkState(frontier)

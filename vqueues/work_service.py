@@ -38,6 +38,7 @@ from vqueues.records import (
 from vqueues.results import ConsumerSettings, LeasedRecord, LeaseResult, SettleResult
 from vqueues.service import QueueService
 from vqueues.settings import MIN_VISIBILITY_MS, Settings
+from vqueues.tags import tags_of
 
 MAX_REASON_CHARS = 1000
 MAX_ATTEMPTS_LIMIT = 1000
@@ -142,16 +143,19 @@ class WorkService:
     # Leasing -----------------------------------------------------------------------------------
 
     async def lease(self, queue: str, consumer: str, max_records: int,
-                    visibility_ms: int | None, wait_ms: int) -> LeaseResult:
+                    visibility_ms: int | None, wait_ms: int, tag: str | None = None
+                    ) -> LeaseResult:
         """Up to `max_records` records this consumer has neither completed nor leased out,
-        lowest offset first, one per ordering key at a time; waits up to `wait_ms` for one."""
+        lowest offset first, one per ordering key at a time; waits up to `wait_ms` for one.
+        With `tag`, new records without it are completed as skipped (the consumer's filter)."""
         if visibility_ms is not None:
             self.check_visibility(visibility_ms)
         p = self.queues.partition_of(queue)
         deadline = time.monotonic() + wait_ms / 1000
         while True:
             state = self.ownership.require(p)
-            got = await self._lease_once(state, queue, consumer, max_records, visibility_ms)
+            got = await self._lease_once(state, queue, consumer, max_records, visibility_ms,
+                                         tag)
             if got:
                 self.metrics.records_leased.inc(len(got))
                 return LeaseResult(p, got)
@@ -165,7 +169,8 @@ class WorkService:
             await state.wait_for_records(queue, remaining)
 
     async def _lease_once(self, state: PartitionState, queue: str, consumer: str,
-                          max_records: int, visibility_ms: int | None) -> list[LeasedRecord]:
+                          max_records: int, visibility_ms: int | None, tag: str | None
+                          ) -> list[LeasedRecord]:
         async with self._locks.hold(("c", queue, consumer)):
             work, config = await self._lease_consumer(state, queue, consumer)
             visibility = visibility_ms or config.visibility_ms
@@ -174,12 +179,18 @@ class WorkService:
             if exhausted:
                 await self._dead_letter(state, queue, consumer, config,
                                         {o: "lease expired" for o in exhausted})
-            chosen = await self._choose(state, queue, consumer, work, max_records)
-            if not chosen or state.revoked:
+            chosen, skipped = await self._choose(state, queue, consumer, work, max_records, tag)
+            if state.revoked:
+                return []
+            entries: list[OffsetEntry] = []
+            if skipped:
+                entries += self._settle(state, queue, consumer, work, skipped)
+            if not chosen:
+                if entries:  # only skipped records: their completion is the progress made
+                    await self.queues.submit_entries(state, entries)
                 return []
             now = now_ms()
             until = now + visibility
-            entries: list[OffsetEntry] = []
             for off in chosen:
                 d = work.deliveries[off]
                 entries.append(DeliveryUpdated(queue, consumer, off, d.attempts + 1, until,
@@ -190,7 +201,8 @@ class WorkService:
         except BaseException:
             # Not durable, so not handed out: give the records back as they were.
             for e in entries:
-                assert isinstance(e, DeliveryUpdated)
+                if not isinstance(e, DeliveryUpdated) or not e.leased:
+                    continue
                 cur = work.deliveries.get(e.offset)
                 if cur is not None and cur.attempts == e.attempts:
                     cur.attempts -= 1
@@ -200,7 +212,8 @@ class WorkService:
         records = {r.offset: r for r in await self.queues.resolve(state.partition, chosen)}
         out = []
         for e in entries:
-            assert isinstance(e, DeliveryUpdated)
+            if not isinstance(e, DeliveryUpdated) or not e.leased:
+                continue
             rec = records.get(e.offset)
             if rec is not None:  # gone only if retention removed it meanwhile
                 out.append(LeasedRecord(rec, token(e.offset, e.attempts), e.attempts, until))
@@ -259,10 +272,10 @@ class WorkService:
         return out
 
     async def _choose(self, state: PartitionState, queue: str, consumer: str, work: WorkState,
-                      max_records: int) -> list[int]:
+                      max_records: int, tag: str | None = None) -> tuple[list[int], list[int]]:
         """The offsets to lease, in offset order: first the window's available records, then
         new ones (each joins the window); a record waits while an earlier record with its
-        ordering key is not done."""
+        ordering key is not done. Also the new records `tag` filters out (to complete)."""
         now = now_ms()
         busy: set[str] = set()
         chosen: list[int] = []
@@ -280,7 +293,8 @@ class WorkService:
             if key is not None:
                 busy.add(key)
             if len(chosen) >= max_records:
-                return chosen
+                return chosen, []
+        skipped: list[int] = []
         room = self.settings.max_lease_window - len(window)
         while len(chosen) < max_records and room > 0:
             ahead = state.select(queue, max(work.frontier, committed),
@@ -289,7 +303,7 @@ class WorkService:
                 break
             records = {r.offset: r for r in await self.queues.resolve(state.partition, ahead)}
             if state.revoked:
-                return []
+                return [], []
             for off in ahead:
                 if off < work.frontier:  # another call took it meanwhile
                     continue
@@ -298,6 +312,9 @@ class WorkService:
                 work.deliveries[off] = Delivery(0, 0, False, key)
                 work.frontier = off + 1
                 room -= 1
+                if tag is not None and (rec is None or tag not in tags_of(rec.headers)):
+                    skipped.append(off)  # not for this consumer's filter: done as skipped
+                    continue
                 if rec is not None and len(chosen) < max_records and (
                         key is None or key not in busy):
                     chosen.append(off)
@@ -305,7 +322,7 @@ class WorkService:
                     busy.add(key)
                 if len(chosen) >= max_records or room <= 0:
                     break
-        return chosen
+        return chosen, skipped
 
     # Settling ----------------------------------------------------------------------------------
 

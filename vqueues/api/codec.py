@@ -16,9 +16,10 @@ from vqueues.records import Record
 from vqueues.results import LeasedRecord
 from vqueues.service import NewRecord
 from vqueues.settings import Settings
+from vqueues.tags import MAX_TAGS, TAGS_HEADER, check_tag
 
 ENCODINGS = ("utf8", "base64")
-_RECORD_FIELDS = {"value", "encoding", "headers", "idempotency_key"}
+_RECORD_FIELDS = {"value", "encoding", "headers", "idempotency_key", "tags"}
 _encoder = msgspec.json.Encoder()
 
 
@@ -102,6 +103,24 @@ class _InRecord(msgspec.Struct, forbid_unknown_fields=True):
     encoding: str = "utf8"
     headers: dict[str, str] = {}
     idempotency_key: str | None = None
+    tags: list[str] | None = None
+
+
+def _with_tags(headers: list[tuple[str, bytes]], tags: Any, i: int) -> list[tuple[str, bytes]]:
+    """The record's headers with its tags (which travel in the vq-tags header)."""
+    if tags is None:
+        return headers
+    if not isinstance(tags, list) or not all(isinstance(t, str) for t in tags):
+        raise BadRequest("invalid_record", f"records[{i}].tags must be a list of strings")
+    if len(tags) > MAX_TAGS:
+        raise BadRequest("invalid_record", f"records[{i}] has more than {MAX_TAGS} tags",
+                         max=MAX_TAGS)
+    for tag in tags:
+        why = check_tag(tag)
+        if why:
+            raise BadRequest("invalid_record", f"records[{i}].tags: {why}")
+    return [(k, v) for k, v in headers if k != TAGS_HEADER] + [
+        (TAGS_HEADER, ",".join(tags).encode("utf-8", "surrogatepass"))]
 
 
 def _with_key(headers: list[tuple[str, bytes]], key: Any, i: int) -> list[tuple[str, bytes]]:
@@ -148,8 +167,10 @@ def decode_enqueue(raw: bytes, settings: Settings) -> list[NewRecord]:
         if data is not None and len(data) > limit:
             raise PayloadTooLarge("record_too_large", f"records[{i}] is {len(data)} bytes; "
                                   f"at most {limit}", max=limit)
-        out.append((data, _with_key([(k, v.encode("utf-8")) for k, v in item.headers.items()],
-                                    item.idempotency_key, i)))
+        headers = [(k, v.encode("utf-8")) for k, v in item.headers.items()]
+        if item.tags is not None:
+            headers = _with_tags(headers, item.tags, i)
+        out.append((data, _with_key(headers, item.idempotency_key, i)))
     return out
 
 
@@ -181,8 +202,9 @@ def decode_records(body: dict[str, Any], settings: Settings) -> list[NewRecord]:
                 isinstance(k, str) and isinstance(v, str) for k, v in headers.items()):
             raise BadRequest("invalid_record",
                              f"records[{i}].headers must map strings to strings")
-        out.append((value, _with_key([(k, v.encode("utf-8")) for k, v in headers.items()],
-                                     item.get("idempotency_key"), i)))
+        out.append((value, _with_key(
+            _with_tags([(k, v.encode("utf-8")) for k, v in headers.items()], item.get("tags"), i),
+            item.get("idempotency_key"), i)))
     return out
 
 

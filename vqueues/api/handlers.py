@@ -19,6 +19,7 @@ from vqueues.api.keys import SERVICE, SETTINGS
 from vqueues.api.openapi import openapi_document
 from vqueues.errors import BadRequest
 from vqueues.names import validate_name
+from vqueues.tags import check_tag
 
 
 def _queue(request: web.Request) -> str:
@@ -47,7 +48,12 @@ async def read(request: web.Request) -> web.Response:
     encoding = request.query.get("encoding", "utf8")
     if encoding not in ENCODINGS:
         raise BadRequest("invalid_parameter", "encoding must be utf8 or base64")
-    result = await request.app[SERVICE].read(queue, consumer, offset, limit, wait_ms)
+    tag = request.query.get("tag")
+    if tag is not None:
+        why = check_tag(tag)
+        if why:
+            raise BadRequest("invalid_parameter", f"tag: {why}")
+    result = await request.app[SERVICE].read(queue, consumer, offset, limit, wait_ms, tag)
     return respond(ReadPage(result.partition,
                             [encode_record(r, encoding) for r in result.records],
                             result.next_offset))

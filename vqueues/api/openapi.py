@@ -28,11 +28,14 @@ from vqueues.results import (
     SettleResult,
 )
 from vqueues.settings import MIN_VISIBILITY_MS, Settings
+from vqueues.tags import MAX_TAG_BYTES, MAX_TAGS
 from vqueues.work_service import MAX_ATTEMPTS_LIMIT, MAX_REASON_CHARS
 
 _ANSWERS = (EnqueueResult, ReadPage, AckResult, ConsumerDeletion, QueueInfo, QueueDeletion,
             QueueList, PartitionsInfo, ConsumerSettings, LeasePage, SettleResult)
 _TEMPLATE = "#/components/schemas/{name}"
+_TAG_PARAM = {"name": "tag", "in": "query", "schema": {"type": "string"},
+              "description": "only records carrying this tag (from the tag index)"}
 
 
 def _ref(name: str) -> dict[str, str]:
@@ -66,6 +69,11 @@ def _request_schemas(s: Settings) -> dict[str, Any]:
                                       "headers": {"type": "object",
                                                   "additionalProperties":
                                                       {"type": "string"}},
+                                      "tags": {"type": "array", "maxItems": MAX_TAGS,
+                                               "items": {"type": "string", "minLength": 1,
+                                                         "description": "at most "
+                                                         f"{MAX_TAG_BYTES} UTF-8 bytes, no "
+                                                         "commas"}},
                                       "idempotency_key": {
                                           "type": "string", "minLength": 1,
                                           "description": "at most 256 UTF-8 bytes; a repeat "
@@ -90,7 +98,9 @@ def _request_schemas(s: Settings) -> dict[str, Any]:
             "max_records": params.LEASE_MAX_RECORDS.body_schema(s),
             "visibility_ms": params.LEASE_VISIBILITY_MS.body_schema(s),
             "wait_ms": params.LEASE_WAIT_MS.body_schema(s),
-            "encoding": {"enum": ["utf8", "base64"], "default": "utf8"}}},
+            "encoding": {"enum": ["utf8", "base64"], "default": "utf8"},
+            "tag": {"type": "string", "description": "lease only records with this tag; new "
+                    "records without it are completed as skipped"}}},
         "TokensRequest": {"type": "object", "required": ["tokens"], "properties": {
             "tokens": {"type": "array", "minItems": 1, "items": {"type": "string"}}}},
         "RetryRequest": {"type": "object", "required": ["tokens"], "properties": {
@@ -142,6 +152,7 @@ def openapi_document(s: Settings) -> dict[str, Any]:
                         params.READ_OFFSET.openapi(s),
                         params.READ_LIMIT.openapi(s),
                         params.READ_WAIT_MS.openapi(s),
+                        _TAG_PARAM,
                         {"name": "encoding", "in": "query",
                          "schema": {"enum": ["utf8", "base64"], "default": "utf8"}},
                     ],
@@ -193,7 +204,7 @@ def openapi_document(s: Settings) -> dict[str, Any]:
                 "parameters": [queue_p, consumer_p,
                                {"name": "mode", "in": "query",
                                 "schema": {"enum": ["cursor", "lease"]}},
-                               params.LEASE_VISIBILITY_MS.openapi(s),
+                               params.LEASE_VISIBILITY_MS.openapi(s), _TAG_PARAM,
                                {"name": "encoding", "in": "query",
                                 "schema": {"enum": ["utf8", "base64"], "default": "utf8"}}],
                 "responses": {"101": {"description": "switching to the WebSocket protocol"},

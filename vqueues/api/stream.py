@@ -25,6 +25,7 @@ from vqueues.api.keys import SERVICE, SETTINGS, WORK
 from vqueues.errors import BadRequest, VQError
 from vqueues.leases import CURSOR, LEASE, MODES
 from vqueues.names import validate_name
+from vqueues.tags import check_tag
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +40,8 @@ _encode = msgspec.json.Encoder().encode
 
 class _Stream:
     def __init__(self, request: web.Request, ws: web.WebSocketResponse, queue: str,
-                 consumer: str, mode: str, encoding: str, visibility_ms: int | None) -> None:
+                 consumer: str, mode: str, encoding: str, visibility_ms: int | None,
+                 tag: str | None = None) -> None:
         self.request = request
         self.ws = ws
         self.queue = queue
@@ -47,6 +49,7 @@ class _Stream:
         self.mode = mode
         self.encoding = encoding
         self.visibility_ms = visibility_ms
+        self.tag = tag
         self.credit = 0
         self.granted = asyncio.Event()
         self.position: int | None = None  # cursor mode: the next offset to push
@@ -82,12 +85,12 @@ class _Stream:
             if self.mode == LEASE:
                 limit = min(self.credit, settings.max_lease_records)
                 leased = await app[WORK].lease(self.queue, self.consumer, limit,
-                                               self.visibility_ms, PUSH_WAIT_MS)
+                                               self.visibility_ms, PUSH_WAIT_MS, self.tag)
                 out = [encode_leased(r, self.encoding) for r in leased.records]
             else:
                 limit = min(self.credit, settings.max_read_limit)
                 page = await app[SERVICE].read(self.queue, self.consumer, self.position,
-                                               limit, PUSH_WAIT_MS)
+                                               limit, PUSH_WAIT_MS, self.tag)
                 self.position = page.next_offset
                 out = [encode_record(r, self.encoding) for r in page.records]
             if out:
@@ -152,6 +155,9 @@ async def stream(request: web.Request) -> web.StreamResponse:
     if encoding not in ENCODINGS:
         raise BadRequest("invalid_parameter", "encoding must be utf8 or base64")
     visibility_ms = params.LEASE_VISIBILITY_MS.parse(request.query, settings)
+    tag = request.query.get("tag")
+    if tag is not None and check_tag(tag):
+        raise BadRequest("invalid_parameter", f"tag: {check_tag(tag)}")
     service = request.app[SERVICE]
     state = service.ownership.require(service.partition_of(queue))  # 409/503 before upgrading
     config = state.configs.get((queue, consumer))
@@ -160,7 +166,7 @@ async def stream(request: web.Request) -> web.StreamResponse:
         raise BadRequest("invalid_parameter", "mode must be cursor or lease")
     ws = web.WebSocketResponse(heartbeat=30.0)
     await ws.prepare(request)
-    session = _Stream(request, ws, queue, consumer, mode, encoding, visibility_ms)
+    session = _Stream(request, ws, queue, consumer, mode, encoding, visibility_ms, tag)
     pusher = asyncio.create_task(session.run())
     try:
         async for msg in ws:

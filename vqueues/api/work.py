@@ -12,6 +12,7 @@ from vqueues.api.codec import ENCODINGS, LeasePage, encode_leased, read_body, re
 from vqueues.api.keys import SETTINGS, WORK
 from vqueues.errors import BadRequest
 from vqueues.names import validate_name
+from vqueues.tags import check_tag
 
 _SETTINGS_FIELDS = {"mode", "max_attempts", "dead_letter_queue", "visibility_ms"}
 
@@ -26,6 +27,16 @@ def _encoding(body: dict[str, Any]) -> str:
     if encoding not in ENCODINGS:
         raise BadRequest("invalid_parameter", "encoding must be utf8 or base64")
     return str(encoding)
+
+
+def _tag(tag: Any) -> str | None:
+    """A tag filter, checked (400 invalid_parameter)."""
+    if tag is None:
+        return None
+    why = check_tag(tag) if isinstance(tag, str) else "a tag is a string"
+    if why:
+        raise BadRequest("invalid_parameter", f"tag: {why}")
+    return str(tag)
 
 
 async def _optional_body(request: web.Request) -> dict[str, Any]:
@@ -61,7 +72,9 @@ async def lease(request: web.Request) -> web.Response:
     wait_ms = params.LEASE_WAIT_MS.from_body(body, settings)
     visibility_ms = params.LEASE_VISIBILITY_MS.from_body(body, settings)
     assert max_records is not None and wait_ms is not None
-    result = await request.app[WORK].lease(queue, consumer, max_records, visibility_ms, wait_ms)
+    tag = _tag(body.get("tag"))
+    result = await request.app[WORK].lease(queue, consumer, max_records, visibility_ms, wait_ms,
+                                           tag)
     return respond(LeasePage(result.partition,
                              [encode_leased(r, encoding) for r in result.records]))
 

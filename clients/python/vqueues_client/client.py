@@ -80,6 +80,7 @@ class NewRecord:
     value: Value
     headers: dict[str, str] | None = None
     idempotency_key: str | None = None  # a repeat within the server's window writes nothing
+    tags: list[str] | None = None  # indexed by the server: read/lease/stream by tag
 
 
 def _encode_value(value: Value, headers: dict[str, str] | None) -> dict[str, Any]:
@@ -98,6 +99,8 @@ def _encode_item(item: Value | NewRecord, headers: dict[str, str] | None) -> dic
         out = _encode_value(item.value, item.headers)
         if item.idempotency_key is not None:
             out["idempotency_key"] = item.idempotency_key
+        if item.tags is not None:
+            out["tags"] = item.tags
         return out
     return _encode_value(item, headers)
 
@@ -254,7 +257,8 @@ class AsyncClient:
     async def enqueue(self, queue: str,
                       values: list[Value | NewRecord] | Value | NewRecord,
                       headers: dict[str, str] | None = None, *,
-                      idempotency_key: str | None = None) -> EnqueueResult:
+                      idempotency_key: str | None = None,
+                      tags: list[str] | None = None) -> EnqueueResult:
         """Enqueue one value or a list, in one request and in this order; `bytes` go base64,
         `str` as UTF-8. `headers` apply to plain values; a `NewRecord` carries its own.
 
@@ -263,19 +267,20 @@ class AsyncClient:
         `NewRecord(..., idempotency_key=...)` per record): then the automatic retry is safe.
         """
         items = values if isinstance(values, list) else [values]
-        if idempotency_key is not None:
+        if idempotency_key is not None or tags is not None:
             if len(items) != 1 or isinstance(items[0], NewRecord):
-                raise ValueError("idempotency_key= is for one plain value; give each "
-                                 "NewRecord its own")
-            items = [NewRecord(items[0], headers, idempotency_key)]
+                raise ValueError("idempotency_key= and tags= are for one plain value; give "
+                                 "each NewRecord its own")
+            items = [NewRecord(items[0], headers, idempotency_key, tags)]
         body = await self._call("POST", queue, f"/v1/queues/{self._q(queue)}/records",
                                 json={"records": [_encode_item(v, headers) for v in items]})
         return EnqueueResult(body["partition"], body["offsets"])
 
     async def read(self, queue: str, *, consumer: str | None = None, offset: int | None = None,
-                   limit: int | None = None, wait_ms: int | None = None) -> ReadResult:
+                   limit: int | None = None, wait_ms: int | None = None,
+                   tag: str | None = None) -> ReadResult:
         params = {k: str(v) for k, v in (("consumer", consumer), ("offset", offset),
-                                         ("limit", limit), ("wait_ms", wait_ms))
+                                         ("limit", limit), ("wait_ms", wait_ms), ("tag", tag))
                   if v is not None}
         deadline = self.deadline_s + (wait_ms or 0) / 1000
         body = await self._call("GET", queue, f"/v1/queues/{self._q(queue)}/records",
@@ -333,7 +338,8 @@ class AsyncClient:
         return await self._call_obj("GET", queue, self._c(queue, consumer), ok404=True)
 
     async def lease(self, queue: str, consumer: str, *, max_records: int = 1,
-                    visibility_ms: int | None = None, wait_ms: int = 0) -> list[Lease]:
+                    visibility_ms: int | None = None, wait_ms: int = 0,
+                    tag: str | None = None) -> list[Lease]:
         """Lease up to `max_records` records no other worker holds (long poll: `wait_ms`).
 
         A lease whose answer is lost (a retried call) simply expires: its records come again,
@@ -341,6 +347,8 @@ class AsyncClient:
         body: dict[str, Any] = {"max_records": max_records, "wait_ms": wait_ms}
         if visibility_ms is not None:
             body["visibility_ms"] = visibility_ms
+        if tag is not None:
+            body["tag"] = tag
         out = await self._call_obj("POST", queue, self._c(queue, consumer) + "/lease", json=body,
                                    deadline_s=self.deadline_s + wait_ms / 1000)
         assert out is not None

@@ -54,9 +54,10 @@ class Client:
 
     def enqueue(self, queue: str, values: list[Value | NewRecord] | Value | NewRecord,
                 headers: dict[str, str] | None = None, *,
-                idempotency_key: str | None = None) -> EnqueueResult:
+                idempotency_key: str | None = None, tags: list[str] | None = None
+                ) -> EnqueueResult:
         return self._run(self._async.enqueue(queue, values, headers,
-                                             idempotency_key=idempotency_key))
+                                             idempotency_key=idempotency_key, tags=tags))
 
     def read(self, queue: str, **kw: Any) -> ReadResult:
         return self._run(self._async.read(queue, **kw))
