@@ -41,6 +41,7 @@ REGISTRY: dict[str, ErrorSpec] = {
     # 404, 405, 415: nothing there.
     "not_found": _e(404, False, "no such route"),
     "queue_not_found": _e(404, False, "the queue has no records and no consumers"),
+    "scheduled_not_found": _e(404, False, "the queue has no such record waiting for its due time"),
     "consumer_not_found": _e(404, False, "the queue has no such consumer"),
     "method_not_allowed": _e(405, False, "the route does not take this method"),
     "unsupported_media_type": _e(415, False, "the body's content type is not accepted"),

@@ -59,6 +59,11 @@ class Maintenance:
             if not state.ready.is_set():
                 continue
             log_start = await self.service.log_start(p)
+            lost = state.trim_schedule(log_start)
+            if lost:
+                log.warning("scheduled_records_lost", extra={
+                    "partition": p, "records": lost, "log_start": log_start,
+                    "why": "retention removed them before their due time"})
             names = list(state.queues)
             dropped, expired = 0, []
             for i in range(0, len(names), CHUNK):

@@ -35,6 +35,9 @@ class Metrics:
         self.records_dead_lettered = Counter(
             "vq_records_dead_lettered", "records past max_attempts, sent to the dead-letter "
             "queue (or marked failed)", registry=r)
+        self.records_scheduled_moved = Counter(
+            "vq_records_scheduled_moved", "scheduled records moved into their queues at their "
+            "due time", registry=r)
         self.queues_deleted = Counter("vq_queues_deleted", "queues deleted", registry=r)
         self.snapshots = Counter("vq_snapshots", "partition snapshots written", registry=r)
         self.consumers_expired = Counter(

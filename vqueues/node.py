@@ -22,6 +22,7 @@ from vqueues.kafka.producer import AsyncProducer
 from vqueues.kafka.tail import TopicTail
 from vqueues.maintenance import Maintenance
 from vqueues.ownership import Ownership
+from vqueues.scheduler import Scheduler
 from vqueues.service import QueueService
 from vqueues.settings import Settings
 
@@ -94,6 +95,8 @@ class Node:
             "fetch.wait.max.ms": s.fetch_wait_max_ms}), s.data_topic, self.ownership)
         self._group.start()
         self._maintenance = Maintenance(s, self.ownership, self.service, snapshot_log).start()
+        self._maintenance.append(asyncio.create_task(
+            Scheduler(self.service, self.ownership, s.scheduler_tick_ms).run_forever()))
         app = api.create_app(self.service, s)
         self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=10.0)
         await self._runner.setup()

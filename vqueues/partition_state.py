@@ -38,6 +38,7 @@ from vqueues.records import (
     Record,
     now_ms,
 )
+from vqueues.schedule import Schedule, control_of
 from vqueues.tags import tags_of
 
 # Shared by every queue without consumers (most of them): one dict, never written to; a queue
@@ -99,6 +100,7 @@ class PartitionState:
         self.partition = partition
         self.cache = cache
         self.idempotency = IdempotencyWindow(idempotency_window_ms)
+        self.schedule = Schedule()  # records to deliver later (vqueues/schedule.py)
         # The tag index: queue -> tag -> offsets of its records carrying the tag (ascending).
         self.tags: dict[str, dict[str, array[int]]] = {}
         self.queues: dict[str, QueueIndex] = {}
@@ -130,6 +132,8 @@ class PartitionState:
 
     def _index(self, queue: str, rec: Record, woken: set[str]) -> None:
         """Index `rec` at the frontier (its offset is the frontier or past a known gap)."""
+        if rec.headers and self._control(queue, rec):
+            return
         q = self.queues.get(queue)
         if q is None:
             q = self.queues[queue] = QueueIndex()
@@ -145,6 +149,28 @@ class PartitionState:
         if queue in self._readers:
             woken.add(queue)
 
+    def _control(self, queue: str, rec: Record) -> bool:
+        """Scheduled records: a record to deliver later goes to the schedule, not the queue; a
+        cancellation or a delivered one removes it. True if `rec` is not a queue record."""
+        ctl = control_of(rec.headers)
+        if ctl is None:
+            return False
+        kind, number = ctl
+        if kind == "from":
+            self.schedule.remove(queue, number)
+            return False
+        q = self.queues.get(queue)
+        if q is not None and rec.offset < q.deleted_before:
+            return True
+        if kind == "at":
+            self.schedule.add(queue, rec.offset, number)
+            self._remember_key(queue, rec)  # a repeat must not schedule it twice
+            if rec.offset >= self._uncached_below:
+                self.cache.put(self.partition, rec)  # the move reads it back at its due time
+        else:
+            self.schedule.remove(queue, number)
+        return True
+
     def _index_headers(self, queue: str, rec: Record) -> None:
         """What a record's headers ask the index to remember: its tags, its idempotency key."""
         tags = tags_of(rec.headers)
@@ -157,6 +183,9 @@ class PartitionState:
                 if offsets is None:
                     offsets = by_tag[tag] = array("q")
                 offsets.append(rec.offset)
+        self._remember_key(queue, rec)
+
+    def _remember_key(self, queue: str, rec: Record) -> None:
         key = key_of(rec.headers)
         if key is not None:
             self.idempotency.add(fingerprint(queue, key),
@@ -420,6 +449,7 @@ class PartitionState:
             q.deleted_before = deleted_before
         q.trim_before(q.deleted_before)
         self._trim_tags(queue, q.deleted_before)
+        self.schedule.drop_below(queue, q.deleted_before)
         q.consumers = NO_CONSUMERS
         for key in [k for k in self.configs if k[0] == queue]:
             del self.configs[key]
@@ -435,6 +465,11 @@ class PartitionState:
         self.names.discard(queue)
         if q.deleted_before <= self.log_start:
             self.queues.pop(queue, None)
+
+    def trim_schedule(self, log_start: int) -> int:
+        """Scheduled records retention removed before their time: they are gone (the longest
+        delay is meant to stay below the retention). Returns how many."""
+        return self.schedule.drop_below(None, log_start)
 
     def trim(self, log_start: int, names: Iterable[str]) -> int:
         """Retention: drop the offsets below `log_start` of the queues `names` (a chunk of

@@ -94,6 +94,15 @@ class QueueInfo:
     first_offset: int | None
     last_offset: int | None
     consumers: list[ConsumerInfo]
+    scheduled: int = 0  # records waiting for their due time
+    next_due: int | None = None  # the earliest of their due times (UTC epoch ms)
+
+
+@dataclass(slots=True, frozen=True)
+class ScheduledCancellation:
+    queue: str
+    id: int
+    cancelled: bool
 
 
 @dataclass(slots=True, frozen=True)

@@ -42,7 +42,9 @@ from vqueues.results import (
     QueueInfo,
     QueueList,
     ReadResult,
+    ScheduledCancellation,
 )
+from vqueues.schedule import CANCEL_HEADER
 from vqueues.settings import Settings
 from vqueues.storage import Log, OffsetLog, Outgoing, RecordFetcher, runs
 
@@ -314,7 +316,11 @@ class QueueService:
         p = self.partition_of(queue)
         state = self.ownership.require(p)
         stats = state.stats(queue)
+        scheduled = len(state.schedule.by_queue.get(queue, ()))
+        next_due = state.schedule.next_due(queue)
         if stats is None:
+            if scheduled:
+                return QueueInfo(queue, p, 0, None, None, [], scheduled, next_due)
             raise NotFound("queue_not_found", f"queue {queue!r} has no records and no consumers")
         consumers = []
         now = now_ms()
@@ -328,7 +334,25 @@ class QueueService:
             consumers.append(ConsumerInfo(name, off, lag, LEASE, in_flight, delayed, available,
                                           work.dead_lettered))
         return QueueInfo(stats.queue, p, stats.records, stats.first_offset, stats.last_offset,
-                         consumers)
+                         consumers, scheduled, next_due)
+
+    async def cancel_scheduled(self, queue: str, record_id: int) -> ScheduledCancellation:
+        """Cancel a scheduled record before it is due: a cancellation record in the data log
+        (so every later owner sees it too)."""
+        p = self.partition_of(queue)
+        state = self.ownership.require(p)
+        schedule = state.schedule
+        if not schedule.holds(queue, record_id) or record_id in schedule.moving:
+            raise NotFound("scheduled_not_found", f"queue {queue!r} has no record {record_id} "
+                           "waiting for its due time (delivered, cancelled, or never scheduled)")
+        schedule.moving.add(record_id)  # the scheduler leaves it alone meanwhile
+        try:
+            await self.append_records(queue, [(None, [(CANCEL_HEADER, str(record_id).encode())])],
+                                      state)
+        finally:
+            schedule.moving.discard(record_id)
+        schedule.remove(queue, record_id)
+        return ScheduledCancellation(queue, record_id, True)
 
     async def delete_queue(self, queue: str) -> QueueDeletion:
         """Delete the queue and its consumers: a marker in the offset topic hides every record

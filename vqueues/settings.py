@@ -75,6 +75,13 @@ class Settings:
     idempotency_window_ms: int = _f(
         600_000, "an enqueue whose record carries an idempotency key already seen for its queue "
         "within this window writes nothing and answers the first record's offset (0: off)")
+    max_schedule_delay_ms: int = _f(
+        7 * 24 * 3600 * 1000, "longest deliver_at/delay_ms ahead of now (7 days, Kafka's default "
+        "retention): keep it below the data topic's retention.ms, which would delete a scheduled "
+        "record before its time")
+    scheduler_tick_ms: int = _f(
+        20, "how often a node moves the scheduled records that fell due (lateness is about this "
+        "plus one write)")
     default_visibility_ms: int = _f(
         30000, "a lease consumer's lease length when neither the consumer's settings nor the "
         "lease call give one (SQS's visibility timeout)")
@@ -190,7 +197,8 @@ class Settings:
         for name in ("max_batch_records", "max_read_limit", "default_read_limit", "fetchers",
                      "max_body_bytes", "max_record_bytes", "max_read_bytes", "max_list_queues",
                      "gc_young_threshold", "retention_check_s", "snapshot_interval_s",
-                     "default_max_attempts", "max_lease_records", "max_lease_window"):
+                     "default_max_attempts", "max_lease_records", "max_lease_window",
+                     "scheduler_tick_ms"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1")
         if self.default_read_limit > self.max_read_limit:

@@ -77,6 +77,8 @@ class Snapshot:
         default_factory=list)
     # (queue, tag, offsets as raw int64): the tag index below the cut
     tags: list[tuple[str, str, bytes]] = field(default_factory=list)
+    # (queue, id, due): records waiting for their due time, below the cut
+    scheduled: list[tuple[str, int, int]] = field(default_factory=list)
 
     @property
     def records(self) -> int:
@@ -98,6 +100,7 @@ async def capture(state: PartitionState, offsets_position: int) -> Snapshot:
                     for o, d in w.deliveries.items()])
                   for (q, c), w in state.work.items()]
     cut = image.data_position
+    image.scheduled = [e for e in state.schedule.entries() if e[1] < cut]
     image.tags = [(q, tag, offsets[:bisect_left(offsets, cut)].tobytes())
                   for q, by_tag in state.tags.items() for tag, offsets in by_tag.items()]
     # The queues listed at the cut, in name order (a loader then builds its sorted list without
@@ -161,7 +164,7 @@ def encode(snapshot: Snapshot, snapshot_id: int) -> tuple[list[tuple[bytes, byte
                                    lengths.tobytes(), snapshot.counts.tobytes(),
                                    snapshot.deleted.tobytes(), snapshot.consumers,
                                    [snapshot.fence, snapshot.configs, snapshot.work,
-                                    snapshot.tags]])
+                                    snapshot.tags, snapshot.scheduled]])
     body = zlib.compress(len(meta).to_bytes(8, "little") + meta + snapshot.offsets.tobytes(), 1)
     parts = [body[i:i + CHUNK_BYTES] for i in range(0, len(body), CHUNK_BYTES)] or [b""]
     chunks = [(chunk_key(snapshot.partition, snapshot_id, i), MAGIC + part)
@@ -231,13 +234,15 @@ def latest(partition: int, records: Iterable[Sequence[Any]]
             data[8:8 + size])
         fence, configs, work, *rest = more[0] if more else (0, [], [])
         tags = rest[0] if rest else []
+        scheduled = rest[1] if len(rest) > 1 else []
         image = Snapshot(partition, int(manifest["data_position"]),
                          int(manifest["offsets_position"]), int(manifest["log_start"]),
                          _split_names(text.decode("utf-8", "surrogatepass"), _array(lengths)),
                          _array(counts), _array(deleted), _array(data[8 + size:]),
                          [(int(i), str(c), int(o), int(a)) for i, c, o, a in consumers],
                          int(fence), [tuple(x) for x in configs],
-                         [tuple(x) for x in work], [tuple(x) for x in tags])
+                         [tuple(x) for x in work], [tuple(x) for x in tags],
+                         [tuple(x) for x in scheduled])
         if not len(image.names) == len(image.counts) == len(image.deleted) or \
                 sum(image.counts) != len(image.offsets):
             raise SnapshotError(f"snapshot {sid}: its columns do not agree")
@@ -310,6 +315,8 @@ def restore(state: PartitionState, snapshot: Snapshot,
     state.fence = snapshot.fence
     state.configs = {(q, c): ConsumerConfig(mode, attempts, dlq, visibility)
                      for q, c, mode, attempts, dlq, visibility in snapshot.configs}
+    for q, record_id, due in snapshot.scheduled:
+        state.schedule.add(q, record_id, due)
     state.tags = {}
     for q, tag, raw in snapshot.tags:
         state.tags.setdefault(q, {})[tag] = _array(raw)

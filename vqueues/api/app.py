@@ -37,6 +37,7 @@ def create_app(service: QueueService, settings: Settings) -> web.Application:
     app.router.add_post(f"{c}/retry", work.retry)
     app.router.add_post(f"{c}/extend", work.extend)
     app.router.add_get(f"{c}/stream", stream.stream)
+    app.router.add_delete(q + "/scheduled/{id}", handlers.cancel_scheduled)
     app.router.add_get(q, handlers.queue_info)
     app.router.add_delete(q, handlers.delete_queue)
     app.router.add_get("/v1/queues", handlers.list_queues)

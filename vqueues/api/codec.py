@@ -12,14 +12,16 @@ from aiohttp import web
 
 from vqueues.errors import BadRequest, PayloadTooLarge
 from vqueues.idempotency import KEY_HEADER, MAX_KEY_BYTES
-from vqueues.records import Record
+from vqueues.records import Record, now_ms
 from vqueues.results import LeasedRecord
+from vqueues.schedule import CANCEL_HEADER, DELIVER_AT_HEADER, FROM_HEADER
 from vqueues.service import NewRecord
 from vqueues.settings import Settings
 from vqueues.tags import MAX_TAGS, TAGS_HEADER, check_tag
 
 ENCODINGS = ("utf8", "base64")
-_RECORD_FIELDS = {"value", "encoding", "headers", "idempotency_key", "tags"}
+_RECORD_FIELDS = {"value", "encoding", "headers", "idempotency_key", "tags", "deliver_at",
+                  "delay_ms"}
 _encoder = msgspec.json.Encoder()
 
 
@@ -104,6 +106,36 @@ class _InRecord(msgspec.Struct, forbid_unknown_fields=True):
     headers: dict[str, str] = {}
     idempotency_key: str | None = None
     tags: list[str] | None = None
+    deliver_at: int | None = None
+    delay_ms: int | None = None
+
+
+def _with_schedule(headers: list[tuple[str, bytes]], deliver_at: Any, delay_ms: Any, i: int,
+                   settings: Settings) -> list[tuple[str, bytes]]:
+    """The record's headers with its due time, if it is due later than now (a due time in the
+    past is delivered at once: no header)."""
+    if deliver_at is None and delay_ms is None:
+        return headers
+    if deliver_at is not None and delay_ms is not None:
+        raise BadRequest("invalid_record", f"records[{i}]: give deliver_at or delay_ms, not both")
+    given = deliver_at if deliver_at is not None else delay_ms
+    name = "deliver_at" if deliver_at is not None else "delay_ms"
+    if isinstance(given, bool) or not isinstance(given, int):
+        raise BadRequest("invalid_record", f"records[{i}].{name} must be an integer")
+    now = now_ms()
+    hi = settings.max_schedule_delay_ms
+    if delay_ms is not None and delay_ms < 0:
+        raise BadRequest("limit_out_of_range", f"records[{i}].delay_ms must be between 0 and "
+                         f"{hi}", parameter="delay_ms", min=0, max=hi)
+    due = deliver_at if deliver_at is not None else now + delay_ms
+    if due - now > hi:
+        raise BadRequest("limit_out_of_range", f"records[{i}] is due {due - now} ms from now; "
+                         f"at most {hi} (max_schedule_delay_ms)", parameter=name, min=0, max=hi)
+    headers = [(k, v) for k, v in headers if k not in (DELIVER_AT_HEADER, FROM_HEADER,
+                                                       CANCEL_HEADER)]
+    if due <= now:
+        return headers
+    return [*headers, (DELIVER_AT_HEADER, str(due).encode())]
 
 
 def _with_tags(headers: list[tuple[str, bytes]], tags: Any, i: int) -> list[tuple[str, bytes]]:
@@ -170,6 +202,8 @@ def decode_enqueue(raw: bytes, settings: Settings) -> list[NewRecord]:
         headers = [(k, v.encode("utf-8")) for k, v in item.headers.items()]
         if item.tags is not None:
             headers = _with_tags(headers, item.tags, i)
+        if item.deliver_at is not None or item.delay_ms is not None:
+            headers = _with_schedule(headers, item.deliver_at, item.delay_ms, i, settings)
         out.append((data, _with_key(headers, item.idempotency_key, i)))
     return out
 
@@ -202,9 +236,11 @@ def decode_records(body: dict[str, Any], settings: Settings) -> list[NewRecord]:
                 isinstance(k, str) and isinstance(v, str) for k, v in headers.items()):
             raise BadRequest("invalid_record",
                              f"records[{i}].headers must map strings to strings")
-        out.append((value, _with_key(
-            _with_tags([(k, v.encode("utf-8")) for k, v in headers.items()], item.get("tags"), i),
-            item.get("idempotency_key"), i)))
+        encoded = _with_tags([(k, v.encode("utf-8")) for k, v in headers.items()],
+                             item.get("tags"), i)
+        encoded = _with_schedule(encoded, item.get("deliver_at"), item.get("delay_ms"), i,
+                                 settings)
+        out.append((value, _with_key(encoded, item.get("idempotency_key"), i)))
     return out
 
 

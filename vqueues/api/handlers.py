@@ -74,6 +74,14 @@ async def ack(request: web.Request) -> web.Response:
     return respond(await request.app[SERVICE].ack(queue, consumer, offset, allow_rewind))
 
 
+async def cancel_scheduled(request: web.Request) -> web.Response:
+    queue = _queue(request)
+    raw = request.match_info["id"]
+    if not raw.isdigit():
+        raise BadRequest("invalid_parameter", "a scheduled record's id is its offset (an integer)")
+    return respond(await request.app[SERVICE].cancel_scheduled(queue, int(raw)))
+
+
 async def queue_info(request: web.Request) -> web.Response:
     return respond(request.app[SERVICE].queue_info(_queue(request)))
 

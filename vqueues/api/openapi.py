@@ -25,6 +25,7 @@ from vqueues.results import (
     QueueDeletion,
     QueueInfo,
     QueueList,
+    ScheduledCancellation,
     SettleResult,
 )
 from vqueues.settings import MIN_VISIBILITY_MS, Settings
@@ -32,7 +33,8 @@ from vqueues.tags import MAX_TAG_BYTES, MAX_TAGS
 from vqueues.work_service import MAX_ATTEMPTS_LIMIT, MAX_REASON_CHARS
 
 _ANSWERS = (EnqueueResult, ReadPage, AckResult, ConsumerDeletion, QueueInfo, QueueDeletion,
-            QueueList, PartitionsInfo, ConsumerSettings, LeasePage, SettleResult)
+            QueueList, PartitionsInfo, ConsumerSettings, LeasePage, SettleResult,
+            ScheduledCancellation)
 _TEMPLATE = "#/components/schemas/{name}"
 _TAG_PARAM = {"name": "tag", "in": "query", "schema": {"type": "string"},
               "description": "only records carrying this tag (from the tag index)"}
@@ -69,6 +71,15 @@ def _request_schemas(s: Settings) -> dict[str, Any]:
                                       "headers": {"type": "object",
                                                   "additionalProperties":
                                                       {"type": "string"}},
+                                      "deliver_at": {
+                                          "type": "integer", "description": "UTC epoch ms: "
+                                          "invisible until then (past: at once); at most "
+                                          f"{s.max_schedule_delay_ms} ms ahead"},
+                                      "delay_ms": {
+                                          "type": "integer", "minimum": 0,
+                                          "maximum": s.max_schedule_delay_ms,
+                                          "description": "invisible for this long (not with "
+                                          "deliver_at)"},
                                       "tags": {"type": "array", "maxItems": MAX_TAGS,
                                                "items": {"type": "string", "minLength": 1,
                                                          "description": "at most "
@@ -209,6 +220,12 @@ def openapi_document(s: Settings) -> dict[str, Any]:
                                 "schema": {"enum": ["utf8", "base64"], "default": "utf8"}}],
                 "responses": {"101": {"description": "switching to the WebSocket protocol"},
                               **errors}}},
+            "/v1/queues/{queue}/scheduled/{id}": {"delete": {
+                "summary": "Cancel a scheduled record before it is due",
+                "parameters": [queue_p, {"name": "id", "in": "path", "required": True,
+                                         "schema": {"type": "integer", "minimum": 0},
+                                         "description": "the offset its enqueue answered"}],
+                "responses": {"200": _ok("ScheduledCancellation"), "404": _ERR, **errors}}},
             "/v1/queues/{queue}": {
                 "get": {"summary": "A queue's partition, records, offsets and consumers' lag",
                         "parameters": [queue_p],

@@ -81,6 +81,8 @@ class NewRecord:
     headers: dict[str, str] | None = None
     idempotency_key: str | None = None  # a repeat within the server's window writes nothing
     tags: list[str] | None = None  # indexed by the server: read/lease/stream by tag
+    deliver_at: int | None = None  # UTC epoch ms: invisible until then
+    delay_ms: int | None = None  # invisible for this long
 
 
 def _encode_value(value: Value, headers: dict[str, str] | None) -> dict[str, Any]:
@@ -101,6 +103,10 @@ def _encode_item(item: Value | NewRecord, headers: dict[str, str] | None) -> dic
             out["idempotency_key"] = item.idempotency_key
         if item.tags is not None:
             out["tags"] = item.tags
+        if item.deliver_at is not None:
+            out["deliver_at"] = item.deliver_at
+        if item.delay_ms is not None:
+            out["delay_ms"] = item.delay_ms
         return out
     return _encode_value(item, headers)
 
@@ -258,7 +264,8 @@ class AsyncClient:
                       values: list[Value | NewRecord] | Value | NewRecord,
                       headers: dict[str, str] | None = None, *,
                       idempotency_key: str | None = None,
-                      tags: list[str] | None = None) -> EnqueueResult:
+                      tags: list[str] | None = None, deliver_at: int | None = None,
+                      delay_ms: int | None = None) -> EnqueueResult:
         """Enqueue one value or a list, in one request and in this order; `bytes` go base64,
         `str` as UTF-8. `headers` apply to plain values; a `NewRecord` carries its own.
 
@@ -267,11 +274,11 @@ class AsyncClient:
         `NewRecord(..., idempotency_key=...)` per record): then the automatic retry is safe.
         """
         items = values if isinstance(values, list) else [values]
-        if idempotency_key is not None or tags is not None:
+        if any(x is not None for x in (idempotency_key, tags, deliver_at, delay_ms)):
             if len(items) != 1 or isinstance(items[0], NewRecord):
-                raise ValueError("idempotency_key= and tags= are for one plain value; give "
-                                 "each NewRecord its own")
-            items = [NewRecord(items[0], headers, idempotency_key, tags)]
+                raise ValueError("idempotency_key=, tags=, deliver_at= and delay_ms= are for "
+                                 "one plain value; give each NewRecord its own")
+            items = [NewRecord(items[0], headers, idempotency_key, tags, deliver_at, delay_ms)]
         body = await self._call("POST", queue, f"/v1/queues/{self._q(queue)}/records",
                                 json={"records": [_encode_item(v, headers) for v in items]})
         return EnqueueResult(body["partition"], body["offsets"])
@@ -296,6 +303,13 @@ class AsyncClient:
             json={"offset": offset, "allow_rewind": allow_rewind})
         assert body is not None
         return body
+
+    async def cancel_scheduled(self, queue: str, record_id: int) -> dict[str, Any] | None:
+        """Cancel a scheduled record (its id: the offset its enqueue answered) before it is
+        due; None if it is not waiting any more."""
+        return await self._call_obj("DELETE", queue,
+                                    f"/v1/queues/{self._q(queue)}/scheduled/{record_id}",
+                                    ok404=True)
 
     async def queue_info(self, queue: str) -> dict[str, Any] | None:
         """The queue's partition, record count, offsets and consumers; None if unknown."""

@@ -37,10 +37,13 @@ class BatchProducer:
         await self.flush()
 
     def send_nowait(self, queue: str, value: Value, headers: dict[str, str] | None = None, *,
-                    idempotency_key: str | None = None) -> asyncio.Future[int | None]:
+                    idempotency_key: str | None = None, tags: list[str] | None = None,
+                    deliver_at: int | None = None, delay_ms: int | None = None
+                    ) -> asyncio.Future[int | None]:
         fut: asyncio.Future[int | None] = asyncio.get_running_loop().create_future()
         batch = self._pending.setdefault(queue, [])
-        batch.append((NewRecord(value, headers, idempotency_key), fut))
+        batch.append((NewRecord(value, headers, idempotency_key, tags, deliver_at, delay_ms),
+                      fut))
         if len(batch) >= self.max_batch:
             self._close(queue)
         elif queue not in self._timers:
@@ -49,10 +52,13 @@ class BatchProducer:
         return fut
 
     async def send(self, queue: str, value: Value, headers: dict[str, str] | None = None, *,
-                   idempotency_key: str | None = None) -> int | None:
+                   idempotency_key: str | None = None, tags: list[str] | None = None,
+                   deliver_at: int | None = None, delay_ms: int | None = None) -> int | None:
         """Send one record; returns its offset (None if the node writes with acks=0). With an
-        `idempotency_key`, a record whose batch is retried is still written once."""
-        return await self.send_nowait(queue, value, headers, idempotency_key=idempotency_key)
+        `idempotency_key`, a record whose batch is retried is still written once; `tags`,
+        `deliver_at` and `delay_ms` are passed per record."""
+        return await self.send_nowait(queue, value, headers, idempotency_key=idempotency_key,
+                                      tags=tags, deliver_at=deliver_at, delay_ms=delay_ms)
 
     def _close(self, queue: str) -> None:
         """The queue's pending records become a batch, sent after the queue's earlier ones."""

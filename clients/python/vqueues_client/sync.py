@@ -53,11 +53,12 @@ class Client:
             self._loop.close()
 
     def enqueue(self, queue: str, values: list[Value | NewRecord] | Value | NewRecord,
-                headers: dict[str, str] | None = None, *,
-                idempotency_key: str | None = None, tags: list[str] | None = None
-                ) -> EnqueueResult:
-        return self._run(self._async.enqueue(queue, values, headers,
-                                             idempotency_key=idempotency_key, tags=tags))
+                headers: dict[str, str] | None = None, **record: Any) -> EnqueueResult:
+        """`record`: idempotency_key, tags, deliver_at, delay_ms (for one plain value)."""
+        return self._run(self._async.enqueue(queue, values, headers, **record))
+
+    def cancel_scheduled(self, queue: str, record_id: int) -> dict[str, Any] | None:
+        return self._run(self._async.cancel_scheduled(queue, record_id))
 
     def read(self, queue: str, **kw: Any) -> ReadResult:
         return self._run(self._async.read(queue, **kw))
