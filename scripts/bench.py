@@ -9,6 +9,8 @@ Starts the embedded broker (or uses --bootstrap) and one node process, then meas
   read throughput      cached pages of 100 records, --concurrency readers
   lease throughput     lease (10 records) -> complete, --concurrency workers over 10 queues
   lease end-to-end     enqueue -> a lease long-polling the queue (p50/p99)
+  enqueue shapes       the throughput run with an idempotency key on every record, and with
+                       10% of the records scheduled; scheduled records' lateness (p50/p99)
 and the same workloads through a raw Producer/Consumer (acks=all), printing the ratio.
 With --cluster N (default 3) the same workloads also run on N nodes, clients routing by the
 cluster map, reported beside the single node. Then, on a topic already holding --many-queues
@@ -167,6 +169,66 @@ async def vq_throughput(s: aiohttp.ClientSession, urls: list[str], seconds: floa
     t0 = time.perf_counter()
     await asyncio.gather(*(worker(i) for i in range(concurrency)))
     return count / (time.perf_counter() - t0)
+
+
+async def vq_shaped_throughput(s: aiohttp.ClientSession, route, seconds: float,
+                               concurrency: int, shape: str) -> float:
+    """Like vq_throughput over 10 queues, with every record keyed (`keyed`: a fresh
+    idempotency key each) or 10% of them scheduled 1 s ahead (`scheduled`)."""
+    count = 0
+    serial = 0
+    stop = time.perf_counter() + seconds
+    tag = uuid.uuid4().hex[:6]
+
+    def body() -> str:
+        nonlocal serial
+        records = []
+        for i in range(100):
+            serial += 1
+            rec: dict[str, object] = {"value": VALUE}
+            if shape == "keyed":
+                rec["idempotency_key"] = f"{tag}-{serial}"
+            elif i % 10 == 0:
+                rec["delay_ms"] = 1000
+            records.append(rec)
+        return json.dumps({"records": records})
+
+    async def worker(i: int) -> None:
+        nonlocal count
+        k = i % 10
+        while time.perf_counter() < stop:
+            q = f"{shape}-{k}"
+            k = (k + concurrency) % 10
+            async with s.post(route(q) + f"/v1/queues/{q}/records", data=body(),
+                              headers={"Content-Type": "application/json"}) as r:
+                assert r.status == 200, await r.text()
+                await r.read()
+            count += 100
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(worker(i) for i in range(concurrency)))
+    return count / (time.perf_counter() - t0)
+
+
+async def vq_schedule_lateness(s: aiohttp.ClientSession, base: str, q: str, count: int
+                               ) -> list[float]:
+    """Records scheduled 0.5-1.5 s ahead: how late each moved copy was written (its broker
+    timestamp minus its due time), in seconds (pct() reports ms)."""
+    now = int(time.time() * 1000)
+    dues = [now + 500 + (i * 1000) // count for i in range(count)]
+    async with s.post(f"{base}/v1/queues/{q}/records", json={
+            "records": [{"value": str(d), "deliver_at": d} for d in dues]}) as r:
+        assert r.status == 200, await r.text()
+    got: list[float] = []
+    offset = 0
+    deadline = time.perf_counter() + 30
+    while len(got) < count and time.perf_counter() < deadline:
+        async with s.get(f"{base}/v1/queues/{q}/records",
+                         params={"offset": str(offset), "limit": "1000", "wait_ms": "1000"}) as r:
+            page = await r.json()
+        got += [(x["timestamp"] - int(x["value"])) / 1000 for x in page["records"]]
+        offset = page["next_offset"]
+    return got
 
 
 async def vq_read_throughput(s: aiohttp.ClientSession, base: str, q: str, seconds: float,
@@ -399,6 +461,12 @@ async def measure_vqueues(args: argparse.Namespace, bootstrap: str, nodes: int,
                     s, route, args.seconds, args.concurrency)
                 samples["lease_e2e"] = await vq_lease_e2e(s, route("le2e-1"), "le2e-1",
                                                           args.samples)
+                out["keyed_throughput"] = await vq_shaped_throughput(
+                    s, route, args.seconds, args.concurrency, "keyed")
+                out["scheduled_throughput"] = await vq_shaped_throughput(
+                    s, route, args.seconds, args.concurrency, "scheduled")
+                samples["lateness"] = await vq_schedule_lateness(s, route("late-1"), "late-1",
+                                                                 args.samples)
         for name, values in samples.items():
             out[f"{name}_p50"], out[f"{name}_p99"] = pct(values, .5), pct(values, .99)
         return out
@@ -554,6 +622,16 @@ async def run(args: argparse.Namespace) -> None:
                 f"enqueue above: {res['throughput']:,.0f}); enqueue -> long-polling lease "
                 f"p50 {res['lease_e2e_p50']:.2f} ms, p99 {res['lease_e2e_p99']:.2f} ms "
                 f"(cursor read: p50 {res['e2e_p50']:.2f} ms, p99 {res['e2e_p99']:.2f} ms)")
+    for name, res in modes.items():
+        if "keyed_throughput" in res:
+            lines.append(
+                f"enqueue shapes, {name}: plain {res['throughput']:,.0f} rec/s; an idempotency "
+                f"key on every record {res['keyed_throughput']:,.0f} rec/s "
+                f"({res['keyed_throughput'] / res['throughput']:.2f}x); 10% scheduled 1 s ahead "
+                f"{res['scheduled_throughput']:,.0f} rec/s "
+                f"({res['scheduled_throughput'] / res['throughput']:.2f}x); scheduled records' "
+                f"lateness (moved copy's timestamp - due) p50 {res['lateness_p50']:.1f} ms, "
+                f"p99 {res['lateness_p99']:.1f} ms")
     for name, res in many.items():
         lines.append(
             f"{args.many_queues:,} queues x 2 records already in the topic, {name}: replay to "
