@@ -146,10 +146,13 @@ def raw_e2e(bootstrap: str, topic: str, partitions: int, count: int) -> list[flo
 # vqueues over HTTP ------------------------------------------------------------------------------
 
 async def vq_throughput(s: aiohttp.ClientSession, urls: list[str], seconds: float,
-                        concurrency: int, route, queues: int = 0) -> float:
+                        concurrency: int, route, queues: int = 0, body_of=None,
+                        prefix: str = "tp") -> float:
     """Batches of 100 records, `concurrency` in flight; worker i cycles over queues tp-k with
-    k = i, i + concurrency, ... below `queues` (default: one queue per worker)."""
-    body = json.dumps({"records": [{"value": VALUE}] * 100})
+    k = i, i + concurrency, ... below `queues` (default: one queue per worker). `body_of()`
+    makes each request's body (default: 100 plain records, the same each time)."""
+    plain = json.dumps({"records": [{"value": VALUE}] * 100})
+    body_of = body_of or (lambda: plain)
     count = 0
     stop = time.perf_counter() + seconds
     queues = queues or concurrency
@@ -158,9 +161,9 @@ async def vq_throughput(s: aiohttp.ClientSession, urls: list[str], seconds: floa
         nonlocal count
         k = i % queues
         while time.perf_counter() < stop:
-            q = f"tp-{k}"
+            q = f"{prefix}-{k}"
             k = (k + concurrency) % queues
-            async with s.post(route(q) + f"/v1/queues/{q}/records", data=body,
+            async with s.post(route(q) + f"/v1/queues/{q}/records", data=body_of(),
                               headers={"Content-Type": "application/json"}) as r:
                 assert r.status == 200, await r.text()
                 await r.read()
@@ -175,9 +178,7 @@ async def vq_shaped_throughput(s: aiohttp.ClientSession, route, seconds: float,
                                concurrency: int, shape: str) -> float:
     """Like vq_throughput over 10 queues, with every record keyed (`keyed`: a fresh
     idempotency key each) or 10% of them scheduled 1 s ahead (`scheduled`)."""
-    count = 0
     serial = 0
-    stop = time.perf_counter() + seconds
     tag = uuid.uuid4().hex[:6]
 
     def body() -> str:
@@ -193,21 +194,8 @@ async def vq_shaped_throughput(s: aiohttp.ClientSession, route, seconds: float,
             records.append(rec)
         return json.dumps({"records": records})
 
-    async def worker(i: int) -> None:
-        nonlocal count
-        k = i % 10
-        while time.perf_counter() < stop:
-            q = f"{shape}-{k}"
-            k = (k + concurrency) % 10
-            async with s.post(route(q) + f"/v1/queues/{q}/records", data=body(),
-                              headers={"Content-Type": "application/json"}) as r:
-                assert r.status == 200, await r.text()
-                await r.read()
-            count += 100
-
-    t0 = time.perf_counter()
-    await asyncio.gather(*(worker(i) for i in range(concurrency)))
-    return count / (time.perf_counter() - t0)
+    return await vq_throughput(s, [], seconds, concurrency, route, queues=10, body_of=body,
+                               prefix=shape)
 
 
 async def vq_schedule_lateness(s: aiohttp.ClientSession, base: str, q: str, count: int
