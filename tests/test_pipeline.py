@@ -199,4 +199,79 @@ def test_the_pipeline_command_runs_end_to_end(bootstrap, tmp_path):
         capture_output=True, text=True, timeout=300, env={**os.environ})
     assert out.returncode == 0, out.stderr[-3000:]
     files = list(Path(tmp_path / "out/archive").rglob("*.parquet"))
-    assert files and {f.parent.parent.name.split("=")[0] for f in files} == {"queue"}
+    # The archive layout (vqueues/pipeline/layout.py): date=<d>/bucket=<b>/, never by queue.
+    assert files and {f.parent.parent.name.split("=")[0] for f in files} == {"date"}
+    assert {f.parent.name.split("=")[0] for f in files} == {"bucket"}
+
+
+LONG_NAMES = [
+    "/".join(["tenant", "acme", "region", "eu"] + [f"l{i:02d}" for i in range(60)])[:249],
+    "é" * 124,  # 248 bytes of two-byte UTF-8
+    "日本" * 41 + "x",  # 247 bytes of three-byte UTF-8
+    "k=v%2F 100% spaces here", "../..", "a/../b", "=", "%",
+]
+
+
+def test_any_valid_queue_name_is_archived_and_read_back_unchanged(spark, bootstrap, tmp_path):
+    from vqueues.names import validate_name
+    from vqueues.pipeline.jobs import read_queue
+    from vqueues.pipeline.layout import archive_bucket
+
+    for name in LONG_NAMES:
+        validate_name(name, "queue")  # each is a valid vqueues name
+    assert max(len(n.encode()) for n in LONG_NAMES) == 249
+    topic = new_topic(bootstrap)
+    p = Producer({"bootstrap.servers": bootstrap, "partitioner": "murmur2"})
+    for i in range(300):
+        p.produce(topic, key=LONG_NAMES[i % len(LONG_NAMES)].encode(), value=f"v{i}".encode())
+    p.produce(topic, key=None, value=b"keyless")
+    assert p.flush(30) == 0
+    run(spark, options(bootstrap, topic, tmp_path, jobs=("archive",)))
+    path = str(tmp_path / "out" / "archive")
+    table = spark.read.parquet(path)
+    counts = {r.queue: r["count"] for r in table.groupBy("queue").count().collect()}
+    assert counts == {**{n: 300 // len(LONG_NAMES) + (i < 300 % len(LONG_NAMES))
+                         for i, n in enumerate(LONG_NAMES)}, None: 1}
+    # Every row's bucket is the standard mmh3 bucket any Python reader computes without Spark.
+    for r in table.select("queue", "bucket").distinct().collect():
+        assert r.bucket == archive_bucket(r.queue)
+    for name in LONG_NAMES:
+        rows = read_queue(spark, path, name).collect()
+        assert {r.queue for r in rows} == {name}
+        assert [(r.partition, r.offset) for r in rows] == sorted((r.partition, r.offset)
+                                                                 for r in rows)
+    # Reading one queue touches its bucket's directories only.
+    plan = read_queue(spark, path, LONG_NAMES[0])._jdf.queryExecution().executedPlan().toString()
+    assert "PartitionFilters" in plan and "bucket" in plan
+
+
+def test_a_micro_batch_writes_at_most_one_file_per_date_and_bucket(spark, bootstrap, tmp_path):
+    topic = new_topic(bootstrap)
+    p = Producer({"bootstrap.servers": bootstrap, "partitioner": "murmur2", "linger.ms": 20})
+    now = int(time.time() * 1000)
+    for i in range(3000):
+        p.produce(topic, key=f"q{i % 1000}".encode(), value=b"x", timestamp=now)
+    assert p.flush(30) == 0
+    run(spark, options(bootstrap, topic, tmp_path, jobs=("archive",), archive_buckets=8))
+    files = list(Path(tmp_path / "out/archive").rglob("*.parquet"))
+    dirs = {f.parent for f in files}
+    assert len(dirs) <= 8 * 2 and len(files) == len(dirs)  # one file per (date, bucket)
+    assert spark.read.parquet(str(tmp_path / "out/archive")).count() == 3000
+
+
+def test_an_archive_of_the_old_layout_migrates_with_one_job(spark, tmp_path):
+    from vqueues.pipeline.jobs import migrate_archive, read_queue
+
+    rows = [("tenant/1", "2026-01-01", 0, i, f"v{i}".encode()) for i in range(5)]
+    rows += [("__no_queue__", "2026-01-01", 1, 7, b"k")]
+    old = spark.createDataFrame(rows, "queue string, date string, partition int, offset long, "
+                                      "value binary")
+    old = old.selectExpr("*", "timestamp'2026-01-01 10:00:00' as timestamp",
+                         "cast(null as array<struct<key:string,value:binary>>) as headers",
+                         "cast(queue as binary) as key")
+    old.write.partitionBy("queue", "date").parquet(str(tmp_path / "old"))
+    assert migrate_archive(spark, str(tmp_path / "old"), str(tmp_path / "new")) == 6
+    got = read_queue(spark, str(tmp_path / "new"), "tenant/1").collect()
+    assert [r.offset for r in got] == list(range(5))
+    nulls = spark.read.parquet(str(tmp_path / "new")).where("queue is null").count()
+    assert nulls == 1

@@ -76,6 +76,9 @@ def add_pipeline_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--watermark-delay", default="1 minute",
                    help="how late a record may arrive and still count in its minute")
     p.add_argument("--jobs", default="archive,metrics", help="archive, metrics or both")
+    p.add_argument("--archive-buckets", type=int, default=64,
+                   help="archive buckets per date (mmh3 of the queue name; default 64): at most "
+                        "this many files per date and micro-batch")
     p.add_argument("--master", default=None,
                    help="Spark master (default: local[*], or spark-submit's)")
     p.add_argument("--kafka-option", action="append", default=[], metavar="KEY=VALUE",
@@ -94,7 +97,7 @@ def run_pipeline(args: argparse.Namespace, master_default: str | None = "local[*
         topic=args.topic, source=args.source, trigger=args.trigger,
         starting_offsets=args.starting_offsets,
         max_records_per_trigger=args.max_records_per_trigger,
-        watermark_delay=args.watermark_delay,
+        watermark_delay=args.watermark_delay, archive_buckets=args.archive_buckets,
         jobs=tuple(j.strip() for j in args.jobs.split(",") if j.strip()),
         kafka_options=kafka_options)
     spark = spark_session(args.master or master_default)

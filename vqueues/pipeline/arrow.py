@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -28,6 +28,16 @@ def _queues(keys: pa.Array) -> pa.Array:
             except UnicodeDecodeError:
                 out.append(None)
         return pa.array(out, pa.string())
+
+
+ARROW_SCHEMA_BUCKETED = ARROW_SCHEMA.append(pa.field("bucket", pa.int32()))
+
+
+def with_bucket(batch: pa.RecordBatch, bucket_of: Callable[[str | None], int]
+                ) -> pa.RecordBatch:
+    """`batch` plus the archive bucket of each record's queue (vqueues/pipeline/layout.py)."""
+    buckets = pa.array([bucket_of(q) for q in batch.column("queue").to_pylist()], pa.int32())
+    return pa.RecordBatch.from_arrays([*batch.columns, buckets], schema=ARROW_SCHEMA_BUCKETED)
 
 
 def to_record_batch(msgs: Sequence[Any]) -> pa.RecordBatch:

@@ -9,6 +9,8 @@ use Spark's Kafka source names, so switching to `format("kafka")` is a one-word 
   startingOffsets           earliest (default) | latest | {"topic": {"0": 42, "1": -2}}
                             (-2: earliest, -1: latest)
   maxOffsetsPerTrigger      most records per micro-batch (default: all available)
+  queueBuckets              N: add a column `bucket int`, the archive bucket of the record's
+                            queue (mmh3, vqueues/pipeline/layout.py), computed in the reader
   kafka.*                   passed to the Kafka client (security.protocol, sasl.*, ssl.*, ...)
 
 Offsets are {"<partition>": next offset} (JSON keys are strings). End offsets are found by
@@ -81,18 +83,23 @@ class VQueuesKafkaSource(DataSource):
         self.max_per_trigger = int(raw_max) if raw_max else None
         if self.max_per_trigger is not None and self.max_per_trigger < 1:
             raise ValueError(f"{SOURCE_NAME}: maxOffsetsPerTrigger must be at least 1")
+        raw_buckets = opts.get("queuebuckets")
+        self.buckets = int(raw_buckets) if raw_buckets else None
+        if self.buckets is not None and self.buckets < 1:
+            raise ValueError(f"{SOURCE_NAME}: queueBuckets must be at least 1")
 
     def schema(self) -> str:
-        return SCHEMA
+        return SCHEMA + (", bucket int" if self.buckets else "")
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         return VQueuesKafkaStreamReader(self.conf, self.topic, self.starting,
-                                        self.max_per_trigger)
+                                        self.max_per_trigger, self.buckets)
 
 
 class VQueuesKafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def __init__(self, conf: dict[str, str], topic: str, starting: Any,
-                 max_per_trigger: int | None) -> None:
+                 max_per_trigger: int | None, buckets: int | None = None) -> None:
+        self.buckets = buckets
         self.conf = conf
         self.topic = topic
         self.starting = starting
@@ -166,12 +173,15 @@ class VQueuesKafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableN
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
         from vqueues.kafka.ranges import read_range
-        from vqueues.pipeline.arrow import to_record_batch
+        from vqueues.pipeline.arrow import to_record_batch, with_bucket
+        from vqueues.pipeline.layout import BucketMemo
 
         assert isinstance(partition, KafkaRange)
+        bucket_of = BucketMemo(self.buckets) if self.buckets else None
         for msgs in read_range(self.conf, partition.topic, partition.partition,
                                partition.start, partition.end):
-            yield to_record_batch(msgs)
+            batch = to_record_batch(msgs)
+            yield with_bucket(batch, bucket_of) if bucket_of is not None else batch
 
     def commit(self, end: dict[str, int]) -> None:
         pass  # offsets live in Spark's checkpoint; nothing to commit to Kafka

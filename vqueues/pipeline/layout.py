@@ -1,0 +1,39 @@
+"""The archive's layout: `<output>/archive/date=<yyyy-mm-dd>/bucket=<b>/*.parquet`.
+
+Records are partitioned by time (the record timestamp's UTC date), never by queue, so any valid
+queue name works (it is a column, not a directory) and a million queues do not make a million
+directories. Within a date, records go to one of `buckets` buckets by a standard 32-bit
+MurmurHash3 (mmh3, seed 0) of the queue name's UTF-8 bytes, and within a file they are sorted by
+queue, partition and offset: one queue's records sit in one bucket directory per date, in few
+row groups. This module needs no Spark: any Python reader, or a node, finds a queue's bucket.
+"""
+
+from __future__ import annotations
+
+import mmh3
+
+DEFAULT_BUCKETS = 64
+LAYOUT_VERSION = 2
+
+
+def archive_bucket(queue: str | None, buckets: int = DEFAULT_BUCKETS) -> int:
+    """The bucket of `queue` (keyless records: bucket 0)."""
+    if queue is None:
+        return 0
+    return (mmh3.hash(queue.encode("utf-8", "surrogatepass"), 0) & 0x7FFFFFFF) % buckets
+
+
+class BucketMemo:
+    """`archive_bucket` with a memo: a micro-batch repeats the same queues."""
+
+    def __init__(self, buckets: int) -> None:
+        self.buckets = buckets
+        self._memo: dict[str | None, int] = {}
+
+    def __call__(self, queue: str | None) -> int:
+        b = self._memo.get(queue)
+        if b is None:
+            if len(self._memo) > 1_000_000:
+                self._memo.clear()
+            b = self._memo[queue] = archive_bucket(queue, self.buckets)
+        return b
