@@ -3,6 +3,7 @@
 confluent-kafka consumer reading the same records, in one run on the same broker.
 
 Usage: .venv/bin/python scripts/bench_pipeline.py [--records 500000] [--partitions 16]
+       [--queues 1000,1000000]
 """
 
 from __future__ import annotations
@@ -83,52 +84,61 @@ def main() -> None:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--records", type=int, default=500_000)
     ap.add_argument("--partitions", type=int, default=16)
-    ap.add_argument("--queues", type=int, default=1000)
+    ap.add_argument("--queues", default="1000,1000000",
+                    help="comma-separated queue counts, each a topic of --records records")
     ap.add_argument("--master", default="local[2]")
     args = ap.parse_args()
+    counts = [int(x) for x in args.queues.split(",")]
     broker = EmbeddedBroker().start()
+    results = []
     try:
-        topic = f"benchpipe-{uuid.uuid4().hex[:6]}"
-        Admin({"bootstrap.servers": broker.bootstrap}).create(
-            [TopicSpec(topic, args.partitions)])
-        fill(broker.bootstrap, topic, args.records, args.queues)
-        raw = plain_read(broker.bootstrap, topic, args.partitions, args.records)
+        admin = Admin({"bootstrap.servers": broker.bootstrap})
         spark = spark_session(args.master)
         spark.sparkContext.setLogLevel("ERROR")
         with tempfile.TemporaryDirectory() as tmp:
             # Warm the JVM and the Python workers on a small topic first: the first query of a
             # session pays ~7 s of start-up that is not the source's speed.
-            warm = f"{topic}-warm"
-            Admin({"bootstrap.servers": broker.bootstrap}).create([TopicSpec(warm, 2)])
+            warm = f"benchpipe-{uuid.uuid4().hex[:6]}-warm"
+            admin.create([TopicSpec(warm, 2)])
             fill(broker.bootstrap, warm, 10_000, 10)
             timed(spark, PipelineOptions(bootstrap=broker.bootstrap, topic=warm,
                                          output=f"{tmp}/warm", checkpoint=f"{tmp}/ckpt-warm",
                                          jobs=("archive",)), None)
-            source = timed(spark, PipelineOptions(
-                bootstrap=broker.bootstrap, topic=topic, output=f"{tmp}/none",
-                checkpoint=f"{tmp}/ckpt-noop"), "noop")
-            archive = timed(spark, PipelineOptions(
-                bootstrap=broker.bootstrap, topic=topic, output=f"{tmp}/out",
-                checkpoint=f"{tmp}/ckpt", jobs=("archive",)), None)
-            archived = spark.read.parquet(f"{tmp}/out/archive").count()
+            for queues in counts:
+                topic = f"benchpipe-{uuid.uuid4().hex[:6]}"
+                admin.create([TopicSpec(topic, args.partitions)])
+                fill(broker.bootstrap, topic, args.records, queues)
+                raw = plain_read(broker.bootstrap, topic, args.partitions, args.records)
+                source = timed(spark, PipelineOptions(
+                    bootstrap=broker.bootstrap, topic=topic, output=f"{tmp}/none-{queues}",
+                    checkpoint=f"{tmp}/ckpt-noop-{queues}"), "noop")
+                archive = timed(spark, PipelineOptions(
+                    bootstrap=broker.bootstrap, topic=topic, output=f"{tmp}/out-{queues}",
+                    checkpoint=f"{tmp}/ckpt-{queues}", jobs=("archive",)), None)
+                archived = spark.read.parquet(f"{tmp}/out-{queues}/archive").count()
+                files = len(list(Path(f"{tmp}/out-{queues}/archive").rglob("*.parquet")))
+                assert archived == args.records, (archived, args.records)
+                results.append((queues, raw, source, archive, files))
         spark.stop()
-        assert archived == args.records, (archived, args.records)
-        n = args.records
-        print(f"# vqueues pipeline bench, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: "
-              f"{n:,} records of 100 B over {args.queues} queues, "
-              f"{args.partitions} partitions, Spark {args.master}, embedded broker")
-        print("| path | records/s, whole query | ratio | records/s, batch execution | ratio |")
-        print("|---|---|---|---|---|")
-        print(f"| plain confluent-kafka consumer, 1 thread (read only) | {raw:,.0f} | 1.00 "
-              "| | |")
-        for label, (wall, batch) in (("vqueues source -> no-op sink", source),
-                                     ("vqueues source -> Parquet archive", archive)):
-            print(f"| {label} | {n / wall:,.0f} | {n / wall / raw:.2f} | {n / batch:,.0f} | "
-                  f"{n / batch / raw:.2f} |")
-        print("(whole query: availableNow from start to termination, warm session; batch "
-              "execution: the micro-batches' addBatch time)")
     finally:
         broker.stop()
+    n = args.records
+    print(f"# vqueues pipeline bench, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: "
+          f"{n:,} records of 100 B per topic, {args.partitions} partitions, Spark {args.master}, "
+          "embedded broker, archive layout date/bucket (64 buckets)")
+    print("| queues | path | records/s, whole query | ratio | records/s, batch execution | "
+          "ratio |")
+    print("|---|---|---|---|---|---|")
+    for queues, raw, source, archive, files in results:
+        print(f"| {queues:,} | plain confluent-kafka consumer, 1 thread (read only) | {raw:,.0f} "
+              "| 1.00 | | |")
+        for label, (wall, batch) in (("vqueues source -> no-op sink", source),
+                                     (f"vqueues source -> Parquet archive ({files} files)",
+                                      archive)):
+            print(f"| {queues:,} | {label} | {n / wall:,.0f} | {n / wall / raw:.2f} | "
+                  f"{n / batch:,.0f} | {n / batch / raw:.2f} |")
+    print("(whole query: availableNow from start to termination, warm session; batch "
+          "execution: the micro-batches' addBatch time)")
 
 
 if __name__ == "__main__":
