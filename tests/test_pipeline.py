@@ -275,3 +275,64 @@ def test_an_archive_of_the_old_layout_migrates_with_one_job(spark, tmp_path):
     assert [r.offset for r in got] == list(range(5))
     nulls = spark.read.parquet(str(tmp_path / "new")).where("queue is null").count()
     assert nulls == 1
+
+
+def batch_reader(spark, bootstrap, topic, **options):
+    reader = (spark.read.format("vqueues-kafka").option("kafka.bootstrap.servers", bootstrap)
+              .option("subscribe", topic))
+    for k, v in options.items():
+        reader = reader.option(k, v)
+    return reader.load()
+
+
+def test_batch_reads_stop_at_ending_offsets_and_split_into_min_partitions(
+        spark, bootstrap, tmp_path):
+    topic = new_topic(bootstrap, partitions=2)
+    produce(bootstrap, topic, 400, int(time.time() * 1000))
+    per_partition = Counter(p for p, _ in kafka_records(bootstrap, topic))
+    assert batch_reader(spark, bootstrap, topic).count() == 400  # earliest -> latest
+    ending = json.dumps({topic: {"0": 10, "1": -1}})
+    df = batch_reader(spark, bootstrap, topic, endingOffsets=ending)
+    assert df.count() == 10 + per_partition[1]
+    df = batch_reader(spark, bootstrap, topic, minPartitions="8")
+    assert df.rdd.getNumPartitions() >= 8 and df.count() == 400
+
+
+def test_a_queue_filter_is_pushed_down_to_the_readers(spark, bootstrap, tmp_path):
+    from vqueues.hashing import partition_for
+
+    topic = new_topic(bootstrap, partitions=4)
+    sent = produce(bootstrap, topic, 500, int(time.time() * 1000))
+    df = batch_reader(spark, bootstrap, topic, queues=json.dumps(["orders"]))
+    rows = df.select("queue", "partition").collect()
+    assert {r.queue for r in rows} == {"orders"}
+    assert len(rows) == sum(1 for q, _, _ in sent if q == "orders")
+    # Only the partition "orders" routes to is read at all.
+    assert {r.partition for r in rows} == {partition_for("orders", 4)}
+    assert df.rdd.getNumPartitions() == 1
+
+
+def test_records_hidden_by_a_queue_deletion_can_be_skipped(spark, bootstrap, tmp_path):
+    from vqueues.hashing import partition_for
+    from vqueues.records import QueueDeleted, encode_offset_entry
+
+    topic = new_topic(bootstrap, partitions=4)
+    offsets_topic = new_topic(bootstrap, partitions=4)
+    produce(bootstrap, topic, 100, int(time.time() * 1000), tag="old")
+    p = partition_for("orders", 4)
+    cut = max(o for (part, o), rec in kafka_records(bootstrap, topic).items()
+              if part == p and rec[0] == "orders") + 1
+    producer = Producer({"bootstrap.servers": bootstrap})
+    key, value = encode_offset_entry(QueueDeleted("orders", cut))
+    producer.produce(offsets_topic, key=key, value=value, partition=p)
+    assert producer.flush(10) == 0
+    produce(bootstrap, topic, 50, int(time.time() * 1000), tag="new")
+    kept = batch_reader(spark, bootstrap, topic, skipDeletedQueues="true",
+                        deletionTopic=offsets_topic).collect()
+    orders = [r for r in kept if r.queue == "orders"]
+    assert orders and all(r.offset >= cut for r in orders)
+    assert all(bytes(r.value).startswith(b"new") for r in orders)
+    everything = batch_reader(spark, bootstrap, topic).count()
+    assert len(kept) == everything - sum(1 for r in kafka_records(bootstrap, topic).items()
+                                         if r[0][0] == p and r[1][0] == "orders"
+                                         and r[0][1] < cut)

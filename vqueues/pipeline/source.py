@@ -9,6 +9,15 @@ use Spark's Kafka source names, so switching to `format("kafka")` is a one-word 
   startingOffsets           earliest (default) | latest | {"topic": {"0": 42, "1": -2}}
                             (-2: earliest, -1: latest)
   maxOffsetsPerTrigger      most records per micro-batch (default: all available)
+  endingOffsets             (batch reads, spark.read) latest (default) | {"topic": {"0": n}}
+  failOnDataLoss            true (default): fail when a start offset is below the partition's
+                            first retained offset (retention deleted records); false: go on
+                            from the first retained offset
+  minPartitions             at least this many Spark tasks per batch (ranges are split)
+  queues                    a JSON list of queue names: only their records, and only the
+                            Kafka partitions they route to are read (pushed down to the readers)
+  skipDeletedQueues         true: drop records hidden by a queue deletion (the deletion markers
+                            in the offset topic, option deletionTopic, default vq-offsets)
   queueBuckets              N: add a column `bucket int`, the archive bucket of the record's
                             queue (mmh3, vqueues/pipeline/layout.py), computed in the reader
   kafka.*                   passed to the Kafka client (security.protocol, sasl.*, ssl.*, ...)
@@ -24,7 +33,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceReader,
+    DataSourceStreamReader,
+    InputPartition,
+)
 from pyspark.sql.streaming.datasource import (
     ReadAllAvailable,
     ReadLimit,
@@ -49,6 +63,108 @@ class KafkaRange(InputPartition):
     end: int
 
 
+@dataclass(frozen=True)
+class Reading:
+    """How ranges are planned and read (options shared by streaming and batch reads)."""
+
+    fail_on_data_loss: bool = True
+    min_partitions: int = 0
+    queues: tuple[str, ...] | None = None  # only these queues' records (and partitions)
+    deletion_topic: str | None = None  # skip records hidden by deletion markers there
+
+
+def _offsets_option(raw: str, topic: str, name: str) -> str | dict[str, int]:
+    if raw in ("earliest", "latest"):
+        return raw
+    try:
+        parsed = json.loads(raw)[topic]
+        return {str(p): int(o) for p, o in parsed.items()}
+    except (ValueError, KeyError, TypeError, AttributeError):
+        raise ValueError(f"{SOURCE_NAME}: {name} must be earliest, latest or "
+                         f'{{"{topic}": {{"0": offset, ...}}}}') from None
+
+
+def plan(topic: str, start: dict[str, int], end: dict[str, int], earliest: dict[str, int],
+         reading: Reading, partitions: int) -> list[KafkaRange]:
+    """The ranges to read: per partition [start, end), without the partitions the queue filter
+    rules out, from the first retained offset when retention passed the start (or an error with
+    failOnDataLoss), split so that there are at least minPartitions ranges."""
+    wanted: set[int] | None = None
+    if reading.queues is not None:
+        from vqueues.hashing import partition_for
+
+        wanted = {partition_for(q, partitions) for q in reading.queues}
+    ranges = []
+    for p, until in sorted(end.items(), key=lambda kv: int(kv[0])):
+        if wanted is not None and int(p) not in wanted:
+            continue
+        frm = start.get(p, until)
+        first = earliest.get(p, 0)
+        if frm < first:
+            if reading.fail_on_data_loss:
+                raise RuntimeError(
+                    f"{SOURCE_NAME}: {topic}[{p}] starts at {first} now; offsets {frm}-{first - 1} "
+                    "were deleted (retention) before they were read. Set failOnDataLoss=false "
+                    "to go on from the first retained offset")
+            frm = first
+        while frm < until:
+            nxt = min(until, frm + MAX_RECORDS_PER_TASK)
+            ranges.append(KafkaRange(topic, int(p), frm, nxt))
+            frm = nxt
+    while ranges and len(ranges) < reading.min_partitions:
+        big = max(ranges, key=lambda r: r.end - r.start)
+        if big.end - big.start < 2:
+            break
+        mid = (big.start + big.end) // 2
+        i = ranges.index(big)
+        ranges[i:i + 1] = [KafkaRange(topic, big.partition, big.start, mid),
+                           KafkaRange(topic, big.partition, mid, big.end)]
+    return ranges
+
+
+def read_records(conf: dict[str, str], r: KafkaRange, buckets: int | None, reading: Reading
+                 ) -> Iterator[Any]:
+    """The Arrow record batches of one range, filtered as `reading` says."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from vqueues.kafka.ranges import read_range
+    from vqueues.pipeline.arrow import to_record_batch, with_bucket
+    from vqueues.pipeline.layout import BucketMemo
+
+    bucket_of = BucketMemo(buckets) if buckets else None
+    keep = pa.array(list(reading.queues), pa.string()) if reading.queues is not None else None
+    deleted = (_deletion_floors(conf, reading.deletion_topic, r.partition)
+               if reading.deletion_topic else None)
+    for msgs in read_range(conf, r.topic, r.partition, r.start, r.end):
+        batch = to_record_batch(msgs)
+        if keep is not None:
+            batch = batch.filter(pc.is_in(batch.column("queue"), value_set=keep))
+        if deleted:
+            queues = batch.column("queue").to_pylist()
+            offsets = batch.column("offset").to_pylist()
+            mask = [deleted.get(q, -1) <= o for q, o in zip(queues, offsets, strict=True)]
+            batch = batch.filter(pa.array(mask, pa.bool_()))
+        if batch.num_rows:
+            yield with_bucket(batch, bucket_of) if bucket_of is not None else batch
+
+
+def _deletion_floors(conf: dict[str, str], topic: str, partition: int) -> dict[str, int]:
+    """queue -> deleted_before, from the deletion markers in offset partition `partition`."""
+    from vqueues.kafka.logs import read_to_end
+    from vqueues.records import QueueDeleted, decode_offset_entry
+
+    floors: dict[str, int] = {}
+    entries, _ = read_to_end({**conf, "group.id": "vqueues-deletions"}, topic, [partition])[
+        partition]
+    for key, value, _ in entries:
+        if key and key.startswith(b'["q"'):
+            e = decode_offset_entry(key, value)
+            if isinstance(e, QueueDeleted):
+                floors[e.queue] = max(floors.get(e.queue, 0), e.deleted_before)
+    return floors
+
+
 def _kafka_conf(options: dict[str, str]) -> dict[str, str]:
     conf = {k[len("kafka."):]: v for k, v in options.items() if k.startswith("kafka.")}
     if "bootstrap.servers" not in conf:
@@ -70,15 +186,8 @@ class VQueuesKafkaSource(DataSource):
         self.topic = opts.get("subscribe") or opts.get("topic") or ""
         if not self.topic or "," in self.topic:
             raise ValueError(f"{SOURCE_NAME}: option subscribe must name exactly one topic")
-        raw_start = opts.get("startingoffsets", "earliest")
-        self.starting: str | dict[str, int] = raw_start
-        if raw_start not in ("earliest", "latest"):
-            try:
-                parsed = json.loads(raw_start)[self.topic]
-                self.starting = {str(p): int(o) for p, o in parsed.items()}
-            except (ValueError, KeyError, TypeError, AttributeError):
-                raise ValueError(f"{SOURCE_NAME}: startingOffsets must be earliest, latest or "
-                                 f'{{"{self.topic}": {{"0": offset, ...}}}}') from None
+        self.starting = _offsets_option(opts.get("startingoffsets", "earliest"), self.topic,
+                                        "startingOffsets")
         raw_max = opts.get("maxoffsetspertrigger")
         self.max_per_trigger = int(raw_max) if raw_max else None
         if self.max_per_trigger is not None and self.max_per_trigger < 1:
@@ -87,19 +196,44 @@ class VQueuesKafkaSource(DataSource):
         self.buckets = int(raw_buckets) if raw_buckets else None
         if self.buckets is not None and self.buckets < 1:
             raise ValueError(f"{SOURCE_NAME}: queueBuckets must be at least 1")
+        self.ending = _offsets_option(opts.get("endingoffsets", "latest"), self.topic,
+                                      "endingOffsets")
+        self.fail_on_data_loss = opts.get("failondataloss", "true").lower() != "false"
+        self.min_partitions = int(opts.get("minpartitions") or 0)
+        raw_queues = opts.get("queues")
+        self.queues: list[str] | None = None
+        if raw_queues:
+            try:
+                self.queues = [str(q) for q in json.loads(raw_queues)]
+            except (ValueError, TypeError):
+                raise ValueError(f"{SOURCE_NAME}: queues must be a JSON list of names") from None
+        self.skip_deleted = opts.get("skipdeletedqueues", "false").lower() == "true"
+        self.deletion_topic = opts.get("deletiontopic", "vq-offsets")
 
     def schema(self) -> str:
         return SCHEMA + (", bucket int" if self.buckets else "")
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         return VQueuesKafkaStreamReader(self.conf, self.topic, self.starting,
-                                        self.max_per_trigger, self.buckets)
+                                        self.max_per_trigger, self.buckets, self._reading())
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        """A batch read (`spark.read`) from startingOffsets to endingOffsets."""
+        return VQueuesKafkaBatchReader(self.conf, self.topic, self.starting, self.ending,
+                                       self.buckets, self._reading())
+
+    def _reading(self) -> Reading:
+        return Reading(self.fail_on_data_loss, self.min_partitions,
+                       tuple(self.queues) if self.queues is not None else None,
+                       self.deletion_topic if self.skip_deleted else None)
 
 
 class VQueuesKafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def __init__(self, conf: dict[str, str], topic: str, starting: Any,
-                 max_per_trigger: int | None, buckets: int | None = None) -> None:
+                 max_per_trigger: int | None, buckets: int | None = None,
+                 reading: Reading | None = None) -> None:
         self.buckets = buckets
+        self.reading = reading or Reading()
         self.conf = conf
         self.topic = topic
         self.starting = starting
@@ -162,26 +296,13 @@ class VQueuesKafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableN
         return end
 
     def partitions(self, start: dict[str, int], end: dict[str, int]) -> list[InputPartition]:
-        out: list[InputPartition] = []
-        for p, until in sorted(end.items(), key=lambda kv: int(kv[0])):
-            frm = start.get(p, until)
-            while frm < until:
-                nxt = min(until, frm + MAX_RECORDS_PER_TASK)
-                out.append(KafkaRange(self.topic, int(p), frm, nxt))
-                frm = nxt
-        return out
+        client = self._client()
+        earliest = {str(p): o for p, o in client.earliest([int(p) for p in end]).items()}
+        return list(plan(self.topic, start, end, earliest, self.reading, len(end)))
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
-        from vqueues.kafka.ranges import read_range
-        from vqueues.pipeline.arrow import to_record_batch, with_bucket
-        from vqueues.pipeline.layout import BucketMemo
-
         assert isinstance(partition, KafkaRange)
-        bucket_of = BucketMemo(self.buckets) if self.buckets else None
-        for msgs in read_range(self.conf, partition.topic, partition.partition,
-                               partition.start, partition.end):
-            batch = to_record_batch(msgs)
-            yield with_bucket(batch, bucket_of) if bucket_of is not None else batch
+        yield from read_records(self.conf, partition, self.buckets, self.reading)
 
     def commit(self, end: dict[str, int]) -> None:
         pass  # offsets live in Spark's checkpoint; nothing to commit to Kafka
@@ -215,3 +336,46 @@ def _cap(begin: dict[str, int], end: dict[str, int], max_rows: int) -> dict[str,
         p = max(lag, key=lambda k: lag[k])
         out[p] = begin[p] + 1
     return out
+
+
+class VQueuesKafkaBatchReader(DataSourceReader):
+    """`spark.read.format("vqueues-kafka")`: the records from startingOffsets (default
+    earliest) to endingOffsets (default latest), fixed when the read is planned."""
+
+    def __init__(self, conf: dict[str, str], topic: str, starting: Any, ending: Any,
+                 buckets: int | None, reading: Reading) -> None:
+        self.conf = conf
+        self.topic = topic
+        self.starting = starting
+        self.ending = ending
+        self.buckets = buckets
+        self.reading = reading
+
+    def partitions(self) -> list[InputPartition]:
+        from vqueues.kafka.ranges import OffsetRanges
+
+        client = OffsetRanges(self.conf, self.topic)
+        try:
+            parts = client.partitions()
+            earliest = {str(p): o for p, o in client.earliest(parts).items()}
+            ends = {str(p): o for p, o in client.ends(parts).items()}
+        finally:
+            client.close()
+
+        def resolve(spec: Any, default: dict[str, int]) -> dict[str, int]:
+            if spec == "earliest":
+                return dict(earliest)
+            if spec == "latest":
+                return dict(ends)
+            return {p: (earliest[p] if spec.get(p, -3) == -2 else ends[p]
+                        if spec.get(p, -3) == -1 else spec.get(p, default[p]))
+                    for p in map(str, parts)}
+
+        start = resolve(self.starting, earliest)
+        end = resolve(self.ending, ends)
+        end = {p: min(max(end[p], start[p]), ends[p]) for p in end}
+        return list(plan(self.topic, start, end, earliest, self.reading, len(parts)))
+
+    def read(self, partition: InputPartition) -> Iterator[Any]:
+        assert isinstance(partition, KafkaRange)
+        yield from read_records(self.conf, partition, self.buckets, self.reading)
