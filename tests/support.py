@@ -124,11 +124,11 @@ class NodeProcess:
 
 
 def http(method: str, url: str, body: Any = None, raw: bytes | None = None,
-         timeout_s: float = 60.0) -> tuple[int, Any]:
+         timeout_s: float = 60.0, headers: dict[str, str] | None = None) -> tuple[int, Any]:
     """A blocking JSON request: (status, decoded body or None)."""
     data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
     req = urllib.request.Request(url, data=data, method=method,
-                                 headers={"Content-Type": "application/json"})
+                                 headers={"Content-Type": "application/json", **(headers or {})})
     try:
         with urllib.request.urlopen(req, timeout=timeout_s) as resp:
             return resp.status, _decode(resp.read())

@@ -38,6 +38,10 @@ REGISTRY: dict[str, ErrorSpec] = {
     "invalid_token": _e(400, False, "a lease token is missing or not a token"),
     "missing_field": _e(400, False, "(compat routes) a required field is missing"),
     "bad_request": _e(400, False, "the HTTP request itself is malformed"),
+    # 401, 403: who is calling, and may they.
+    "unauthenticated": _e(401, False, "auth is on and the request has no valid bearer token"),
+    "forbidden": _e(403, False, "the token is valid but has no scope for this call on this "
+                                "queue"),
     # 404, 405, 415: nothing there.
     "not_found": _e(404, False, "no such route"),
     "queue_not_found": _e(404, False, "the queue has no records and no consumers"),

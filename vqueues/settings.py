@@ -95,6 +95,14 @@ class Settings:
         "one handed out (in flight, waiting for a retry, or completed out of order); beyond it "
         "leasing waits (Kafka share groups cap theirs at 2,000 per partition)")
     max_retry_delay_ms: int = _f(43_200_000, "longest `delay_ms` of a retry: 12 h")
+    auth: bool = _f(False, "require a bearer token on every API call (docs/security.md); needs "
+                    "auth_token_file or a JWT key")
+    auth_token_file: str = _f("", "JSON token file: {\"tokens\": [{\"name\", \"sha256\", "
+                              "\"scopes\"}]}, reloaded when it changes")
+    auth_jwt_secret: str = _f("", "shared secret for HS256 JWTs")
+    auth_jwt_public_key: str = _f("", "PEM file of the public key for RS256/ES256 JWTs")
+    auth_jwt_audience: str = _f("", "if set, JWTs must carry this `aud`")
+    metrics_auth: bool = _f(False, "with auth on, /metrics needs a valid token too")
     forward: bool = _f(False, "proxy a request for a partition another node owns to that node "
                        "(for clients that cannot route) instead of answering 409")
     kafka_options: str = _f(

@@ -2,26 +2,60 @@
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import AsyncIterator
+
 from aiohttp import web
 
 from vqueues.api import compat, handlers, stream, work
-from vqueues.api.keys import SERVICE, SETTINGS, WORK
-from vqueues.api.middlewares import error_middleware, metrics_middleware
+from vqueues.api.keys import AUTH, SERVICE, SETTINGS, WORK
+from vqueues.api.middlewares import auth_middleware, error_middleware, metrics_middleware
 from vqueues.api.proxy import forward_middleware, proxy_session
+from vqueues.auth import Authenticator
 from vqueues.service import QueueService
 from vqueues.settings import Settings
 from vqueues.work_service import WorkService
+
+
+def authenticator(settings: Settings) -> Authenticator | None:
+    """The node's Authenticator, or None when auth is off."""
+    if not settings.auth:
+        return None
+    return Authenticator(settings.auth_token_file, settings.auth_jwt_secret,
+                         settings.auth_jwt_public_key, settings.auth_jwt_audience)
+
+
+async def _reload_tokens(app: web.Application) -> AsyncIterator[None]:
+    """Reread the token file when it changes (checked every second), without a restart."""
+    tokens = app[AUTH].tokens
+
+    async def watch() -> None:
+        while True:
+            await asyncio.sleep(1.0)
+            assert tokens is not None
+            tokens.reload()
+
+    task = asyncio.create_task(watch()) if tokens is not None else None
+    yield
+    if task is not None:
+        task.cancel()
 
 
 def create_app(service: QueueService, settings: Settings) -> web.Application:
     """The application serving `service`; limits come from `settings` (docs/api.md)."""
     middlewares = [metrics_middleware, error_middleware]
     if settings.forward:
-        middlewares.append(forward_middleware)
+        middlewares.append(forward_middleware)  # the owner authorises a forwarded request
+    auth = authenticator(settings)
+    if auth is not None:
+        middlewares.append(auth_middleware)
     app = web.Application(middlewares=middlewares, client_max_size=settings.max_body_bytes)
     app[SERVICE] = service
     app[SETTINGS] = settings
     app[WORK] = WorkService(settings, service)
+    if auth is not None:
+        app[AUTH] = auth
+        app.cleanup_ctx.append(_reload_tokens)
     if settings.forward:
         app.cleanup_ctx.append(proxy_session)
     q = "/v1/queues/{queue:[^/]+}"

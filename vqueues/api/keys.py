@@ -5,6 +5,7 @@ from __future__ import annotations
 import aiohttp
 from aiohttp import web
 
+from vqueues.auth import Authenticator
 from vqueues.service import QueueService
 from vqueues.settings import Settings
 from vqueues.work_service import WorkService
@@ -13,3 +14,4 @@ SERVICE = web.AppKey("service", QueueService)
 SETTINGS = web.AppKey("settings", Settings)
 WORK = web.AppKey("work", WorkService)
 PROXY = web.AppKey("proxy", aiohttp.ClientSession)
+AUTH = web.AppKey("auth", Authenticator)

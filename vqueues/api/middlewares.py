@@ -10,7 +10,8 @@ from collections.abc import Awaitable, Callable
 from aiohttp import web
 
 from vqueues.api.codec import respond
-from vqueues.api.keys import SERVICE, SETTINGS
+from vqueues.api.keys import AUTH, SERVICE, SETTINGS
+from vqueues.auth import required_scope
 from vqueues.errors import Unavailable, VQError
 
 log = logging.getLogger(__name__)
@@ -30,6 +31,8 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         headers = None
         if isinstance(exc, Unavailable):
             headers = {"Retry-After": str(exc.retry_after_s)}
+        elif exc.status == 401:
+            headers = {"WWW-Authenticate": 'Bearer realm="vqueues"'}
         if exc.status >= 500:
             log.warning("request_failed", extra={"path": request.path, "code": exc.code,
                                                  "error": exc.message})
@@ -66,3 +69,24 @@ async def metrics_middleware(request: web.Request, handler: Handler) -> web.Stre
         metrics.requests.labels(route, request.method, str(status)).inc()
         metrics.request_seconds.labels(route, request.method).observe(
             time.perf_counter() - started)
+
+
+@web.middleware
+async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """With auth on: who is calling (401 if nobody known) and whether their scopes reach this
+    route's queue (403). Public routes pass. See vqueues/auth.py."""
+    auth = request.app[AUTH]
+    info = request.match_info.route.resource
+    route = info.canonical if info is not None else ""
+    need = required_scope(route, request.method)
+    if need is None or (need == "metrics" and not request.app[SETTINGS].metrics_auth):
+        return await handler(request)
+    identity = auth.identify(request.headers.get("Authorization"))
+    if need not in ("any", "metrics"):
+        queue = request.match_info.get("queue")
+        if queue is None:  # the listing (its prefix), or a compat route (every queue)
+            queue = request.query.get("prefix", "") if route == "/v1/queues" else ""
+        if not identity.allows(need, queue):
+            raise VQError("forbidden", f"token {identity.name!r} has no {need!r} scope on queue "
+                          f"{queue!r}", scope=need)
+    return await handler(request)

@@ -252,5 +252,12 @@ def openapi_document(s: Settings) -> dict[str, Any]:
             "/readyz": {"get": {"summary": "Ready when every owned partition is replayed",
                                 "responses": {"200": _ok("Object"), "503": _ok("Object")}}},
         },
-        "components": {"schemas": {**answers, **_request_schemas(s)}},
+        "components": {"schemas": {**answers, **_request_schemas(s)},
+                       "securitySchemes": {"bearer": {
+                           "type": "http", "scheme": "bearer",
+                           "description": "required when the node runs with auth on "
+                                          f"(now: {'on' if s.auth else 'off'}); a token-file "
+                                          "token or a JWT, scopes per queue-name prefix "
+                                          "(docs/security.md)"}}},
+        **({"security": [{"bearer": []}]} if s.auth else {}),
     }

@@ -133,7 +133,8 @@ class AsyncClient:
     def __init__(self, urls: str | list[str], *, deadline_s: float = 30.0,
                  request_timeout_s: float = 60.0, refresh_interval_s: float = 30.0,
                  backoff_initial_s: float = 0.05, backoff_max_s: float = 2.0,
-                 session: aiohttp.ClientSession | None = None) -> None:
+                 session: aiohttp.ClientSession | None = None, token: str | None = None
+                 ) -> None:
         self.seeds = [u.rstrip("/") for u in ([urls] if isinstance(urls, str) else urls)]
         if not self.seeds:
             raise ValueError("at least one node URL is needed")
@@ -142,6 +143,8 @@ class AsyncClient:
         self.backoff_initial_s = backoff_initial_s
         self.backoff_max_s = backoff_max_s
         self._timeout = aiohttp.ClientTimeout(total=request_timeout_s)
+        # A bearer token for nodes run with auth on (docs/security.md), sent on every call.
+        self.headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._session = session
         self._own_session = session is None
         self.partitions: int | None = None
@@ -177,7 +180,13 @@ class AsyncClient:
             random.shuffle(candidates)
             for url in candidates:
                 try:
-                    async with self.session.get(f"{url}/v1/partitions") as r:
+                    async with self.session.get(f"{url}/v1/partitions",
+                                                headers=self.headers) as r:
+                        if r.status in (401, 403):  # the token, not the node: no retry
+                            body = await r.json(content_type=None)
+                            err = body.get("error", {}) if isinstance(body, dict) else {}
+                            raise VQError(r.status, err.get("code", "unauthenticated"),
+                                          err.get("message", ""), err, retriable=False)
                         if r.status != 200:
                             continue
                         body = await r.json()
@@ -216,7 +225,7 @@ class AsyncClient:
             url_override = None
             try:
                 async with self.session.request(method, base + path, json=json,
-                                                params=params) as r:
+                                                params=params, headers=self.headers) as r:
                     body = await r.json(content_type=None) if r.content_length != 0 else None
                     if r.status < 300:
                         return body

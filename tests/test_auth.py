@@ -1,0 +1,118 @@
+"""Auth on a real node: 401 with WWW-Authenticate, 403 outside a token's scopes, public health
+routes, the token file reloaded without a restart, JWTs, and the client with a token."""
+
+import json
+import os
+import time
+
+import jwt
+import pytest
+from vqueues_client import AsyncClient, VQError
+
+from tests.support import NodeProcess, http
+from vqueues.auth import token_hash
+
+SECRET = "test-secret-" + "x" * 24
+
+
+def bearer(token):
+    return {"Authorization": f"Bearer {token}"}
+
+
+def write_tokens(path, tokens):
+    path.write_text(json.dumps({"tokens": [
+        {"name": n, "sha256": token_hash(t), "scopes": s} for n, t, s in tokens]}))
+
+
+@pytest.fixture(scope="module")
+def secured(topics, tmp_path_factory):
+    path = tmp_path_factory.mktemp("auth") / "tokens.json"
+    write_tokens(path, [("writer", "w-token", {"write": ["acme/"]}),
+                        ("reader", "r-token", {"read": ["acme/"]}),
+                        ("ops", "o-token", {"admin": [""], "read": [""], "write": [""]})])
+    node = NodeProcess(topics, extra_env={"VQ_AUTH": "true", "VQ_AUTH_TOKEN_FILE": str(path),
+                                          "VQ_AUTH_JWT_SECRET": SECRET}).start()
+    try:
+        yield node, path
+    finally:
+        node.terminate()
+
+
+def test_no_token_is_401_with_www_authenticate_and_health_stays_public(secured):
+    node, _ = secured
+    import urllib.request
+    req = urllib.request.Request(f"{node.url}/v1/queues/acme%2Fjobs/records", method="GET")
+    try:
+        urllib.request.urlopen(req, timeout=10)
+        raise AssertionError("expected 401")
+    except urllib.error.HTTPError as exc:
+        assert exc.code == 401
+        assert exc.headers["WWW-Authenticate"].startswith("Bearer")
+        body = json.loads(exc.read())
+        assert body["error"]["code"] == "unauthenticated" and body["error"]["retriable"] is False
+    for path in ("/healthz", "/readyz", "/metrics"):
+        assert http("GET", f"{node.url}{path}")[0] == 200
+
+
+def test_scopes_are_enforced_per_queue_prefix(secured):
+    node, _ = secured
+    url = f"{node.url}/v1/queues/acme%2Fjobs/records"
+    status, _ = http("POST", url, {"records": [{"value": "x"}]}, headers=bearer("w-token"))
+    assert status == 200
+    status, body = http("GET", url, headers=bearer("w-token"))  # write, not read
+    assert (status, body["error"]["code"]) == (403, "forbidden")
+    status, body = http("POST", f"{node.url}/v1/queues/other/records",
+                        {"records": [{"value": "x"}]}, headers=bearer("w-token"))
+    assert status == 403
+    status, page = http("GET", url, headers=bearer("r-token"))
+    assert status == 200 and [r["value"] for r in page["records"]] == ["x"]
+    status, _ = http("DELETE", f"{node.url}/v1/queues/acme%2Fjobs", headers=bearer("r-token"))
+    assert status == 403  # delete needs admin
+    status, _ = http("GET", f"{node.url}/v1/queues", headers=bearer("r-token"))
+    assert status == 403
+    status, listing = http("GET", f"{node.url}/v1/queues", headers=bearer("o-token"))
+    assert status == 200 and "acme/jobs" in listing["queues"]
+    status, _ = http("GET", f"{node.url}/v1/partitions", headers=bearer("w-token"))
+    assert status == 200  # any valid token may read the cluster map (clients route with it)
+
+
+def test_the_token_file_is_reloaded_without_a_restart(secured):
+    node, path = secured
+    url = f"{node.url}/v1/queues/acme%2Fnew/records"
+    assert http("POST", url, {"records": [{"value": "x"}]}, headers=bearer("new-token"))[0] == 401
+    current = json.loads(path.read_text())
+    current["tokens"].append({"name": "new", "sha256": token_hash("new-token"),
+                              "scopes": {"write": ["acme/"]}})
+    path.write_text(json.dumps(current))
+    os.utime(path, (time.time() + 2, time.time() + 2))
+    deadline = time.monotonic() + 10
+    status = 401
+    while status == 401 and time.monotonic() < deadline:
+        time.sleep(0.2)
+        status, _ = http("POST", url, {"records": [{"value": "x"}]}, headers=bearer("new-token"))
+    assert status == 200
+
+
+def test_a_signed_jwt_grants_its_scopes_until_it_expires(secured):
+    node, _ = secured
+    good = jwt.encode({"sub": "svc", "scopes": {"write": ["jwt/"]},
+                       "exp": int(time.time()) + 60}, SECRET, algorithm="HS256")
+    expired = jwt.encode({"sub": "svc", "scopes": {"write": ["jwt/"]}, "exp": 1}, SECRET,
+                         algorithm="HS256")
+    url = f"{node.url}/v1/queues/jwt%2Fq/records"
+    assert http("POST", url, {"records": [{"value": "x"}]}, headers=bearer(good))[0] == 200
+    status, body = http("POST", url, {"records": [{"value": "x"}]}, headers=bearer(expired))
+    assert (status, body["error"]["code"]) == (401, "unauthenticated")
+
+
+async def test_the_client_sends_its_token(secured):
+    node, _ = secured
+    async with AsyncClient(node.url, token="o-token") as vq:
+        res = await vq.enqueue("acme/client", "hello")
+        assert res.offsets
+        page = await vq.read("acme/client", offset=0)
+        assert [r.text for r in page.records] == ["hello"]
+    async with AsyncClient(node.url, token="bad", deadline_s=2) as vq:
+        with pytest.raises(VQError) as err:
+            await vq.enqueue("acme/client", "nope")
+        assert err.value.status == 401
