@@ -5,6 +5,7 @@ loop turn, so a million of them never stall the loop."""
 from __future__ import annotations
 
 import asyncio
+import heapq
 import logging
 import time
 
@@ -20,6 +21,8 @@ log = logging.getLogger(__name__)
 
 # Queues handled per loop turn.
 CHUNK = 5000
+# Consumers exported by vq_consumer_lag_top (the furthest behind on this node).
+TOP_LAGS = 10
 
 
 class Maintenance:
@@ -32,6 +35,9 @@ class Maintenance:
         self._snapshots = snapshot_log
         # Per partition: the data position of its last snapshot (written or loaded).
         self._snapshot_at: dict[int, int] = {}
+        # The consumers furthest behind, as of the last pass (vq_consumer_lag_top).
+        self.top_lags: list[tuple[int, str, str]] = []
+        self.metrics.lag_source = lambda: self.top_lags
 
     def start(self) -> list[asyncio.Task[None]]:
         """The periodic passes, as tasks the node cancels when it stops."""
@@ -55,6 +61,7 @@ class Maintenance:
         """One pass over the ready partitions: drop what retention removed (below each data
         partition's log start), then tombstone consumers idle past `consumer_retention_ms`."""
         retention_ms = self.settings.consumer_retention_ms
+        lags: list[tuple[int, str, str]] = []
         for p, state in list(self.ownership.states.items()):
             if not state.ready.is_set():
                 continue
@@ -69,6 +76,7 @@ class Maintenance:
             for i in range(0, len(names), CHUNK):
                 chunk = names[i:i + CHUNK]
                 dropped += state.trim(log_start, chunk)
+                lags = heapq.nlargest(TOP_LAGS, lags + state.consumer_lags(chunk))
                 if retention_ms:
                     expired += state.expired_consumers(now_ms() - retention_ms, chunk)
                 await asyncio.sleep(0)
@@ -80,6 +88,7 @@ class Maintenance:
                     "consumers_expired": len(expired)})
             for queue, consumer in expired:
                 await self.service.expire_consumer(state, queue, consumer)
+        self.top_lags = lags
 
     # Snapshots ---------------------------------------------------------------------------------
 

@@ -5,9 +5,11 @@ Counters move where the work happens (service, ownership); gauges are read when 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 LATENCY_BUCKETS = (.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30)
 
@@ -54,6 +56,26 @@ class Metrics:
         self.revocations = Counter("vq_partitions_revoked", "partitions taken from this node",
                                    ["lost"], registry=r)
 
+        # The consumers furthest behind (lag, queue, consumer), set by the maintenance pass.
+        self.lag_source: Callable[[], list[tuple[int, str, str]]] = list
+        r.register(_TopLags(self))
+
     def gauge(self, name: str, doc: str, read: Callable[[], float]) -> None:
         """A gauge whose value is read at scrape time."""
         Gauge(name, doc, registry=self.registry).set_function(read)
+
+
+class _TopLags(Collector):
+    """`vq_consumer_lag_top{queue,consumer}`: the few consumers furthest behind on this node (a
+    bounded label set, refreshed every retention_check_s), for dashboards and alerts."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self.metrics = metrics
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        family = GaugeMetricFamily(
+            "vq_consumer_lag_top", "records behind, for the consumers furthest behind on this "
+            "node (refreshed every retention_check_s)", labels=["queue", "consumer"])
+        for lag, queue, consumer in self.metrics.lag_source():
+            family.add_metric([queue, consumer], lag)
+        yield family

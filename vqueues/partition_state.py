@@ -492,6 +492,17 @@ class PartitionState:
                 dropped += name not in self.queues
         return dropped
 
+    def consumer_lags(self, names: Iterable[str]) -> list[tuple[int, str, str]]:
+        """(lag in records, queue, consumer) of the consumers of the queues `names`."""
+        out: list[tuple[int, str, str]] = []
+        for name in names:
+            q = self.queues.get(name)
+            if q is not None and q.consumers:
+                n = len(q.offsets)
+                out.extend((n - q.position(max(off, q.deleted_before)), name, c)
+                           for c, (off, _) in q.consumers.items())
+        return out
+
     def expired_consumers(self, acked_before_ms: int, names: Iterable[str]
                           ) -> list[tuple[str, str]]:
         """(queue, consumer) of the consumers among `names` whose last ack is older."""
