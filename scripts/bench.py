@@ -610,7 +610,6 @@ async def run(args: argparse.Namespace) -> None:
                 f"enqueue above: {res['throughput']:,.0f}); enqueue -> long-polling lease "
                 f"p50 {res['lease_e2e_p50']:.2f} ms, p99 {res['lease_e2e_p99']:.2f} ms "
                 f"(cursor read: p50 {res['e2e_p50']:.2f} ms, p99 {res['e2e_p99']:.2f} ms)")
-    for name, res in modes.items():
         if "keyed_throughput" in res:
             lines.append(
                 f"enqueue shapes, {name}: plain {res['throughput']:,.0f} rec/s; an idempotency "

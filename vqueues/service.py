@@ -128,7 +128,7 @@ class QueueService:
                                        first_offset=seen.offset, index=i)
                     offsets[i] = seen.offset
                 elif key in first_in_batch:
-                    offsets[i] = -1 - first_in_batch[key]  # the same as an earlier record
+                    continue  # the same as an earlier record of this request: filled below
                 else:
                     first_in_batch[key] = i
                     todo.append(i)
@@ -137,8 +137,10 @@ class QueueService:
                 assert written.offsets is not None
                 for i, off in zip(todo, written.offsets, strict=True):
                     offsets[i] = off
-            final = [o if o is None or o >= 0 else offsets[-1 - o] for o in offsets]
-        return EnqueueResult(p, [int(o) for o in final if o is not None])
+            for i, key in enumerate(keys):
+                if offsets[i] is None and key is not None:
+                    offsets[i] = offsets[first_in_batch[key]]
+        return EnqueueResult(p, [int(o) for o in offsets if o is not None])
 
     async def append_records(self, queue: str, records: Sequence[NewRecord],
                              state: PartitionState | None = None) -> EnqueueResult:

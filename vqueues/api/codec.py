@@ -110,6 +110,18 @@ class _InRecord(msgspec.Struct, forbid_unknown_fields=True):
     delay_ms: int | None = None
 
 
+def _record_headers(headers: dict[str, str], tags: Any, deliver_at: Any, delay_ms: Any,
+                    key: Any, i: int, settings: Settings) -> list[tuple[str, bytes]]:
+    """A record's Kafka headers: the user's, then its tags, due time and idempotency key, which
+    travel as headers (both decoding paths use this one)."""
+    out = [(k, v.encode("utf-8")) for k, v in headers.items()]
+    if tags is not None:
+        out = _with_tags(out, tags, i)
+    if deliver_at is not None or delay_ms is not None:
+        out = _with_schedule(out, deliver_at, delay_ms, i, settings)
+    return _with_key(out, key, i)
+
+
 def _with_schedule(headers: list[tuple[str, bytes]], deliver_at: Any, delay_ms: Any, i: int,
                    settings: Settings) -> list[tuple[str, bytes]]:
     """The record's headers with its due time, if it is due later than now (a due time in the
@@ -199,12 +211,8 @@ def decode_enqueue(raw: bytes, settings: Settings) -> list[NewRecord]:
         if data is not None and len(data) > limit:
             raise PayloadTooLarge("record_too_large", f"records[{i}] is {len(data)} bytes; "
                                   f"at most {limit}", max=limit)
-        headers = [(k, v.encode("utf-8")) for k, v in item.headers.items()]
-        if item.tags is not None:
-            headers = _with_tags(headers, item.tags, i)
-        if item.deliver_at is not None or item.delay_ms is not None:
-            headers = _with_schedule(headers, item.deliver_at, item.delay_ms, i, settings)
-        out.append((data, _with_key(headers, item.idempotency_key, i)))
+        out.append((data, _record_headers(item.headers, item.tags, item.deliver_at,
+                                          item.delay_ms, item.idempotency_key, i, settings)))
     return out
 
 
@@ -236,11 +244,9 @@ def decode_records(body: dict[str, Any], settings: Settings) -> list[NewRecord]:
                 isinstance(k, str) and isinstance(v, str) for k, v in headers.items()):
             raise BadRequest("invalid_record",
                              f"records[{i}].headers must map strings to strings")
-        encoded = _with_tags([(k, v.encode("utf-8")) for k, v in headers.items()],
-                             item.get("tags"), i)
-        encoded = _with_schedule(encoded, item.get("deliver_at"), item.get("delay_ms"), i,
-                                 settings)
-        out.append((value, _with_key(encoded, item.get("idempotency_key"), i)))
+        out.append((value, _record_headers(headers, item.get("tags"), item.get("deliver_at"),
+                                           item.get("delay_ms"), item.get("idempotency_key"), i,
+                                           settings)))
     return out
 
 

@@ -22,6 +22,7 @@ from aiohttp import WSMsgType, web
 from vqueues.api import params
 from vqueues.api.codec import ENCODINGS, encode_leased, encode_record
 from vqueues.api.keys import SERVICE, SETTINGS, WORK
+from vqueues.api.work import SETTLING, settle
 from vqueues.errors import BadRequest, VQError
 from vqueues.leases import CURSOR, LEASE, MODES
 from vqueues.names import validate_name
@@ -113,24 +114,11 @@ class _Stream:
                 self.credit += n
                 self.granted.set()
                 return
-            work = app[WORK]
             result: Any
-            if kind in ("complete", "retry", "extend") and self.mode != LEASE:
-                raise BadRequest("invalid_parameter", f"{kind} needs a lease stream")
-            if kind == "complete":
-                result = await work.complete(self.queue, self.consumer,
-                                             work.parse_tokens(op.get("tokens")))
-            elif kind == "retry":
-                delay = params.RETRY_DELAY_MS.from_body(op, app[SETTINGS]) or 0
-                result = await work.retry(self.queue, self.consumer,
-                                          work.parse_tokens(op.get("tokens")), delay,
-                                          op.get("reason"))
-            elif kind == "extend":
-                visibility = params.LEASE_VISIBILITY_MS.from_body(op, app[SETTINGS])
-                if visibility is None:
-                    raise BadRequest("invalid_parameter", "extend needs `visibility_ms`")
-                result = await work.extend(self.queue, self.consumer,
-                                           work.parse_tokens(op.get("tokens")), visibility)
+            if kind in SETTLING:
+                if self.mode != LEASE:
+                    raise BadRequest("invalid_parameter", f"{kind} needs a lease stream")
+                result = await settle(app, kind, self.queue, self.consumer, op)
             elif kind == "ack":
                 if self.mode != CURSOR:
                     raise BadRequest("invalid_parameter", "ack needs a cursor stream")

@@ -12,6 +12,7 @@ from vqueues.api.codec import ENCODINGS, LeasePage, encode_leased, read_body, re
 from vqueues.api.keys import SETTINGS, WORK
 from vqueues.errors import BadRequest
 from vqueues.names import validate_name
+from vqueues.results import SettleResult
 from vqueues.tags import check_tag
 
 _SETTINGS_FIELDS = {"mode", "max_attempts", "dead_letter_queue", "visibility_ms"}
@@ -79,29 +80,38 @@ async def lease(request: web.Request) -> web.Response:
                              [encode_leased(r, encoding) for r in result.records]))
 
 
-async def _settling(request: web.Request) -> tuple[str, str, list[str], dict[str, Any]]:
-    """(queue, consumer, tokens, body) of a complete, retry or extend request."""
+SETTLING = ("complete", "retry", "extend")
+
+
+async def settle(app: web.Application, kind: str, queue: str, consumer: str,
+                 body: dict[str, Any]) -> SettleResult:
+    """A complete, retry or extend call from its JSON body (the HTTP route or a stream op)."""
+    work = app[WORK]
+    tokens = work.parse_tokens(body.get("tokens"))
+    if kind == "complete":
+        return await work.complete(queue, consumer, tokens)
+    if kind == "retry":
+        delay_ms = params.RETRY_DELAY_MS.from_body(body, app[SETTINGS])
+        assert delay_ms is not None
+        return await work.retry(queue, consumer, tokens, delay_ms, body.get("reason"))
+    visibility_ms = params.LEASE_VISIBILITY_MS.from_body(body, app[SETTINGS])
+    if visibility_ms is None:
+        raise BadRequest("invalid_parameter", "extend needs `visibility_ms`")
+    return await work.extend(queue, consumer, tokens, visibility_ms)
+
+
+async def _settle_route(request: web.Request, kind: str) -> web.Response:
     queue, consumer = _names(request)
-    body = await read_body(request)
-    return queue, consumer, request.app[WORK].parse_tokens(body.get("tokens")), body
+    return respond(await settle(request.app, kind, queue, consumer, await read_body(request)))
 
 
 async def complete(request: web.Request) -> web.Response:
-    queue, consumer, tokens, _ = await _settling(request)
-    return respond(await request.app[WORK].complete(queue, consumer, tokens))
+    return await _settle_route(request, "complete")
 
 
 async def retry(request: web.Request) -> web.Response:
-    queue, consumer, tokens, body = await _settling(request)
-    delay_ms = params.RETRY_DELAY_MS.from_body(body, request.app[SETTINGS])
-    assert delay_ms is not None
-    return respond(await request.app[WORK].retry(queue, consumer, tokens, delay_ms,
-                                                 body.get("reason")))
+    return await _settle_route(request, "retry")
 
 
 async def extend(request: web.Request) -> web.Response:
-    queue, consumer, tokens, body = await _settling(request)
-    visibility_ms = params.LEASE_VISIBILITY_MS.from_body(body, request.app[SETTINGS])
-    if visibility_ms is None:
-        raise BadRequest("invalid_parameter", "extend needs `visibility_ms`")
-    return respond(await request.app[WORK].extend(queue, consumer, tokens, visibility_ms))
+    return await _settle_route(request, "extend")
