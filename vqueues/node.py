@@ -100,7 +100,8 @@ class Node:
         app = api.create_app(self.service, s)
         self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=10.0)
         await self._runner.setup()
-        await web.TCPSite(self._runner, s.http_host, s.http_port).start()
+        await web.TCPSite(self._runner, s.http_host, s.http_port,
+                          ssl_context=s.ssl_context()).start()
         # Collections of the young generation cost per request under load; what exists now
         # (modules, settings, clients) lives as long as the process: keep it out of them.
         gc.set_threshold(s.gc_young_threshold, *gc.get_threshold()[1:])

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import os
 import socket
+import ssl
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -103,6 +104,11 @@ class Settings:
     auth_jwt_public_key: str = _f("", "PEM file of the public key for RS256/ES256 JWTs")
     auth_jwt_audience: str = _f("", "if set, JWTs must carry this `aud`")
     metrics_auth: bool = _f(False, "with auth on, /metrics needs a valid token too")
+    tls_cert: str = _f("", "PEM certificate (chain) file: with tls_key, the node serves HTTPS and "
+                       "advertises https:// URLs")
+    tls_key: str = _f("", "PEM private key file of tls_cert")
+    tls_ca_file: str = _f("", "PEM CA bundle a node trusts when it forwards a request to "
+                          "another node over HTTPS (default: the system's CAs)")
     forward: bool = _f(False, "proxy a request for a partition another node owns to that node "
                        "(for clients that cannot route) instead of answering 409")
     kafka_options: str = _f(
@@ -134,7 +140,8 @@ class Settings:
             host = "127.0.0.1"
         if ":" in host:
             host = f"[{host}]"
-        return f"http://{host}:{self.http_port}"
+        scheme = "https" if self.tls_cert else "http"
+        return f"{scheme}://{host}:{self.http_port}"
 
     def kafka_extra(self) -> dict[str, str]:
         """The pass-through librdkafka settings as a dict."""
@@ -214,7 +221,22 @@ class Settings:
         if not MIN_VISIBILITY_MS <= self.default_visibility_ms <= self.max_visibility_ms:
             raise ValueError(f"default_visibility_ms must be between {MIN_VISIBILITY_MS} and "
                              "max_visibility_ms")
+        if bool(self.tls_cert) != bool(self.tls_key):
+            raise ValueError("tls_cert and tls_key go together: give both or neither")
         self.kafka_extra()
+
+    def ssl_context(self) -> ssl.SSLContext | None:
+        """The HTTPS server's context (TLS 1.2 or newer), or None when TLS is off."""
+        if not self.tls_cert:
+            return None
+        ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+        ctx.load_cert_chain(self.tls_cert, self.tls_key)
+        return ctx
+
+    def client_ssl_context(self) -> ssl.SSLContext:
+        """What a node trusts when it calls another node (the forwarding proxy)."""
+        return ssl.create_default_context(cafile=self.tls_ca_file or None)
 
 
 def _to_bool(raw: Any) -> bool:

@@ -52,6 +52,8 @@ async def proxy_session(app: web.Application) -> AsyncIterator[None]:
     """The proxy's HTTP client, for the application's lifetime (a cleanup_ctx)."""
     settings = app[SETTINGS]
     timeout = aiohttp.ClientTimeout(total=settings.max_wait_ms / 1000 + 30)
-    async with aiohttp.ClientSession(timeout=timeout, auto_decompress=False) as session:
+    connector = aiohttp.TCPConnector(ssl=settings.client_ssl_context())
+    async with aiohttp.ClientSession(timeout=timeout, auto_decompress=False,
+                                     connector=connector) as session:
         app[PROXY] = session
         yield

@@ -6,6 +6,7 @@ import asyncio
 import base64
 import contextlib
 import random
+import ssl
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -125,16 +126,17 @@ def _decode_record(raw: dict[str, Any]) -> Record:
 class AsyncClient:
     """`async with AsyncClient(["http://node1:8080"]) as vq: await vq.enqueue("q", ["x"])`.
 
-    The cluster map is fetched from any of `urls`, cached, and refreshed on a 409 wrong_node,
-    on a connection error, and every `refresh_interval_s`. Retriable failures are retried with
-    exponential backoff and jitter until `deadline_s` has passed.
+    `token` is sent as a bearer token on every call; `ca_file` verifies https:// nodes whose
+    certificates a private CA signed. The cluster map is fetched from any of `urls`, cached,
+    and refreshed on a 409 wrong_node, on a connection error, and every `refresh_interval_s`.
+    Retriable failures are retried with exponential backoff and jitter until `deadline_s`.
     """
 
     def __init__(self, urls: str | list[str], *, deadline_s: float = 30.0,
                  request_timeout_s: float = 60.0, refresh_interval_s: float = 30.0,
                  backoff_initial_s: float = 0.05, backoff_max_s: float = 2.0,
-                 session: aiohttp.ClientSession | None = None, token: str | None = None
-                 ) -> None:
+                 session: aiohttp.ClientSession | None = None, token: str | None = None,
+                 ca_file: str | None = None) -> None:
         self.seeds = [u.rstrip("/") for u in ([urls] if isinstance(urls, str) else urls)]
         if not self.seeds:
             raise ValueError("at least one node URL is needed")
@@ -145,6 +147,9 @@ class AsyncClient:
         self._timeout = aiohttp.ClientTimeout(total=request_timeout_s)
         # A bearer token for nodes run with auth on (docs/security.md), sent on every call.
         self.headers = {"Authorization": f"Bearer {token}"} if token else {}
+        # https:// URLs are verified against the system's CAs, or `ca_file` (a PEM bundle) for
+        # a private CA; hostnames are checked too.
+        self._ssl = ssl.create_default_context(cafile=ca_file) if ca_file else True
         self._session = session
         self._own_session = session is None
         self.partitions: int | None = None
@@ -167,7 +172,8 @@ class AsyncClient:
     @property
     def session(self) -> aiohttp.ClientSession:
         if self._session is None:
-            self._session = aiohttp.ClientSession(timeout=self._timeout)
+            self._session = aiohttp.ClientSession(
+                timeout=self._timeout, connector=aiohttp.TCPConnector(ssl=self._ssl))
         return self._session
 
     # The cluster map ---------------------------------------------------------------------------
