@@ -64,6 +64,9 @@ REGISTRY: dict[str, ErrorSpec] = {
     # 413: too big.
     "payload_too_large": _e(413, False, "the body is over `max_body_bytes`"),
     "record_too_large": _e(413, False, "a decoded record value is over `max_record_bytes`"),
+    # 429: a tenant's quota; retry after `Retry-After`.
+    "quota_exceeded": _e(429, True, "the enqueue quota of the queue's prefix (its tenant) is "
+                                    "used up on this node; nothing was written"),
     # 503: temporary; retry after `Retry-After`.
     "partition_replaying": _e(503, True, "the partition is still being replayed"),
     "broker_error": _e(503, True, "a Kafka operation failed"),

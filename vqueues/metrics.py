@@ -40,6 +40,9 @@ class Metrics:
         self.records_scheduled_moved = Counter(
             "vq_records_scheduled_moved", "scheduled records moved into their queues at their "
             "due time", registry=r)
+        self.quota_refusals = Counter(
+            "vq_quota_refusals", "enqueues refused with 429 by a tenant's quota, by quota prefix",
+            ["prefix"], registry=r)
         self.queues_deleted = Counter("vq_queues_deleted", "queues deleted", registry=r)
         self.snapshots = Counter("vq_snapshots", "partition snapshots written", registry=r)
         self.consumers_expired = Counter(

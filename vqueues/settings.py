@@ -104,6 +104,10 @@ class Settings:
     auth_jwt_public_key: str = _f("", "PEM file of the public key for RS256/ES256 JWTs")
     auth_jwt_audience: str = _f("", "if set, JWTs must carry this `aud`")
     metrics_auth: bool = _f(False, "with auth on, /metrics needs a valid token too")
+    quota_file: str = _f(
+        "", "JSON file of per-tenant enqueue quotas: {\"quotas\": [{\"prefix\", "
+        "\"records_per_s\", \"bytes_per_s\", \"burst_s\"}]} (docs/security.md), reloaded "
+        "when it changes; empty: no quotas")
     tls_cert: str = _f("", "PEM certificate (chain) file: with tls_key, the node serves HTTPS and "
                        "advertises https:// URLs")
     tls_key: str = _f("", "PEM private key file of tls_cert")

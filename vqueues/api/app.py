@@ -8,10 +8,11 @@ from collections.abc import AsyncIterator
 from aiohttp import web
 
 from vqueues.api import compat, handlers, stream, work
-from vqueues.api.keys import AUTH, SERVICE, SETTINGS, WORK
+from vqueues.api.keys import AUTH, QUOTAS, SERVICE, SETTINGS, WORK
 from vqueues.api.middlewares import auth_middleware, error_middleware, metrics_middleware
 from vqueues.api.proxy import forward_middleware, proxy_session
 from vqueues.auth import Authenticator
+from vqueues.quotas import QuotaFile, Quotas
 from vqueues.service import QueueService
 from vqueues.settings import Settings
 from vqueues.work_service import WorkService
@@ -25,17 +26,21 @@ def authenticator(settings: Settings) -> Authenticator | None:
                          settings.auth_jwt_public_key, settings.auth_jwt_audience)
 
 
-async def _reload_tokens(app: web.Application) -> AsyncIterator[None]:
-    """Reread the token file when it changes (checked every second), without a restart."""
-    tokens = app[AUTH].tokens
+async def _reload_files(app: web.Application) -> AsyncIterator[None]:
+    """Reread the token and quota files when they change (checked every second), without a
+    restart."""
+    tokens = app[AUTH].tokens if AUTH in app else None
+    quotas = app.get(QUOTAS)
 
     async def watch() -> None:
         while True:
             await asyncio.sleep(1.0)
-            assert tokens is not None
-            tokens.reload()
+            if tokens is not None:
+                tokens.reload()
+            if quotas is not None:
+                quotas.reload()
 
-    task = asyncio.create_task(watch()) if tokens is not None else None
+    task = asyncio.create_task(watch()) if tokens is not None or quotas is not None else None
     yield
     if task is not None:
         task.cancel()
@@ -55,7 +60,9 @@ def create_app(service: QueueService, settings: Settings) -> web.Application:
     app[WORK] = WorkService(settings, service)
     if auth is not None:
         app[AUTH] = auth
-        app.cleanup_ctx.append(_reload_tokens)
+    if settings.quota_file:
+        app[QUOTAS] = QuotaFile(settings.quota_file, Quotas([]))
+    app.cleanup_ctx.append(_reload_files)
     if settings.forward:
         app.cleanup_ctx.append(proxy_session)
     q = "/v1/queues/{queue:[^/]+}"

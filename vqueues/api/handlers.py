@@ -15,9 +15,9 @@ from vqueues.api.codec import (
     read_body,
     respond,
 )
-from vqueues.api.keys import SERVICE, SETTINGS
+from vqueues.api.keys import QUOTAS, SERVICE, SETTINGS
 from vqueues.api.openapi import openapi_document
-from vqueues.errors import BadRequest
+from vqueues.errors import BadRequest, Unavailable
 from vqueues.names import validate_name
 from vqueues.tags import check_tag
 
@@ -33,6 +33,16 @@ def _consumer(request: web.Request) -> str:
 async def enqueue(request: web.Request) -> web.Response:
     queue = _queue(request)
     records = decode_enqueue(await request.read(), request.app[SETTINGS])
+    quotas = request.app.get(QUOTAS)
+    if quotas is not None:
+        nbytes = sum(len(v or b"") + sum(len(k) + len(h) for k, h in hs) for v, hs in records)
+        refused = quotas.quotas.charge(queue, len(records), nbytes)
+        if refused is not None:
+            request.app[SERVICE].metrics.quota_refusals.labels(refused.prefix).inc()
+            raise Unavailable("quota_exceeded", f"the enqueue quota of prefix "
+                              f"{refused.prefix!r} ({refused.limit}) is used up; retry in "
+                              f"{refused.retry_after_s} s", retry_after_s=refused.retry_after_s,
+                              prefix=refused.prefix, limit=refused.limit)
     return respond(await request.app[SERVICE].enqueue(queue, records))
 
 

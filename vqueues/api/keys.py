@@ -6,6 +6,7 @@ import aiohttp
 from aiohttp import web
 
 from vqueues.auth import Authenticator
+from vqueues.quotas import QuotaFile
 from vqueues.service import QueueService
 from vqueues.settings import Settings
 from vqueues.work_service import WorkService
@@ -15,3 +16,4 @@ SETTINGS = web.AppKey("settings", Settings)
 WORK = web.AppKey("work", WorkService)
 PROXY = web.AppKey("proxy", aiohttp.ClientSession)
 AUTH = web.AppKey("auth", Authenticator)
+QUOTAS = web.AppKey("quotas", QuotaFile)

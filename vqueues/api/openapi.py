@@ -136,7 +136,8 @@ def openapi_document(s: Settings) -> dict[str, Any]:
                            "URL-encode `/` as %2F"}
     queue_p = {"name": "queue", "in": "path", "required": True, "schema": name}
     consumer_p = {"name": "consumer", "in": "path", "required": True, "schema": name}
-    errors = {"400": _ERR, "409": _ERR, "503": _ERR}
+    errors = {"400": _ERR, "409": _ERR, "503": _ERR,
+              **({"401": _ERR, "403": _ERR} if s.auth else {})}
     _, answers = msgspec.json.schema_components(_ANSWERS, ref_template=_TEMPLATE)
     return {
         "openapi": "3.1.0",
@@ -152,7 +153,8 @@ def openapi_document(s: Settings) -> dict[str, Any]:
                     "parameters": [queue_p],
                     "requestBody": {"required": True, "content": {"application/json": {
                         "schema": _ref("EnqueueRequest")}}},
-                    "responses": {"200": _ok("EnqueueResult"), "413": _ERR, **errors},
+                    "responses": {"200": _ok("EnqueueResult"), "413": _ERR, "429": _ERR,
+                                  **errors},
                 },
                 "get": {
                     "summary": "Read records from the explicit offset, the consumer's committed "

@@ -244,7 +244,7 @@ class AsyncClient:
                     if r.status == 409 and last.code == "wrong_node":
                         url_override = err.get("owner")
                         await self._refresh_quietly()
-                    elif r.status == 503 and r.headers.get("Retry-After"):
+                    elif r.status in (429, 503) and r.headers.get("Retry-After"):
                         delay = max(delay, min(float(r.headers["Retry-After"]), 5.0) / 4)
                     if not last.retriable:
                         raise last
