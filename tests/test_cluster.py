@@ -1,6 +1,7 @@
 """A 3-node cluster: the map, wrong_node, --forward, the Python client, the admin script."""
 
 import asyncio
+import json
 import os
 import subprocess
 import sys
@@ -185,3 +186,28 @@ def test_the_admin_script_shows_then_deletes_queues_on_their_owning_nodes(cluste
     assert f"never-{run}: not found" in missing.stdout
     ok = delete_queue_script("--url", url, "--yes", "--ignore-missing", f"never-{run}")
     assert ok.returncode == 0
+
+
+def test_the_admin_cli_lists_queues_and_nodes_across_the_cluster(cluster):
+    run = uuid.uuid4().hex[:6]
+    owner_of = owners(cluster[0])[0]
+    with Client(cluster[0].url) as vq:
+        queues = []
+        for node in cluster:  # one queue on each node
+            q = next(f"cli-{run}-{i}" for i in range(10**5)
+                     if owner_of[partition_for(f"cli-{run}-{i}", PARTITIONS)]["url"] == node.url)
+            queues.append(q)
+            vq.enqueue(q, ["x"])
+
+    def cli(*args):
+        done = subprocess.run([sys.executable, "-m", "vqueues", *args, "--json",
+                               "--url", cluster[1].url], capture_output=True, text=True,
+                              timeout=120)
+        assert done.returncode == 0, done.stdout + done.stderr
+        return json.loads(done.stdout)
+
+    listed = cli("queues", "list", "--prefix", f"cli-{run}-")
+    assert [r["queue"] for r in listed] == sorted(queues)
+    info = cli("cluster")
+    assert sorted(n["url"] for n in info["nodes"]) == sorted(n.url for n in cluster)
+    assert sum(len(n["details"]) for n in info["nodes"]) == PARTITIONS

@@ -1,4 +1,5 @@
-"""The `vqueues` command: serve, dev, topics create, pipeline run.
+"""The `vqueues` command: serve, dev, topics create, pipeline run, and the admin commands
+(queues, consumers, cluster: vqueues/admin.py).
 
 The dev supervisor is in vqueues/dev.py."""
 
@@ -12,7 +13,7 @@ import signal
 import sys
 from collections.abc import Sequence
 
-from vqueues import logs, memory, topics
+from vqueues import admin, logs, memory, topics
 from vqueues.errors import ConfigError
 from vqueues.settings import Settings
 
@@ -53,6 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     psub = pipe.add_subparsers(dest="pipeline_command", required=True)
     prun = psub.add_parser("run", help="archive records and per-queue metrics to Parquet")
     add_pipeline_arguments(prun)
+    admin.add_commands(sub)
     return parser
 
 
@@ -117,6 +119,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "pipeline":
         logs.setup("info", "text")
         return run_pipeline(args)
+    if args.command in ("queues", "consumers", "cluster"):
+        return admin.run(args)
     return _topics_create(args)
 
 

@@ -3,7 +3,7 @@ OpenAPI document takes their schemas from these same types)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from vqueues.records import Record
 
@@ -116,15 +116,41 @@ class QueueDeletion:
 
 
 @dataclass(slots=True, frozen=True)
+class QueueSummary:
+    """One queue in a listing asked with `stats=true`."""
+
+    queue: str
+    partition: int
+    records: int
+    first_offset: int | None
+    last_offset: int | None
+    consumers: int
+    max_lag: int  # the lag of the consumer furthest behind (0 without consumers)
+
+
+@dataclass(slots=True, frozen=True)
 class QueueList:
     queues: list[str]
     next_after: str | None
+    stats: list[QueueSummary] | None = None  # with `stats=true`: one per name, in order
 
 
 @dataclass(slots=True, frozen=True)
 class OwnerInfo:
     node: str
     url: str
+
+
+@dataclass(slots=True, frozen=True)
+class PartitionDetail:
+    """One partition this node owns: readiness and replay progress."""
+
+    partition: int
+    ready: bool
+    queues: int  # queues held (with a retained record or a consumer)
+    log_start: int  # the first retained offset, as last learnt
+    next_offset: int  # the next data offset the tail delivers (the end once ready)
+    replay_target: int | None  # the end seen at assignment: replay is done past it
 
 
 @dataclass(slots=True, frozen=True)
@@ -136,3 +162,4 @@ class PartitionsInfo:
     url: str
     owned: list[int]
     ready: list[int]
+    details: list[PartitionDetail] = field(default_factory=list)

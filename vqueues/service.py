@@ -37,10 +37,12 @@ from vqueues.results import (
     ConsumerInfo,
     EnqueueResult,
     OwnerInfo,
+    PartitionDetail,
     PartitionsInfo,
     QueueDeletion,
     QueueInfo,
     QueueList,
+    QueueSummary,
     ReadResult,
     ScheduledCancellation,
 )
@@ -379,7 +381,8 @@ class QueueService:
             self.metrics.queues_deleted.inc()
         return QueueDeletion(queue, True, p, stats.records, sorted(stats.consumers), before)
 
-    def list_queues(self, prefix: str, after: str | None, limit: int) -> QueueList:
+    def list_queues(self, prefix: str, after: str | None, limit: int, stats: bool = False
+                    ) -> QueueList:
         """A page of the listed queues' names, in order: each ready partition keeps its names
         sorted, so a page merges `limit + 1` names from each, never sorting them all."""
         runs = []
@@ -391,7 +394,17 @@ class QueueService:
         page = list(itertools.islice(heapq.merge(*runs), limit + 1))
         more = len(page) > limit
         del page[limit:]
-        return QueueList(page, page[-1] if more and page else None)
+        summaries = [self._summary(name) for name in page] if stats else None
+        return QueueList(page, page[-1] if more and page else None, summaries)
+
+    def _summary(self, queue: str) -> QueueSummary:
+        p = self.partition_of(queue)
+        st = self.ownership.states[p].stats(queue)
+        if st is None:  # listed by its scheduled records alone
+            return QueueSummary(queue, p, 0, None, None, 0, 0)
+        return QueueSummary(queue, p, st.records, st.first_offset, st.last_offset,
+                            len(st.consumers), max((lag for _, lag in st.consumers.values()),
+                                                   default=0))
 
     async def expire_consumer(self, state: PartitionState, queue: str, consumer: str) -> None:
         """Remove a consumer idle past `consumer_retention_ms` (maintenance), durably."""
@@ -412,7 +425,10 @@ class QueueService:
             partitions=cmap.partitions, generation=cmap.generation,
             owners={str(p): OwnerInfo(o.node, o.url) for p, o in sorted(cmap.owners.items())},
             node=self.settings.effective_node_id, url=self.settings.effective_url,
-            owned=sorted(states), ready=sorted(p for p, s in states.items() if s.ready.is_set()))
+            owned=sorted(states), ready=sorted(p for p, s in states.items() if s.ready.is_set()),
+            details=[PartitionDetail(p, s.ready.is_set(), len(s.queues), s.log_start,
+                                     s.tail_offset, s.replay_target)
+                     for p, s in sorted(states.items())])
 
     def register_gauges(self) -> None:
         states = self.ownership.states

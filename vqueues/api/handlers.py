@@ -98,8 +98,11 @@ async def queue_info(request: web.Request) -> web.Response:
 
 async def list_queues(request: web.Request) -> web.Response:
     limit = params.LIST_LIMIT.require(request.query, request.app[SETTINGS])
+    stats = request.query.get("stats", "false")
+    if stats not in ("true", "false"):
+        raise BadRequest("invalid_parameter", "stats must be true or false")
     return respond(request.app[SERVICE].list_queues(
-        request.query.get("prefix", ""), request.query.get("after"), limit))
+        request.query.get("prefix", ""), request.query.get("after"), limit, stats == "true"))
 
 
 async def delete_queue(request: web.Request) -> web.Response:

@@ -241,7 +241,11 @@ def openapi_document(s: Settings) -> dict[str, Any]:
                         "parameters": [
                             {"name": "prefix", "in": "query", "schema": {"type": "string"}},
                             {"name": "after", "in": "query", "schema": {"type": "string"}},
-                            params.LIST_LIMIT.openapi(s)],
+                            params.LIST_LIMIT.openapi(s),
+                            {"name": "stats", "in": "query",
+                             "schema": {"enum": ["true", "false"], "default": "false"},
+                             "description": "true: also `stats`, one summary per listed queue "
+                                            "(records, offsets, consumers, worst lag)"}],
                         "responses": {"200": _ok("QueueList"), "400": _ERR}},
             },
             "/v1/partitions": {"get": {"summary": "The cluster map and this node's partitions",

@@ -343,6 +343,72 @@ class AsyncClient:
     async def cluster_map(self) -> dict[str, Any]:
         return await self.refresh_map()
 
+    async def _get_node(self, url: str, path: str, params: dict[str, str] | None = None
+                        ) -> tuple[int, Any]:
+        """One GET to one node (no routing, no retry): (status, JSON body)."""
+        async with self.session.get(url + path, params=params, headers=self.headers) as r:
+            return r.status, await r.json(content_type=None)
+
+    async def node_urls(self) -> list[str]:
+        """Every node in the cluster map (the seeds if no partition has an owner yet)."""
+        await self.refresh_map()
+        return sorted(set(self.owners.values())) or list(self.seeds)
+
+    async def list_queues(self, prefix: str = "", *, limit: int | None = None,
+                          stats: bool = False) -> list[Any]:
+        """Queue names (or, with `stats`, one summary dict each) across the whole cluster,
+        sorted by name: every node's listing, paged and merged."""
+        out: list[Any] = []
+        for url in await self.node_urls():
+            after: str | None = None
+            while True:
+                params = {"prefix": prefix, "limit": "1000", "stats": str(stats).lower()}
+                if after is not None:
+                    params["after"] = after
+                status, body = await self._get_node(url, "/v1/queues", params)
+                if status != 200:
+                    err = body.get("error", {}) if isinstance(body, dict) else {}
+                    raise VQError(status, err.get("code", "http_error"), err.get("message", ""),
+                                  err, retriable=err.get("retriable") is True)
+                out.extend(body["stats"] if stats else body["queues"])
+                after = body["next_after"]
+                if after is None or (limit is not None and len(out) >= limit * 2):
+                    break
+        out.sort(key=(lambda x: x["queue"]) if stats else (lambda x: x))
+        return out if limit is None else out[:limit]
+
+    async def nodes(self) -> list[dict[str, Any]]:
+        """Each node's own view: its `/readyz` answer (`status`, `owned`, `ready`, `details`:
+        per owned partition its replay progress) or, if it did not answer, `error`."""
+        out = []
+        for url in await self.node_urls():
+            try:
+                status, body = await self._get_node(url, "/readyz")
+                out.append({"url": url, **body} if isinstance(body, dict)
+                           else {"url": url, "error": f"HTTP {status}"})
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                out.append({"url": url, "status": "unreachable", "error": str(exc)})
+        return out
+
+    async def find_offset(self, queue: str, timestamp_ms: int) -> int:
+        """The offset of the queue's first record stamped at or after `timestamp_ms` (the
+        queue's end if none): a binary search over one-record reads, like Kafka's
+        offsets-for-times. Assumes the queue's timestamps do not go back in time."""
+        info = await self.queue_info(queue)
+        if info is None or info["first_offset"] is None:
+            raise VQError(404, "queue_not_found", f"queue {queue!r} has no records")
+        lo, hi = int(info["first_offset"]), int(info["last_offset"]) + 1
+        end = hi
+        while lo < hi:  # the smallest start whose first record is at or after timestamp_ms
+            mid = (lo + hi) // 2
+            page = await self.read(queue, offset=mid, limit=1)
+            if page.records and page.records[0].timestamp < timestamp_ms:
+                lo = page.records[0].offset + 1
+            else:
+                hi = mid
+        page = await self.read(queue, offset=lo, limit=1)
+        return page.records[0].offset if page.records else end
+
     # Work queues (docs/work-queues.md) --------------------------------------------------------
 
     def _c(self, queue: str, consumer: str) -> str:
