@@ -116,3 +116,35 @@ async def test_the_client_sends_its_token(secured):
         with pytest.raises(VQError) as err:
             await vq.enqueue("acme/client", "nope")
         assert err.value.status == 401
+
+
+def test_cross_origin_calls_are_allowed_only_from_the_clusters_own_nodes(secured):
+    import urllib.request
+    node, _ = secured
+
+    def preflight(origin):
+        req = urllib.request.Request(f"{node.url}/v1/queues/acme%2Fx", method="OPTIONS", headers={
+            "Origin": origin, "Access-Control-Request-Method": "DELETE",
+            "Access-Control-Request-Headers": "authorization"})
+        try:
+            with urllib.request.urlopen(req, timeout=10) as resp:
+                return resp.status, dict(resp.headers)
+        except urllib.error.HTTPError as exc:
+            exc.close()
+            return exc.code, dict(exc.headers)
+
+    status, headers = preflight(node.url)  # a console served by a node of this cluster
+    assert status == 204 and headers["Access-Control-Allow-Origin"] == node.url
+    assert "Authorization" in headers["Access-Control-Allow-Headers"]
+    status, headers = preflight("http://evil.example")
+    assert "Access-Control-Allow-Origin" not in headers
+    req = urllib.request.Request(f"{node.url}/v1/queues/acme%2Fx",
+                                 headers={"Origin": "http://evil.example", **bearer("o-token")})
+    try:
+        urllib.request.urlopen(req, timeout=10).close()
+    except urllib.error.HTTPError as exc:
+        assert "Access-Control-Allow-Origin" not in exc.headers
+        exc.close()
+    # The console's files are public; the data they fetch is not.
+    status, page = http("GET", f"{node.url}/ui/")
+    assert status == 200 and b"vqueues console" in page

@@ -145,8 +145,8 @@ class Authenticator:
 
 def required_scope(route: str, method: str) -> str | None:
     """The scope a route needs (on its queue), "any" for any valid token, None if public."""
-    if route in ("/healthz", "/readyz", "/v1/openapi.json"):
-        return None
+    if route in ("/healthz", "/readyz", "/v1/openapi.json") or route.startswith("/ui"):
+        return None  # the console's files are public; what they fetch needs a token
     if route == "/metrics":
         return "metrics"
     if route in ("/v1/partitions", "/get_partitions"):

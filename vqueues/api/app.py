@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 
 from aiohttp import web
 
-from vqueues.api import compat, handlers, stream, work
+from vqueues.api import compat, console, handlers, stream, work
 from vqueues.api.keys import AUTH, QUOTAS, SERVICE, SETTINGS, WORK
 from vqueues.api.middlewares import auth_middleware, error_middleware, metrics_middleware
 from vqueues.api.proxy import forward_middleware, proxy_session
@@ -48,7 +48,8 @@ async def _reload_files(app: web.Application) -> AsyncIterator[None]:
 
 def create_app(service: QueueService, settings: Settings) -> web.Application:
     """The application serving `service`; limits come from `settings` (docs/api.md)."""
-    middlewares = [metrics_middleware, error_middleware]
+    # cors sits outside error, so that error answers carry its headers too.
+    middlewares = [metrics_middleware, console.cors_middleware, error_middleware]
     if settings.forward:
         middlewares.append(forward_middleware)  # the owner authorises a forwarded request
     auth = authenticator(settings)
@@ -85,6 +86,7 @@ def create_app(service: QueueService, settings: Settings) -> web.Application:
     app.router.add_get("/v1/partitions", handlers.partitions)
     app.router.add_get("/v1/openapi.json", handlers.openapi)
     app.router.add_routes(compat.routes())
+    app.router.add_routes(console.routes())
     app.router.add_get("/metrics", handlers.metrics)
     app.router.add_get("/healthz", handlers.healthz)
     app.router.add_get("/readyz", handlers.readyz)

@@ -1,0 +1,1 @@
+"""The web console's files (served by vqueues/api/console.py)."""
