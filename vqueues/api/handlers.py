@@ -101,8 +101,11 @@ async def list_queues(request: web.Request) -> web.Response:
     stats = request.query.get("stats", "false")
     if stats not in ("true", "false"):
         raise BadRequest("invalid_parameter", "stats must be true or false")
-    return respond(request.app[SERVICE].list_queues(
-        request.query.get("prefix", ""), request.query.get("after"), limit, stats == "true"))
+    page = request.app[SERVICE].list_queues(
+        request.query.get("prefix", ""), request.query.get("after"), limit, stats == "true")
+    if page.stats is None:  # `stats` appears only when asked for
+        return respond({"queues": page.queues, "next_after": page.next_after})
+    return respond(page)
 
 
 async def delete_queue(request: web.Request) -> web.Response:
