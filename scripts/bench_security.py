@@ -63,7 +63,8 @@ async def measure(mode: str, bootstrap: str, files: Path, args: argparse.Namespa
     env = {**os.environ, **bench.DEV_ENV, **node_env(mode, files), "VQ_BOOTSTRAP": bootstrap,
            "VQ_HTTP_PORT": str(port), "VQ_NODE_ID": f"sec-{mode}",
            "VQ_DATA_TOPIC": f"{prefix}-data", "VQ_OFFSET_TOPIC": f"{prefix}-offsets",
-           "VQ_ASSIGNMENT_TOPIC": f"{prefix}-assignments", "VQ_GROUP_ID": f"{prefix}-g"}
+           "VQ_ASSIGNMENT_TOPIC": f"{prefix}-assignments", "VQ_GROUP_ID": f"{prefix}-g",
+           "VQ_LOG_LEVEL": "error"}
     proc = subprocess.Popen([sys.executable, "-m", "vqueues", "serve"], env=env)
     tls = mode == "auth+tls+quota"
     url = f"{'https' if tls else 'http'}://127.0.0.1:{port}"
@@ -86,8 +87,8 @@ async def measure(mode: str, bootstrap: str, files: Path, args: argparse.Namespa
                                                            args.concurrency, lambda q: url)}
             lat = await bench.vq_latency(s, url, "lat", args.samples)
             read = await bench.vq_read_latency(s, url, "rd", args.samples)
-        out |= {"enqueue_p50": bench.pct(lat, 50) * 1000, "enqueue_p99": bench.pct(lat, 99) * 1000,
-                "read_p50": bench.pct(read, 50) * 1000, "read_p99": bench.pct(read, 99) * 1000}
+        out |= {"enqueue_p50": bench.pct(lat, .5), "enqueue_p99": bench.pct(lat, .99),
+                "read_p50": bench.pct(read, .5), "read_p99": bench.pct(read, .99)}
         return out
     finally:
         proc.terminate()
