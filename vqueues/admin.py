@@ -221,6 +221,8 @@ class Admin:
         return EXIT_FAILED if missing else EXIT_OK
 
     async def queues_delete(self, vq: AsyncClient) -> int:
+        from vqueues_client import VQError
+
         names = list(dict.fromkeys(self.args.queues))
         if self.args.prefix is not None:
             if self.args.prefix == "" and not self.args.yes:
@@ -253,7 +255,6 @@ class Admin:
         with self.progress("deleting") as bar:
             task = bar.add_task("deleting", total=len(found))
             for info in found:
-                from vqueues_client import VQError
                 try:
                     res = await vq.delete_queue(info["queue"])
                 except VQError as exc:
