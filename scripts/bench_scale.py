@@ -264,11 +264,11 @@ def fill_more(bootstrap: str, topic: str, records: int) -> None:
 
 
 async def sustained(s: aiohttp.ClientSession, bootstrap: str, seconds: float
-                    ) -> list[tuple[float, float, float]]:
+                    ) -> list[tuple[float, float, float, float]]:
     """Enqueue load (batches of 100 x 100 B, 16 in flight, 1,000 queues) for `seconds`;
-    (elapsed s, resident MB, live MB) every 5 s, and /healthz p99 over the run."""
+    (elapsed s, resident MB, live MB, records enqueued so far, millions) every 5 s."""
     node = Node(bootstrap, new_topics(bootstrap))
-    curve: list[tuple[float, float, float]] = []
+    curve: list[tuple[float, float, float, float]] = []
     try:
         await watch_replay(s, node)
         body = json.dumps({"records": [{"value": "x" * 100}] * 100})
@@ -288,7 +288,8 @@ async def sustained(s: aiohttp.ClientSession, bootstrap: str, seconds: float
                 await asyncio.sleep(5)
                 curve.append((time.perf_counter() - t0,
                               await metric(s, node.url, "process_resident_memory_bytes") / 1e6,
-                              await metric(s, node.url, "vq_heap_in_use_bytes") / 1e6))
+                              await metric(s, node.url, "vq_heap_in_use_bytes") / 1e6,
+                              await metric(s, node.url, "vq_records_enqueued_total") / 1e6))
 
         await asyncio.gather(sample(), *(worker(i) for i in range(16)))
         return curve
@@ -342,8 +343,15 @@ async def run(args: argparse.Namespace) -> None:
                          f"{u['sparse_p99_ms']:.1f} ms")
             if args.sustain_s:
                 curve = await sustained(s, bootstrap, args.sustain_s)
-                lines.append("sustained enqueue load, default cache (s: resident MB / live MB): "
-                             + ", ".join(f"{t:.0f}: {r:.0f}/{h:.0f}" for t, r, h in curve))
+                lines.append("sustained enqueue load, default cache (s: resident MB / live MB / "
+                             "records enqueued, M): " + ", ".join(
+                                 f"{t:.0f}: {r:.0f}/{h:.0f}/{n:.1f}" for t, r, h, n in curve))
+                if len(curve) > 4:  # after the cache filled (about 15 s): growth per record
+                    (_, r0, h0, n0), (_, r1, h1, n1) = curve[3], curve[-1]
+                    per = 1e6 / max((n1 - n0) * 1e6, 1)
+                    lines.append(f"from {curve[3][0]:.0f} s to the end: resident "
+                                 f"{(r1 - r0) * per:.1f} B, live {(h1 - h0) * per:.1f} B per "
+                                 "record enqueued (the index: no retention on tansu)")
     finally:
         if broker:
             broker.stop()
