@@ -123,6 +123,13 @@ def _decode_record(raw: dict[str, Any]) -> Record:
     return Record(raw["offset"], raw["timestamp"], data, headers)
 
 
+def _error_from(status: int, body: Any, reason: str = "") -> VQError:
+    """The VQError a node's error answer (`{"error": {...}}`) stands for."""
+    err = body.get("error", {}) if isinstance(body, dict) else {}
+    return VQError(status, err.get("code", "http_error"), err.get("message", reason), err,
+                   retriable=err.get("retriable") is True)
+
+
 class AsyncClient:
     """`async with AsyncClient(["http://node1:8080"]) as vq: await vq.enqueue("q", ["x"])`.
 
@@ -235,10 +242,8 @@ class AsyncClient:
                     body = await r.json(content_type=None) if r.content_length != 0 else None
                     if r.status < 300:
                         return body
-                    err = (body or {}).get("error", {}) if isinstance(body, dict) else {}
-                    last = VQError(r.status, err.get("code", "http_error"),
-                                   err.get("message", r.reason or ""), err,
-                                   retriable=err.get("retriable") is True)
+                    last = _error_from(r.status, body, r.reason or "")
+                    err = last.details
                     if r.status == 404 and ok404:
                         return None
                     if r.status == 409 and last.code == "wrong_node":
@@ -367,9 +372,7 @@ class AsyncClient:
                     params["after"] = after
                 status, body = await self._get_node(url, "/v1/queues", params)
                 if status != 200:
-                    err = body.get("error", {}) if isinstance(body, dict) else {}
-                    raise VQError(status, err.get("code", "http_error"), err.get("message", ""),
-                                  err, retriable=err.get("retriable") is True)
+                    raise _error_from(status, body)
                 out.extend(body["stats"] if stats else body["queues"])
                 after = body["next_after"]
                 if after is None or (limit is not None and len(out) >= limit * 2):
