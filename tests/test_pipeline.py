@@ -245,18 +245,25 @@ def test_any_valid_queue_name_is_archived_and_read_back_unchanged(spark, bootstr
     assert "PartitionFilters" in plan and "bucket" in plan
 
 
-def test_a_micro_batch_writes_at_most_one_file_per_date_and_bucket(spark, bootstrap, tmp_path):
+def test_a_micro_batch_writes_at_most_archive_writers_files_per_date_and_bucket(
+        spark, bootstrap, tmp_path):
     topic = new_topic(bootstrap)
     p = Producer({"bootstrap.servers": bootstrap, "partitioner": "murmur2", "linger.ms": 20})
     now = int(time.time() * 1000)
     for i in range(3000):
         p.produce(topic, key=f"q{i % 1000}".encode(), value=b"x", timestamp=now)
     assert p.flush(30) == 0
-    run(spark, options(bootstrap, topic, tmp_path, jobs=("archive",), archive_buckets=8))
-    files = list(Path(tmp_path / "out/archive").rglob("*.parquet"))
-    dirs = {f.parent for f in files}
-    assert len(dirs) <= 8 * 2 and len(files) == len(dirs)  # one file per (date, bucket)
-    assert spark.read.parquet(str(tmp_path / "out/archive")).count() == 3000
+    for writers in (1, 2):
+        out = tmp_path / f"w{writers}"
+        run(spark, options(bootstrap, topic, out, jobs=("archive",), archive_buckets=8,
+                           archive_writers=writers))
+        files = list(Path(out / "out/archive").rglob("*.parquet"))
+        per_dir = Counter(f.parent for f in files)
+        assert len(per_dir) <= 8 * 2  # 8 buckets, the date may roll over during the test
+        assert max(per_dir.values()) <= writers, per_dir
+        if writers == 1:
+            assert len(files) == len(per_dir)  # one file per (date, bucket)
+        assert spark.read.parquet(str(out / "out/archive")).count() == 3000
 
 
 def test_an_archive_of_the_old_layout_migrates_with_one_job(spark, tmp_path):
@@ -275,6 +282,8 @@ def test_an_archive_of_the_old_layout_migrates_with_one_job(spark, tmp_path):
     assert [r.offset for r in got] == list(range(5))
     nulls = spark.read.parquet(str(tmp_path / "new")).where("queue is null").count()
     assert nulls == 1
+    with pytest.raises(FileExistsError):  # never into an archive that holds files
+        migrate_archive(spark, str(tmp_path / "old"), str(tmp_path / "new"))
 
 
 def batch_reader(spark, bootstrap, topic, **options):

@@ -79,8 +79,11 @@ def add_pipeline_arguments(p: argparse.ArgumentParser) -> None:
                    help="how late a record may arrive and still count in its minute")
     p.add_argument("--jobs", default="archive,metrics", help="archive, metrics or both")
     p.add_argument("--archive-buckets", type=int, default=64,
-                   help="archive buckets per date (mmh3 of the queue name; default 64): at most "
-                        "this many files per date and micro-batch")
+                   help="archive buckets per date (mmh3 of the queue name; default 64)")
+    p.add_argument("--archive-writers", type=int, default=None,
+                   help="archive writer tasks per micro-batch (default: Spark's default "
+                        "parallelism); a micro-batch writes at most this many files per date "
+                        "and bucket")
     p.add_argument("--master", default=None,
                    help="Spark master (default: local[*], or spark-submit's)")
     p.add_argument("--kafka-option", action="append", default=[], metavar="KEY=VALUE",
@@ -100,6 +103,7 @@ def run_pipeline(args: argparse.Namespace, master_default: str | None = "local[*
         starting_offsets=args.starting_offsets,
         max_records_per_trigger=args.max_records_per_trigger,
         watermark_delay=args.watermark_delay, archive_buckets=args.archive_buckets,
+        archive_writers=args.archive_writers,
         jobs=tuple(j.strip() for j in args.jobs.split(",") if j.strip()),
         kafka_options=kafka_options)
     spark = spark_session(args.master or master_default)

@@ -27,7 +27,9 @@ class OffsetRanges:
 
     def __init__(self, conf: dict[str, Any], topic: str) -> None:
         self.topic = topic
-        self._consumer = _consumer(conf)
+        # A fetch at the end of a partition is held by the broker up to fetch.wait.max.ms
+        # before the empty answer that gives the EOF: keep that short, ends() waits for it.
+        self._consumer = _consumer(conf, **{"fetch.wait.max.ms": 10})
 
     def partitions(self, timeout_s: float = 30.0) -> list[int]:
         md = self._consumer.list_topics(self.topic, timeout=timeout_s)

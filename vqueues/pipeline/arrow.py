@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -33,11 +33,18 @@ def _queues(keys: pa.Array) -> pa.Array:
 ARROW_SCHEMA_BUCKETED = ARROW_SCHEMA.append(pa.field("bucket", pa.int32()))
 
 
-def with_bucket(batch: pa.RecordBatch, bucket_of: Callable[[str | None], int]
-                ) -> pa.RecordBatch:
-    """`batch` plus the archive bucket of each record's queue (vqueues/pipeline/layout.py)."""
-    buckets = pa.array([bucket_of(q) for q in batch.column("queue").to_pylist()], pa.int32())
-    return pa.RecordBatch.from_arrays([*batch.columns, buckets], schema=ARROW_SCHEMA_BUCKETED)
+def with_bucket(batch: pa.RecordBatch, buckets: int) -> pa.RecordBatch:
+    """`batch` plus the archive bucket of each record's queue (vqueues/pipeline/layout.py),
+    hashed once per distinct queue of the batch."""
+    import pyarrow.compute as pc
+
+    from vqueues.pipeline.layout import archive_buckets
+
+    queues = batch.column("queue")
+    distinct = pc.unique(queues)
+    of_distinct = pa.array(archive_buckets(distinct.to_pylist(), buckets), pa.int32())
+    column = pc.take(of_distinct, pc.index_in(queues, value_set=distinct))
+    return pa.RecordBatch.from_arrays([*batch.columns, column], schema=ARROW_SCHEMA_BUCKETED)
 
 
 def to_record_batch(msgs: Sequence[Any]) -> pa.RecordBatch:

@@ -37,18 +37,24 @@ def read_queue(spark: Any, archive: str, queue: str, buckets: int = DEFAULT_BUCK
             .orderBy("partition", "offset"))
 
 
-def migrate_archive(spark: Any, old: str, new: str, buckets: int = DEFAULT_BUCKETS) -> int:
+def migrate_archive(spark: Any, old: str, new: str, buckets: int = DEFAULT_BUCKETS,
+                    writers: int | None = None) -> int:
     """One-off: rewrite an archive of the old layout (queue=<escaped>/date=<d>/) into this one
-    (date=<d>/bucket=<b>/). Spark reads the old directory names back unescaped; the old
-    `__no_queue__` of keyless records becomes null. Returns the records written. Run it once,
-    with no job writing to either path."""
+    (date=<d>/bucket=<b>/) with the archive's sink. Spark reads the old directory names back
+    unescaped; the old `__no_queue__` of keyless records becomes null. Returns the records
+    written. Run it once, with no job writing to either path; `new` must not hold files."""
     from pyspark.sql import functions as F
 
+    from vqueues.pipeline.archive import holds_files
+
+    if holds_files(new):
+        raise FileExistsError(f"{new} already holds files: migrate into an empty directory")
     df = spark.read.parquet(old)
     df = df.withColumn("queue", F.when(F.col("queue") == "__no_queue__", F.lit(None))
                        .otherwise(F.col("queue"))).drop("date")
-    (archive_frame(_with_bucket(df, buckets)).write.mode("errorifexists")
-     .partitionBy("date", "bucket").parquet(new))
+    n = writers or spark.sparkContext.defaultParallelism
+    (_with_bucket(df, buckets).coalesce(n).write.format("vqueues-archive").mode("append")
+     .option("path", new).save())
     return int(spark.read.parquet(new).count())
 
 
@@ -64,6 +70,7 @@ class PipelineOptions:
     max_records_per_trigger: int | None = None
     watermark_delay: str = "1 minute"
     archive_buckets: int = DEFAULT_BUCKETS
+    archive_writers: int | None = None  # writer tasks per micro-batch (None: default parallelism)
     jobs: tuple[str, ...] = JOBS
     kafka_options: dict[str, str] = field(default_factory=dict)
 
@@ -89,9 +96,11 @@ def spark_session(master: str | None = None, app_name: str = "vqueues-pipeline")
 
 
 def register(spark: Any) -> None:
+    from vqueues.pipeline.archive import ArchiveSink
     from vqueues.pipeline.source import VQueuesKafkaSource
 
     spark.dataSource.register(VQueuesKafkaSource)
+    spark.dataSource.register(ArchiveSink)
 
 
 def read_stream(spark: Any, opts: PipelineOptions, buckets: int | None = None) -> Any:
@@ -138,65 +147,19 @@ def _trigger(writer: Any, opts: PipelineOptions) -> Any:
     return writer.trigger(processingTime=opts.trigger)
 
 
-def archive_frame(df: Any) -> Any:
-    """The archive's rows (a DataFrame with `bucket`), laid out for writing: one task per
-    (date, bucket), sorted by queue, partition and offset within it, so a micro-batch writes at
-    most one file per date and bucket whatever the number of queues."""
-    from pyspark.sql import functions as F
-
-    out = df.select(
-        "queue", "bucket", F.date_format("timestamp", "yyyy-MM-dd").alias("date"),
-        "partition", "offset", "timestamp", "headers", "key", "value")
-    return (out.repartition("date", "bucket")
-            .sortWithinPartitions("date", "bucket", "queue", "partition", "offset"))
-
-
 def archive_query(df: Any, opts: PipelineOptions) -> Any:
-    """The archive as a streaming query. A streaming DataFrame cannot be sorted, so each
-    micro-batch is written as a batch (`foreachBatch`): laid out by `archive_frame` into a
-    staging directory, then each file renamed to `date=<d>/bucket=<b>/part-<batch id>.parquet`.
-    A micro-batch that runs again after a failure (same id, same records) writes the same names:
-    exactly-once with the checkpoint, and no sink log is needed to read the archive."""
+    """The archive as a streaming query into our sink (`vqueues-archive`,
+    vqueues/pipeline/archive.py): `archive_writers` tasks (default: Spark's default
+    parallelism), no shuffle, each sorting and writing with pyarrow. The sink's commit names
+    the files after the batch id, so a micro-batch that runs again after a failure writes the
+    same names: exactly-once with the checkpoint, and no sink log is needed to read the
+    archive."""
     archive = str(Path(opts.output) / "archive")
-
-    def write_batch(batch: Any, batch_id: int) -> None:
-        write_archive_batch(batch, archive, batch_id)
-
-    writer = (df.writeStream.queryName("vqueues_archive").foreachBatch(write_batch)
+    writers = opts.archive_writers or df.sparkSession.sparkContext.defaultParallelism
+    writer = (df.coalesce(writers).writeStream.queryName("vqueues_archive")
+              .format("vqueues-archive").option("path", archive)
               .option("checkpointLocation", str(Path(opts.checkpoint) / "archive")))
     return _trigger(writer, opts).start()
-
-
-def write_archive_batch(batch: Any, archive: str, batch_id: int) -> int:
-    """Write one micro-batch into the archive idempotently (see `archive_query`); returns the
-    number of files written."""
-    spark = batch.sparkSession
-    staging = f"{archive}/_staging/{batch_id}"
-    archive_frame(batch).write.mode("overwrite").partitionBy("date", "bucket").parquet(staging)
-    jvm = spark._jvm
-    hpath = jvm.org.apache.hadoop.fs.Path
-    root = hpath(staging)
-    fs = root.getFileSystem(spark._jsc.hadoopConfiguration())
-    root_uri = fs.makeQualified(root).toUri().getPath().rstrip("/")
-    found = fs.listFiles(root, True)
-    files = []
-    while found.hasNext():
-        status = found.next()
-        if status.getPath().getName().endswith(".parquet"):
-            files.append(status.getPath())
-    files.sort(key=lambda f: f.toUri().getPath())
-    seen: dict[str, int] = {}
-    for f in files:
-        rel = f.getParent().toUri().getPath()[len(root_uri) + 1:]  # date=<d>/bucket=<b>
-        k = seen[rel] = seen.get(rel, -1) + 1
-        dest = hpath(f"{archive}/{rel}/part-{batch_id:010d}-{k:03d}.parquet")
-        fs.mkdirs(dest.getParent())
-        if fs.exists(dest):
-            fs.delete(dest, False)  # the same batch written again: same records
-        if not fs.rename(f, dest):
-            raise RuntimeError(f"could not move {f} to {dest}")
-    fs.delete(root, True)
-    return len(files)
 
 
 def metrics_query(df: Any, opts: PipelineOptions) -> Any:
@@ -220,6 +183,8 @@ def run(spark: Any, opts: PipelineOptions, wait: bool = True) -> list[Any]:
     unknown = set(opts.jobs) - set(JOBS)
     if unknown:
         raise ValueError(f"unknown jobs {sorted(unknown)}; choose from {JOBS}")
+    if opts.archive_writers is not None and opts.archive_writers < 1:
+        raise ValueError("archive_writers must be at least 1")
     queries = []
     if "archive" in opts.jobs:
         queries.append(archive_query(read_stream(spark, opts, opts.archive_buckets), opts))

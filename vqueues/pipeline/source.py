@@ -130,9 +130,7 @@ def read_records(conf: dict[str, str], r: KafkaRange, buckets: int | None, readi
 
     from vqueues.kafka.ranges import read_range
     from vqueues.pipeline.arrow import to_record_batch, with_bucket
-    from vqueues.pipeline.layout import BucketMemo
 
-    bucket_of = BucketMemo(buckets) if buckets else None
     keep = pa.array(list(reading.queues), pa.string()) if reading.queues is not None else None
     deleted = (_deletion_floors(conf, reading.deletion_topic, r.partition)
                if reading.deletion_topic else None)
@@ -146,7 +144,7 @@ def read_records(conf: dict[str, str], r: KafkaRange, buckets: int | None, readi
             mask = [deleted.get(q, -1) <= o for q, o in zip(queues, offsets, strict=True)]
             batch = batch.filter(pa.array(mask, pa.bool_()))
         if batch.num_rows:
-            yield with_bucket(batch, bucket_of) if bucket_of is not None else batch
+            yield with_bucket(batch, buckets) if buckets else batch
 
 
 def _deletion_floors(conf: dict[str, str], topic: str, partition: int) -> dict[str, int]:
