@@ -47,6 +47,9 @@ from vqueues.hashing import partition_for  # noqa: E402
 from vqueues.kafka.admin import Admin, TopicSpec  # noqa: E402
 
 VALUE = "x" * 100
+# A pause before each request, as a reader parked on a quiet queue sees: every process and
+# thread on the path has gone idle, and waking them costs on these VMs (see docs/benchmarks.md).
+IDLE_S = 0.005
 DEV_ENV = {"VQ_SESSION_TIMEOUT_MS": "6000", "VQ_HEARTBEAT_INTERVAL_MS": "500",
            "VQ_LOG_LEVEL": "warning"}
 
@@ -80,11 +83,13 @@ def raw_throughput(bootstrap: str, topic: str, seconds: float) -> float:
     return n / (time.perf_counter() - t0)
 
 
-def raw_latency(bootstrap: str, topic: str, count: int) -> list[float]:
+def raw_latency(bootstrap: str, topic: str, count: int, idle_s: float = 0.0) -> list[float]:
     p = Producer({"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 0,
                   "enable.idempotence": True, "partitioner": "murmur2"})
     out = []
     for _ in range(count):
+        if idle_s:
+            time.sleep(idle_s)
         t0 = time.perf_counter()
         p.produce(topic, key=b"raw-lat", value=VALUE.encode())
         p.flush(10)
@@ -240,13 +245,30 @@ async def vq_read_throughput(s: aiohttp.ClientSession, base: str, q: str, second
     return count / (time.perf_counter() - t0)
 
 
-async def vq_latency(s: aiohttp.ClientSession, base: str, q: str, count: int) -> list[float]:
+async def vq_latency(s: aiohttp.ClientSession, base: str, q: str, count: int,
+                     idle_s: float = 0.0) -> list[float]:
     body = json.dumps({"records": [{"value": VALUE}]})
     out = []
     for _ in range(count):
+        if idle_s:
+            await asyncio.sleep(idle_s)
         t0 = time.perf_counter()
         async with s.post(f"{base}/v1/queues/{q}/records", data=body,
                           headers={"Content-Type": "application/json"}) as r:
+            await r.read()
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+async def vq_http_floor(s: aiohttp.ClientSession, base: str, count: int,
+                        idle_s: float = 0.0) -> list[float]:
+    """GET /healthz: what HTTP alone costs between this client and the node."""
+    out = []
+    for _ in range(count):
+        if idle_s:
+            await asyncio.sleep(idle_s)
+        t0 = time.perf_counter()
+        async with s.get(f"{base}/healthz") as r:
             await r.read()
         out.append(time.perf_counter() - t0)
     return out
@@ -439,6 +461,10 @@ async def measure_vqueues(args: argparse.Namespace, bootstrap: str, nodes: int,
             await vq_latency(s, route("lat-1"), "lat-1", 20)
             samples = {
                 "enqueue": await vq_latency(s, route("lat-1"), "lat-1", args.samples),
+                "enqueue_idle": await vq_latency(s, route("lat-1"), "lat-1", args.samples,
+                                                 IDLE_S),
+                "http": await vq_http_floor(s, route("lat-1"), args.samples),
+                "http_idle": await vq_http_floor(s, route("lat-1"), args.samples, IDLE_S),
                 "read": await vq_read_latency(s, route("read-1"), "read-1", args.samples),
             }
             samples["e2e"], after_writer = await vq_e2e(s, route("e2e-1"), "e2e-1",
@@ -530,6 +556,8 @@ async def measure_raw(args: argparse.Namespace, bootstrap: str) -> dict[str, flo
                                                  args.seconds)}
     samples = {
         "enqueue": await asyncio.to_thread(raw_latency, bootstrap, topic, args.samples),
+        "enqueue_idle": await asyncio.to_thread(raw_latency, bootstrap, topic, args.samples,
+                                                IDLE_S),
         "read": await asyncio.to_thread(raw_read_latency, bootstrap, topic, args.partitions,
                                         args.samples),
         "e2e": await asyncio.to_thread(raw_e2e, bootstrap, topic, args.partitions,
@@ -543,6 +571,7 @@ async def measure_raw(args: argparse.Namespace, bootstrap: str) -> dict[str, flo
 ROWS = [("throughput", "enqueue throughput, batches of 100 x 100 B, 10 queues", "rec/s"),
         *((f"{m}_{p}", f"{label} {p}", "ms")
           for m, label in (("enqueue", "enqueue latency, 1 record,"),
+                           ("enqueue_idle", "enqueue latency, 1 record after 5 ms idle,"),
                            ("read", "read latency, 100 records,"),
                            ("e2e", "end-to-end latency (enqueue -> long poll),"))
           for p in ("p50", "p99"))]
@@ -602,6 +631,9 @@ async def run(args: argparse.Namespace) -> None:
         lines.append(f"node CPU per enqueued record (user + system, batches of 100), {name}: "
                      f"{res['cpu_us_per_record']:.1f} µs; a parked reader answers "
                      f"{res['reader_after_writer_p50']:.2f} ms (p50) after the writer")
+        lines.append(f"HTTP alone (GET /healthz), {name}: p50 {res['http_p50']:.2f} ms busy, "
+                     f"{res['http_idle_p50']:.2f} ms after {IDLE_S * 1000:.0f} ms idle "
+                     f"(p99 {res['http_p99']:.2f} / {res['http_idle_p99']:.2f} ms)")
     for name, res in modes.items():
         if "lease_throughput" in res:
             lines.append(
