@@ -198,18 +198,22 @@ def write_task(batches: Iterator[pa.RecordBatch], path: str, flush_bytes: int
     staging = f"{root}/_staging/{token}"
     files: list[tuple[int, ArchiveFile]] = []
     held: list[pa.RecordBatch] = []
-    size = flushes = 0
+    size = 0
+
+    def flush() -> None:
+        n = len({k for k, _ in files})  # flushes so far (each writes at least one file)
+        table = laid_out(pa.Table.from_batches(held))
+        files.extend((n, f) for f in write_files(table, staging, f"f{n:04d}", fs))
+
     for batch in batches:
         if batch.num_rows:
             held.append(batch)
             size += batch.nbytes
         if size >= flush_bytes:
-            files += [(flushes, f) for f in write_files(
-                laid_out(pa.Table.from_batches(held)), staging, f"f{flushes:04d}", fs)]
-            held, size, flushes = [], 0, flushes + 1
+            flush()
+            held, size = [], 0
     if held:
-        files += [(flushes, f) for f in write_files(
-            laid_out(pa.Table.from_batches(held)), staging, f"f{flushes:04d}", fs)]
+        flush()
     return ArchiveCommit(token, ctx.partitionId() if ctx is not None else 0, tuple(files))
 
 
