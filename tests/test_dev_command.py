@@ -16,18 +16,21 @@ from vqueues.broker import free_port
 
 @pytest.mark.skipif(subprocess.run(["which", "curl"], capture_output=True).returncode != 0,
                     reason="curl is not installed on this machine")
-def test_dev_prints_working_curl_lines_and_stops_cleanly_on_ctrl_c():
+def test_dev_prints_working_curl_lines_and_stops_cleanly_on_ctrl_c(tmp_path):
     port = free_port()
+    # Its logs go to a file, so that a failure says why (it once exited early in a full run).
+    stderr = open(tmp_path / "dev.log", "w")  # noqa: SIM115 (closed in finally)
     proc = subprocess.Popen(
         [sys.executable, "-m", "vqueues", "dev", "--nodes", "2", "--partitions", "4",
-         "--http-port", str(port)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+         "--http-port", str(port)], stdout=subprocess.PIPE, stderr=stderr,
         text=True, env={**os.environ, **FAST_GROUP}, start_new_session=True)
     try:
         lines = []
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline:
             line = proc.stdout.readline()
-            assert line, "vqueues dev exited before printing its banner"
+            assert line, ("vqueues dev exited before printing its banner; its log ends:\n"
+                          + (tmp_path / "dev.log").read_text()[-3000:])
             lines.append(line.rstrip("\n"))
             if line.startswith("Press Ctrl-C"):
                 break
@@ -46,6 +49,7 @@ def test_dev_prints_working_curl_lines_and_stops_cleanly_on_ctrl_c():
         os.killpg(proc.pid, signal.SIGINT)
         rc = proc.wait(60)
         proc.stdout.close()
+        stderr.close()
     assert rc == 0
     # Every process it started is gone (same session, started by it).
     left = subprocess.run(["pgrep", "-s", str(proc.pid)], capture_output=True, text=True)
