@@ -4,6 +4,7 @@ Ctrl-C with everything it started."""
 import os
 import shlex
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -14,10 +15,23 @@ from tests.support import FAST_GROUP
 from vqueues.broker import free_port
 
 
+def two_free_ports() -> int:
+    """A port P with P + 1 free too: `--nodes 2` listens on both."""
+    for _ in range(100):
+        port = free_port()
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port + 1))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError("no two consecutive free ports")
+
+
 @pytest.mark.skipif(subprocess.run(["which", "curl"], capture_output=True).returncode != 0,
                     reason="curl is not installed on this machine")
 def test_dev_prints_working_curl_lines_and_stops_cleanly_on_ctrl_c(tmp_path):
-    port = free_port()
+    port = two_free_ports()
     # Its logs go to a file, so that a failure says why (it once exited early in a full run).
     stderr = open(tmp_path / "dev.log", "w")  # noqa: SIM115 (closed in finally)
     proc = subprocess.Popen(
