@@ -2,14 +2,13 @@
 routes, the token file reloaded without a restart, JWTs, and the client with a token."""
 
 import json
-import os
 import time
 
 import jwt
 import pytest
 from vqueues_client import AsyncClient, VQError
 
-from tests.support import NodeProcess, http
+from tests.support import NodeProcess, edit_watched_file, http
 from vqueues.auth import token_hash
 
 SECRET = "test-secret-" + "x" * 24
@@ -80,11 +79,8 @@ def test_the_token_file_is_reloaded_without_a_restart(secured):
     node, path = secured
     url = f"{node.url}/v1/queues/acme%2Fnew/records"
     assert http("POST", url, {"records": [{"value": "x"}]}, headers=bearer("new-token"))[0] == 401
-    current = json.loads(path.read_text())
-    current["tokens"].append({"name": "new", "sha256": token_hash("new-token"),
-                              "scopes": {"write": ["acme/"]}})
-    path.write_text(json.dumps(current))
-    os.utime(path, (time.time() + 2, time.time() + 2))
+    edit_watched_file(path, lambda c: c["tokens"].append(
+        {"name": "new", "sha256": token_hash("new-token"), "scopes": {"write": ["acme/"]}}))
     deadline = time.monotonic() + 10
     status = 401
     while status == 401 and time.monotonic() < deadline:

@@ -2,12 +2,11 @@
 nothing written by a refused request, other tenants unaffected, the file reloaded live."""
 
 import json
-import os
 import time
 
 import pytest
 
-from tests.support import NodeProcess, http
+from tests.support import NodeProcess, edit_watched_file, http
 
 
 @pytest.fixture(scope="module")
@@ -75,10 +74,7 @@ def test_the_quota_file_is_reloaded_without_a_restart(limited):
     node, path = limited
     while enqueue(node, "noisy/d")[0] == 200:
         pass
-    current = json.loads(path.read_text())
-    current["quotas"][0]["records_per_s"] = 100000
-    path.write_text(json.dumps(current))
-    os.utime(path, (time.time() + 2, time.time() + 2))
+    edit_watched_file(path, lambda c: c["quotas"][0].update(records_per_s=100000))
     deadline = time.monotonic() + 10
     status = 429
     while status == 429 and time.monotonic() < deadline:

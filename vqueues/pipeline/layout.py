@@ -18,9 +18,7 @@ LAYOUT_VERSION = 2
 
 def archive_bucket(queue: str | None, buckets: int = DEFAULT_BUCKETS) -> int:
     """The bucket of `queue` (keyless records: bucket 0)."""
-    if queue is None:
-        return 0
-    return (mmh3.hash(queue.encode("utf-8", "surrogatepass"), 0) & 0x7FFFFFFF) % buckets
+    return archive_buckets([queue], buckets)[0]
 
 
 def archive_buckets(queues: list[str | None], buckets: int = DEFAULT_BUCKETS) -> list[int]:
