@@ -3,6 +3,7 @@
 import asyncio
 import itertools
 import random
+from array import array
 
 import pytest
 
@@ -120,3 +121,58 @@ async def test_queues_without_consumers_share_one_empty_dict_that_nobody_writes_
     queues, _ = snap.build(snap.latest(0, [*chunks, (snap.manifest_key(0), manifest)]))
     assert queues["b"].consumers is NO_CONSUMERS
     assert NO_CONSUMERS == {}
+
+
+@pytest.mark.parametrize("largest_gap", [1, 255, 256, 70_000, 5_000_000_000])
+def test_the_offsets_column_round_trips_in_the_narrowest_gap_type(largest_gap):
+    rng = random.Random(largest_gap)
+    counts, offsets = array("q"), array("q")
+    for _ in range(300):
+        n = rng.choice([0, 0, 1, 2, 7, 40])
+        start = rng.randrange(10**12)  # queues' offsets interleave: jumps go back and forth
+        run = [start]
+        for _ in range(n - 1):
+            run.append(run[-1] + rng.randint(1, largest_gap))
+        counts.append(n)
+        offsets.extend(run[:n])
+    raw = snap.encode_offsets(offsets, counts)
+    assert snap.decode_offsets(raw, counts) == offsets
+    width = {1: 1, 255: 1, 256: 2, 70_000: 4, 5_000_000_000: 8}[largest_gap]
+    jumps = sum(1 for c in counts if c)
+    assert len(raw) == 1 + 8 * jumps + width * (len(offsets) - jumps)
+    with pytest.raises(snap.SnapshotError):
+        snap.decode_offsets(raw[:-1], counts)
+    with pytest.raises(snap.SnapshotError):
+        snap.decode_offsets(b"\x09" + raw[1:], counts)
+
+
+def test_evenly_spread_records_cost_almost_nothing_in_a_snapshot():
+    """Takeover must not grow with the records: 10 queues round-robin over 200,000 records."""
+    s = PartitionState(0, RecordCache(0))
+    s.apply_records([(f"queue-{i % 10}", rec(i)) for i in range(200_000)], None)
+    image = asyncio.run(snap.capture(s, 0))
+    chunks, manifest = snap.encode(image, 1)
+    assert sum(len(v) for _, v in chunks) < 5_000  # raw int64 offsets (format 3): 300 kB
+    loaded = snap.latest(0, [*chunks, (snap.manifest_key(0), manifest)])
+    assert loaded is not None and loaded.offsets == image.offsets
+
+
+def test_a_format_3_snapshot_with_raw_offsets_is_still_read():
+    import hashlib
+    import json
+    import zlib
+
+    import msgspec
+
+    meta = msgspec.msgpack.encode([b"ab", array("q", [1, 1]).tobytes(),
+                                   array("q", [2, 1]).tobytes(),
+                                   array("q", [0, 0]).tobytes(), [], [0, [], [], [], []]])
+    body = zlib.compress(len(meta).to_bytes(8, "little") + meta
+                         + array("q", [3, 9, 5]).tobytes())
+    manifest = json.dumps({"v": 3, "id": 1, "chunks": 1, "data_position": 10,
+                           "offsets_position": 0, "log_start": 0,
+                           "sha256": hashlib.sha256(body).hexdigest()}).encode()
+    loaded = snap.latest(0, [(snap.chunk_key(0, 1, 0), snap.MAGIC + body),
+                             (snap.manifest_key(0), manifest)])
+    assert loaded is not None
+    assert loaded.names == ["a", "b"] and list(loaded.offsets) == [3, 9, 5]
