@@ -6,7 +6,7 @@ import time
 from collections.abc import Awaitable, Sequence
 from typing import Any
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+from confluent_kafka import Consumer, TopicPartition
 
 from vqueues.errors import BrokerError
 from vqueues.kafka import kafka_errors, poll
@@ -55,7 +55,11 @@ def read_to_end(conf: dict[str, Any], topic: str, partitions: Sequence[int],
                              "auto.offset.reset": "earliest"})
     try:
         with kafka_errors(f"replaying {topic}"):
-            consumer.assign([TopicPartition(topic, p, (starts or {}).get(p, OFFSET_BEGINNING))
+            # From offset 0, not OFFSET_BEGINNING: librdkafka looks a logical offset up only
+            # once it knows the partition's leader, and a fresh consumer does not yet, so it
+            # retries 500 ms later (measured on every takeover's reads). Below the log start,
+            # auto.offset.reset moves 0 to the earliest record.
+            consumer.assign([TopicPartition(topic, p, (starts or {}).get(p, 0))
                              for p in partitions])
         pending = set(partitions)
         deadline = time.monotonic() + timeout_s

@@ -7,7 +7,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+from confluent_kafka import Consumer, TopicPartition
 
 from vqueues.kafka import poll
 
@@ -20,9 +20,10 @@ class TopicTail:
     def __init__(self, conf: dict[str, Any], topic: str, partitions: int,
                  on_batch: Callable[[list[tuple[bytes | None, bytes | None]]], object]) -> None:
         self._consumer = Consumer({**conf, "enable.auto.commit": False,
-                                   "enable.partition.eof": False})
-        self._consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING)
-                               for p in range(partitions)])
+                                   "enable.partition.eof": False,
+                                   "auto.offset.reset": "earliest"})
+        # Offset 0 rather than OFFSET_BEGINNING: see `read_to_end` (500 ms sooner).
+        self._consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
         self._on_batch = on_batch
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"vq-tail-{topic}", daemon=True)
