@@ -6,7 +6,7 @@ import tracemalloc
 
 import pytest
 
-from vqueues.cache import RecordCache
+from vqueues.cache import ENTRY_OVERHEAD_BYTES, RecordCache
 from vqueues.records import Record
 
 
@@ -46,13 +46,13 @@ def test_cached_entries_are_not_tracked_by_the_garbage_collector():
         cache.put(0, make(i, 10, 1))
     for _ in range(3):  # nested tuples are untracked inside out, one collection each
         gc.collect()
-    assert not any(gc.is_tracked(e) for e in cache._items.values())
+    assert not any(gc.is_tracked(e) for e in cache.entries())
 
 
 def test_a_replay_caches_only_what_would_still_be_cached_at_its_end():
     from vqueues.partition_state import PartitionState
 
-    cache = RecordCache(100 * 334)  # it can never hold more than 100 records
+    cache = RecordCache(100 * ENTRY_OVERHEAD_BYTES)  # it can never hold more than 100 records
     put = []
     real_put = cache.put
     cache.put = lambda p, rec: (put.append(rec.offset), real_put(p, rec))  # type: ignore
@@ -64,3 +64,26 @@ def test_a_replay_caches_only_what_would_still_be_cached_at_its_end():
     s.mark_offsets_replayed()
     s.apply_records([("q0", Record(1000, 1, b"v", ()))], None)  # ready: every record
     assert put[-1] == 1000 and cache.get(0, 1000) is not None
+
+
+def test_no_one_table_holds_the_whole_cache():
+    """A dict rebuilds its whole table when it resizes (a loop stall of 190 ms at half a million
+    entries): the cache spreads consecutive records over SHARDS small dicts."""
+    from vqueues.cache import SHARDS
+
+    cache = RecordCache(1 << 30)
+    for p in range(3):
+        for i in range(SHARDS * 500):
+            cache.put(p, Record(i, 1, b"v", ()))
+    sizes = [len(shard) for shard in cache._shards]
+    assert len(cache) == sum(sizes) == 3 * SHARDS * 500
+    assert max(sizes) == min(sizes) == 3 * 500
+
+
+def test_the_same_record_put_twice_is_held_once_and_keeps_its_place():
+    cache = RecordCache(3 * (ENTRY_OVERHEAD_BYTES + 1))
+    for i in (0, 1, 0, 2):
+        cache.put(0, Record(i, 1, b"v", ()))
+    assert len(cache) == 3 and cache.bytes == 3 * (ENTRY_OVERHEAD_BYTES + 1)
+    cache.put(0, Record(3, 1, b"v", ()))
+    assert cache.get(0, 0) is None and cache.get(0, 3) is not None  # 0 was still the oldest

@@ -51,7 +51,7 @@ async def test_enqueued_records_are_read_back_and_acked(service):
 
 async def test_records_older_than_the_cache_are_fetched_by_offset(service):
     service.cache.max_bytes = 0  # nothing stays cached
-    service.cache._items.clear()
+    service.cache.clear()
     await service.enqueue("old", [(b"x", []), (b"y", [])])
     page = await service.read("old", None, None, 10, 0)
     assert [r.value for r in page.records] == [b"x", b"y"]
@@ -105,7 +105,7 @@ def test_far_apart_offsets_are_split_into_runs_read_side_by_side():
 
 async def test_a_sparse_queues_uncached_records_are_fetched_in_parallel_runs(service):
     service.cache.max_bytes = 0
-    service.cache._items.clear()
+    service.cache.clear()
     for i in range(3):
         await service.enqueue("sparse", [(f"s{i}".encode(), [])])
         other = next(f"o{j}" for j in range(10**4)
