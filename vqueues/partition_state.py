@@ -11,8 +11,9 @@ import asyncio
 import contextlib
 from array import array
 from bisect import bisect_left
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, MutableMapping
 from dataclasses import dataclass
+from itertools import chain
 from typing import TYPE_CHECKING, cast
 
 from sortedcontainers import SortedList
@@ -90,6 +91,49 @@ class QueueIndex(_OffsetArray):
             del self.offsets[:cut]
 
 
+QUEUE_SHARDS = 256  # a power of two: a queue's shard is its name's hash's low bits
+
+
+class QueueMap(MutableMapping[str, QueueIndex]):
+    """Queue name -> QueueIndex, spread over QUEUE_SHARDS dicts. One dict of a million queues
+    stalled the loop for 100-150 ms each time it grew (a resize copies the whole table, in
+    one C call that holds the GIL; measured during a replay of 1M queues); a shard's resize
+    copies a 256th of that."""
+
+    __slots__ = ("_shards",)
+
+    def __init__(self, shards: list[dict[str, QueueIndex]] | None = None) -> None:
+        self._shards = shards if shards is not None else [{} for _ in range(QUEUE_SHARDS)]
+
+    def get(self, name: str, default: QueueIndex | None = None) -> QueueIndex | None:  # type: ignore[override]
+        return self._shards[hash(name) & (QUEUE_SHARDS - 1)].get(name, default)
+
+    def __getitem__(self, name: str) -> QueueIndex:
+        return self._shards[hash(name) & (QUEUE_SHARDS - 1)][name]
+
+    def __setitem__(self, name: str, q: QueueIndex) -> None:
+        self._shards[hash(name) & (QUEUE_SHARDS - 1)][name] = q
+
+    def __delitem__(self, name: str) -> None:
+        del self._shards[hash(name) & (QUEUE_SHARDS - 1)][name]
+
+    def pop(self, name: str, default: QueueIndex | None = None) -> QueueIndex | None:  # type: ignore[override]
+        return self._shards[hash(name) & (QUEUE_SHARDS - 1)].pop(name, default)
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and name in self._shards[hash(name) & (QUEUE_SHARDS - 1)]
+
+    def __len__(self) -> int:
+        return sum(map(len, self._shards))
+
+    def __iter__(self) -> Iterator[str]:
+        return chain.from_iterable(self._shards)
+
+    def shard_names(self, shard: int) -> list[str]:
+        """The names in one shard (0 <= shard < QUEUE_SHARDS): a walk in bounded steps."""
+        return list(self._shards[shard])
+
+
 @dataclass(slots=True)
 class QueueStats:
     queue: str
@@ -121,7 +165,7 @@ class PartitionState:
         self.schedule = Schedule()  # records to deliver later (vqueues/schedule.py)
         # The tag index: queue -> tag -> offsets of its records carrying the tag (ascending).
         self.tags: dict[str, dict[str, array[int]]] = {}
-        self.queues: dict[str, QueueIndex] = {}
+        self.queues = QueueMap()
         self.names = SortedList()  # the listed queues' names, kept ordered as they change
         self.log_start = 0  # the data partition's first retained offset, as last learnt
         self.offsets_position = 0  # every offset-topic entry below it is applied
