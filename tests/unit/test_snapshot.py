@@ -176,3 +176,22 @@ def test_a_format_3_snapshot_with_raw_offsets_is_still_read():
                              (snap.manifest_key(0), manifest)])
     assert loaded is not None
     assert loaded.names == ["a", "b"] and list(loaded.offsets) == [3, 9, 5]
+
+
+@pytest.mark.parametrize("step", [1, 2, 3, 7, 1 << 20])
+def test_names_and_body_survive_being_decoded_in_small_steps(step, monkeypatch):
+    """Names are decoded a step at a time (so no one call holds the GIL long): a multi-byte
+    character or a name may straddle two steps."""
+    monkeypatch.setattr(snap, "STEP_BYTES", step)
+    names = ["a", "é", "日本語", "x" * 10, "🙂z", "q/1", "ü" * 5]
+    raw = "".join(names).encode("utf-8", "surrogatepass")
+    lengths = array("q", map(len, names))
+    assert snap._names(raw, lengths) == names
+    with pytest.raises(snap.SnapshotError):
+        snap._names(raw[:-1], lengths)
+    with pytest.raises(snap.SnapshotError):
+        snap._names(raw + b"z", lengths)
+    body = snap._deflate([raw, b"0123456789" * 3])
+    assert snap._inflate(body) == raw + b"0123456789" * 3
+    with pytest.raises(snap.SnapshotError):
+        snap._inflate(body[:-2])
