@@ -15,7 +15,8 @@ Then, on the 1M-queue topic: GET /v1/queues page latency (1000 names, random `af
 node with a tiny cache: 100-record pages older than the cache, and a sparse queue's records far
 apart. Last, --sustain-s of enqueue load with the default cache, sampling resident memory.
 After the full replay the node writes a snapshot and stops; a second node then takes the
-partition over from that snapshot (takeover time, snapshot size and load time).
+partition over from that snapshot (takeover time, snapshot size and load time), beside a fresh
+plain consumer going from the snapshot's position to the end (the broker's share).
 
 Usage: .venv/bin/python scripts/bench_scale.py [--records 1000000,4000000,8000000]
        [--queues 10,1000000] [--sustain-s 60]
@@ -117,6 +118,23 @@ class Node:
             self.proc.wait()
 
 
+def raw_reach_end(bootstrap: str, topic: str, start: int) -> float:
+    """Seconds a fresh plain consumer takes from `assign` at `start` to the partition's EOF:
+    the broker's share of a takeover that resumes at a snapshot's position."""
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"raw-{uuid.uuid4().hex}",
+                  "enable.auto.commit": False, "enable.partition.eof": True,
+                  "fetch.wait.max.ms": int(DEV_ENV.get("VQ_FETCH_WAIT_MAX_MS", "100"))})
+    t0 = time.perf_counter()
+    c.assign([TopicPartition(topic, 0, start)])
+    try:
+        while True:
+            m = c.poll(1)
+            if m is not None and m.error() is not None:
+                return time.perf_counter() - t0
+    finally:
+        c.close()
+
+
 async def metric(s: aiohttp.ClientSession, url: str, name: str) -> float:
     async with s.get(f"{url}/metrics") as r:
         for line in (await r.text()).splitlines():
@@ -179,6 +197,8 @@ async def measure_replay(s: aiohttp.ClientSession, bootstrap: str, records: int,
     try:
         lat, _ = await watch_replay(s, node)
         loaded = node.event("snapshot_loaded") or {}
+        out["raw_end_s"] = await asyncio.to_thread(raw_reach_end, bootstrap, f"{prefix}-data",
+                                                   int(str(loaded.get("data_position", 0))))
         out.update({"takeover_s": (node.replay_ms() or float("nan")) / 1000,
                     "snapshot_load_s": float(str(loaded.get("load_ms", "nan"))) / 1000,
                     "takeover_healthz_p99_ms": pct(lat, .99),
@@ -313,7 +333,8 @@ async def run(args: argparse.Namespace) -> None:
                          f"{empty[1] / 1e6:.0f} MB")
             lines += ["| records | queues | full replay to ready | raw consumer read | /healthz "
                       "p99 / max during replay | snapshot size, write time | takeover from the "
-                      "snapshot (load) | /healthz p99 / max then | live per record | live per "
+                      "snapshot (load; a raw consumer from its position to the end) | "
+                      "/healthz p99 / max then | live per record | live per "
                       "queue | resident / live | GET /v1/queues p50 / p99 |", "|---" * 12 + "|"]
             per_record: float | None = None
             for queues in args.queues:
@@ -330,7 +351,8 @@ async def run(args: argparse.Namespace) -> None:
                         f"{r['raw_rate'] / 1e3:,.0f}k rec/s ({records / r['raw_rate']:.1f} s) | "
                         f"{r['healthz_p99_ms']:.0f} / {r['healthz_max_ms']:.0f} ms | "
                         f"{r['snapshot_mb']:.1f} MB, {r['snapshot_write_s']:.1f} s | "
-                        f"{r['takeover_s']:.1f} s ({r['snapshot_load_s']:.1f} s) | "
+                        f"{r['takeover_s'] * 1000:.0f} ms ({r['snapshot_load_s'] * 1000:.0f} "
+                        f"ms; raw {r['raw_end_s'] * 1000:.0f} ms) | "
                         f"{r['takeover_healthz_p99_ms']:.0f} / "
                         f"{r['takeover_healthz_max_ms']:.0f} ms | "
                         f"{r['live_bytes'] / records:.1f} B | {per_queue} | "

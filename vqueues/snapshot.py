@@ -405,11 +405,14 @@ def build(snapshot: Snapshot) -> tuple[QueueMap, SortedList]:
 def _build(snapshot: Snapshot) -> tuple[QueueMap, SortedList]:
     offsets = snapshot.offsets
     view = memoryview(offsets).cast("B")
-    objects: list[QueueIndex] = []
-    append = objects.append
     new: Any = array.__new__  # QueueIndex.__new__'s work without its Python frame: 1M queues
+    # Into the shards one by one: dict(zip(...)) of a million names held the GIL for 0.47 s
+    # in one C call, stalling the loop's thread as long (measured).
+    shards: list[dict[str, QueueIndex]] = [{} for _ in range(QUEUE_SHARDS)]
+    mask = QUEUE_SHARDS - 1
     pos = 0
-    for count, deleted_before in zip(snapshot.counts, snapshot.deleted, strict=True):
+    for name, count, deleted_before in zip(snapshot.names, snapshot.counts, snapshot.deleted,
+                                           strict=True):
         end = pos + count
         if count < 4096:  # the cheapest call for the many small queues
             q = new(QueueIndex, "q", offsets[pos:end])
@@ -419,12 +422,7 @@ def _build(snapshot: Snapshot) -> tuple[QueueMap, SortedList]:
         pos = end
         q.deleted_before = deleted_before
         q.consumers = NO_CONSUMERS
-        append(q)
-    # Into the shards one by one: dict(zip(...)) of a million names held the GIL for 0.47 s
-    # in one C call, stalling the loop's thread as long (measured).
-    shards: list[dict[str, QueueIndex]] = [{} for _ in range(QUEUE_SHARDS)]
-    for name, q in zip(snapshot.names, objects, strict=True):
-        shards[hash(name) & (QUEUE_SHARDS - 1)][name] = q
+        shards[hash(name) & mask][name] = q
     queues = QueueMap(shards)
     listed = [name for name, count in zip(snapshot.names, snapshot.counts, strict=True)
               if count]
