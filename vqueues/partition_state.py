@@ -117,8 +117,9 @@ class QueueMap(MutableMapping[str, QueueIndex]):
     def __delitem__(self, name: str) -> None:
         del self._shards[hash(name) & (QUEUE_SHARDS - 1)][name]
 
-    def pop(self, name: str, default: QueueIndex | None = None) -> QueueIndex | None:  # type: ignore[override]
-        return self._shards[hash(name) & (QUEUE_SHARDS - 1)].pop(name, default)
+    def pop(self, name: str, *default: QueueIndex | None) -> QueueIndex | None:  # type: ignore[override]
+        """As dict.pop: KeyError for a missing name unless a default is given."""
+        return self._shards[hash(name) & (QUEUE_SHARDS - 1)].pop(name, *default)
 
     def __contains__(self, name: object) -> bool:
         return isinstance(name, str) and name in self._shards[hash(name) & (QUEUE_SHARDS - 1)]

@@ -2,6 +2,8 @@
 
 import asyncio
 
+import pytest
+
 from vqueues.cache import RecordCache
 from vqueues.locks import KeyedLocks
 from vqueues.partition_state import PartitionState
@@ -145,3 +147,19 @@ async def test_own_writes_wake_a_waiting_reader_once_per_batch():
     s.apply_own("a", [rec(0), rec(1), rec(2)])
     await asyncio.wait_for(waiter, 1)
     assert await s.wait_indexed(2, 0)
+
+
+def test_the_queue_map_behaves_as_a_dict_of_queues():
+    from vqueues.partition_state import QUEUE_SHARDS, QueueIndex, QueueMap
+
+    m, d = QueueMap(), {}
+    for i in range(3 * QUEUE_SHARDS):
+        m[f"q{i}"] = d[f"q{i}"] = QueueIndex()
+    assert len(m) == len(d) and set(m) == set(d) and m == d
+    assert m.get("q1") is d["q1"] and m.get("nope") is None and "q2" in m and 7 not in m
+    assert m.pop("q1") is d.pop("q1") and m.pop("q1", None) is None
+    with pytest.raises(KeyError):
+        m.pop("q1")
+    del m["q2"]
+    assert "q2" not in m and len(m) == len(d) - 1
+    assert sorted(n for s in range(QUEUE_SHARDS) for n in m.shard_names(s)) == sorted(m)
