@@ -105,6 +105,11 @@ class QueueMap(MutableMapping[str, QueueIndex]):
     def __init__(self, shards: list[dict[str, QueueIndex]] | None = None) -> None:
         self._shards = shards if shards is not None else [{} for _ in range(QUEUE_SHARDS)]
 
+    @staticmethod
+    def shard_of(name: str) -> int:
+        """The shard that holds `name` (the methods below inline it: they are hot paths)."""
+        return hash(name) & (QUEUE_SHARDS - 1)
+
     def get(self, name: str, default: QueueIndex | None = None) -> QueueIndex | None:  # type: ignore[override]
         return self._shards[hash(name) & (QUEUE_SHARDS - 1)].get(name, default)
 
