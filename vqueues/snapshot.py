@@ -93,10 +93,18 @@ class Snapshot:
     tags: list[tuple[str, str, bytes]] = field(default_factory=list)
     # (queue, id, due): records waiting for their due time, below the cut
     scheduled: list[tuple[str, int, int]] = field(default_factory=list)
+    # A loaded snapshot keeps its offsets encoded (`encode_offsets`), and `offsets` empty, until
+    # `build` decodes them straight into the queues.
+    column: bytes | memoryview | None = None
 
     @property
     def records(self) -> int:
-        return len(self.offsets)
+        return sum(self.counts) if self.column is not None else len(self.offsets)
+
+    def decoded_offsets(self) -> array[int]:
+        """Every queue's offsets, in queue order (decoded if the snapshot was loaded)."""
+        return self.offsets if self.column is None else decode_offsets(self.column,
+                                                                        self.counts)
 
 
 async def capture(state: PartitionState, offsets_position: int) -> Snapshot:
@@ -201,6 +209,8 @@ def encode(snapshot: Snapshot, snapshot_id: int) -> tuple[list[tuple[bytes, byte
     return chunks, manifest
 
 
+LONG_QUEUE = 4096  # offsets from which `build` decodes a queue straight into its own array
+
 # Compression, decompression and text decoding go in steps of this many bytes: each call holds
 # the GIL, and one call over a million queues' 78 MB held it (and so stalled the loop's thread)
 # for 50-130 ms (measured).
@@ -280,8 +290,9 @@ def encode_offsets(offsets: array[int], counts: array[int]) -> bytes:
                      gaps.astype(_GAP_TYPES[kind][0]).tobytes()))
 
 
-def decode_offsets(raw: bytes | memoryview, counts: array[int]) -> array[int]:
-    """The flat offsets column `encode_offsets` wrote (a prefix sum in numpy)."""
+def _column(raw: bytes | memoryview, counts: array[int]) -> tuple[Any, Any, Any]:
+    """The parts of an encoded offsets column, checked against the counts: where each
+    non-empty queue starts in the flat column, the queues' jumps, and the gaps."""
     starts = _starts(counts)
     total = sum(counts)
     if not raw:
@@ -293,16 +304,71 @@ def decode_offsets(raw: bytes | memoryview, counts: array[int]) -> array[int]:
     jumps_end = 1 + 8 * len(starts)
     if len(raw) != jumps_end + gap_type.itemsize * (total - len(starts)):
         raise SnapshotError("the offsets column does not match the counts")
+    return (starts, np.frombuffer(raw, dtype="<i8", count=len(starts), offset=1),
+            np.frombuffer(raw, dtype=gap_type, offset=jumps_end))
+
+
+def _prefix_sum(starts: Any, jumps: Any, gaps: Any) -> array[int]:
     # Computed in place in the array returned: each extra copy of 8M offsets costs ~40 ms
     # here, most of it the kernel handing out fresh pages.
+    total = len(jumps) + len(gaps)
     out = array("q", [0]) * total
     flat = np.frombuffer(out, dtype=np.int64)
     at_start = np.zeros(total, dtype=bool)
     at_start[starts] = True
-    flat[at_start] = np.frombuffer(raw, dtype="<i8", count=len(starts), offset=1)
-    flat[~at_start] = np.frombuffer(raw, dtype=gap_type, offset=jumps_end)
+    flat[at_start] = jumps
+    flat[~at_start] = gaps
     np.cumsum(flat, out=flat)
     return out
+
+
+def decode_offsets(raw: bytes | memoryview, counts: array[int]) -> array[int]:
+    """The flat offsets column `encode_offsets` wrote (a prefix sum in numpy)."""
+    return _prefix_sum(*_column(raw, counts))
+
+
+def decode_queues(raw: bytes | memoryview, counts: array[int], long_from: int
+                  ) -> tuple[array[int], dict[int, QueueIndex]]:
+    """The offsets column decoded for building the index: each queue of at least `long_from`
+    offsets straight into its own QueueIndex (queue number -> index), the others' offsets in
+    one flat array, in queue order. A long queue's offsets are so written once, not twice
+    (into the flat column, then into its array): 8M offsets over 10 queues load in half the
+    time, which is most of what a takeover's time still grows by with the records."""
+    starts, jumps, gaps = _column(raw, counts)
+    sizes = np.frombuffer(counts, dtype=np.int64)
+    present = sizes > 0
+    lengths = sizes[present]  # of the non-empty queues, as `jumps`
+    is_long = lengths >= long_from
+    if not is_long.any():
+        return _prefix_sum(starts, jumps, gaps), {}
+    gap_counts = lengths - 1
+    gap_starts = np.cumsum(gap_counts) - gap_counts
+    # Each queue's gaps summed: its last offset minus its first. (reduceat gives the element
+    # itself, not 0, for an empty run, and wants an index inside the array: pad, then mend.)
+    sums = np.add.reduceat(np.append(gaps, np.zeros(1, gaps.dtype)), gap_starts,
+                           dtype=np.int64)
+    sums[gap_counts == 0] = 0
+    firsts = np.cumsum(jumps + np.concatenate((np.zeros(1, np.int64), sums[:-1])))
+    number = np.flatnonzero(present)  # the queue number of each non-empty queue
+    long: dict[int, QueueIndex] = {}
+    scratch = np.empty(int(lengths[is_long].max()), dtype=np.int64)
+    new: Any = array.__new__
+    for k in np.flatnonzero(is_long).tolist():
+        n, g0, first = int(lengths[k]), int(gap_starts[k]), int(firsts[k])
+        scratch[0] = 0
+        np.cumsum(gaps[g0:g0 + n - 1], dtype=np.int64, out=scratch[1:n])
+        scratch[:n] += first
+        q = new(QueueIndex, "q")
+        q.frombytes(scratch[:n].data.cast("B"))
+        long[int(number[k])] = q
+    short = ~is_long
+    short_firsts = firsts[short]
+    short_lasts = short_firsts + sums[short]
+    short_jumps = short_firsts - np.concatenate((np.zeros(1, np.int64), short_lasts[:-1]))
+    short_lengths = lengths[short]
+    short_starts = np.cumsum(short_lengths) - short_lengths
+    short_gaps = gaps[~np.repeat(is_long, gap_counts)]
+    return _prefix_sum(short_starts, short_jumps, short_gaps), long
 
 
 def _array(raw: bytes | memoryview) -> array[int]:
@@ -353,8 +419,13 @@ def latest(partition: int, records: Iterable[Sequence[Any]]
         tags = rest[0] if rest else []
         scheduled = rest[1] if len(rest) > 1 else []
         counts = _array(counts)
-        column = data[8 + size:]
-        offsets = decode_offsets(column, counts) if manifest["v"] >= 4 else _array(column)
+        raw = data[8 + size:]
+        column: memoryview | None = None
+        if manifest["v"] >= 4:
+            _column(raw, counts)  # checked now, decoded by `build`
+            offsets, column = array("q"), raw
+        else:
+            offsets = _array(raw)
         image = Snapshot(partition, int(manifest["data_position"]),
                          int(manifest["offsets_position"]), int(manifest["log_start"]),
                          _names(text, _array(lengths)),
@@ -362,9 +433,9 @@ def latest(partition: int, records: Iterable[Sequence[Any]]
                          [(int(i), str(c), int(o), int(a)) for i, c, o, a in consumers],
                          int(fence), [tuple(x) for x in configs],
                          [tuple(x) for x in work], [tuple(x) for x in tags],
-                         [tuple(x) for x in scheduled])
+                         [tuple(x) for x in scheduled], column)
         if not len(image.names) == len(image.counts) == len(image.deleted) or \
-                sum(image.counts) != len(image.offsets):
+                (column is None and sum(image.counts) != len(image.offsets)):
             raise SnapshotError(f"snapshot {sid}: its columns do not agree")
         return image
     except (KeyError, TypeError, ValueError, zlib.error, msgspec.DecodeError) as exc:
@@ -403,23 +474,24 @@ def build(snapshot: Snapshot) -> tuple[QueueMap, SortedList]:
 
 
 def _build(snapshot: Snapshot) -> tuple[QueueMap, SortedList]:
-    offsets = snapshot.offsets
-    view = memoryview(offsets).cast("B")
+    if snapshot.column is not None:
+        offsets, long = decode_queues(snapshot.column, snapshot.counts, LONG_QUEUE)
+    else:
+        offsets, long = snapshot.offsets, {}
     new: Any = array.__new__  # QueueIndex.__new__'s work without its Python frame: 1M queues
     # Into the shards one by one: dict(zip(...)) of a million names held the GIL for 0.47 s
     # in one C call, stalling the loop's thread as long (measured).
     shards: list[dict[str, QueueIndex]] = [{} for _ in range(QUEUE_SHARDS)]
     mask = QUEUE_SHARDS - 1  # QueueMap.shard_of, inlined: a million calls
     pos = 0
-    for name, count, deleted_before in zip(snapshot.names, snapshot.counts, snapshot.deleted,
-                                           strict=True):
-        end = pos + count
-        if count < 4096:  # the cheapest call for the many small queues
+    for number, (name, count, deleted_before) in enumerate(zip(
+            snapshot.names, snapshot.counts, snapshot.deleted, strict=True)):
+        if count < LONG_QUEUE or not long:
+            end = pos + count
             q = new(QueueIndex, "q", offsets[pos:end])
-        else:  # one copy, not two, of a long queue's offsets
-            q = new(QueueIndex, "q")
-            q.frombytes(view[8 * pos:8 * end])
-        pos = end
+            pos = end
+        else:
+            q = long[number]
         q.deleted_before = deleted_before
         q.consumers = NO_CONSUMERS
         shards[hash(name) & mask][name] = q

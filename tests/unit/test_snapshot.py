@@ -29,9 +29,11 @@ def positions(events, upto):
     return data, entries
 
 
+@pytest.mark.parametrize("long_queue", [4096, 2])  # 2: most queues are decoded as long ones
 @pytest.mark.parametrize("seed", range(40))
-async def test_a_snapshot_plus_the_tail_equals_a_full_replay(seed, monkeypatch):
+async def test_a_snapshot_plus_the_tail_equals_a_full_replay(seed, long_queue, monkeypatch):
     monkeypatch.setattr(snap, "CAPTURE_CHUNK", 3)  # many chunks, history running between them
+    monkeypatch.setattr(snap, "LONG_QUEUE", long_queue)
     rnd = random.Random(seed)
     events, end = _history(seed, queues=15, steps=500)
     cut = rnd.randrange(len(events) + 1)
@@ -154,7 +156,7 @@ def test_evenly_spread_records_cost_almost_nothing_in_a_snapshot():
     chunks, manifest = snap.encode(image, 1)
     assert sum(len(v) for _, v in chunks) < 5_000  # raw int64 offsets (format 3): 300 kB
     loaded = snap.latest(0, [*chunks, (snap.manifest_key(0), manifest)])
-    assert loaded is not None and loaded.offsets == image.offsets
+    assert loaded is not None and loaded.decoded_offsets() == image.offsets
 
 
 def test_a_format_3_snapshot_with_raw_offsets_is_still_read():
@@ -175,7 +177,7 @@ def test_a_format_3_snapshot_with_raw_offsets_is_still_read():
     loaded = snap.latest(0, [(snap.chunk_key(0, 1, 0), snap.MAGIC + body),
                              (snap.manifest_key(0), manifest)])
     assert loaded is not None
-    assert loaded.names == ["a", "b"] and list(loaded.offsets) == [3, 9, 5]
+    assert loaded.names == ["a", "b"] and list(loaded.decoded_offsets()) == [3, 9, 5]
 
 
 @pytest.mark.parametrize("step", [1, 2, 3, 7, 1 << 20])
@@ -195,3 +197,29 @@ def test_names_and_body_survive_being_decoded_in_small_steps(step, monkeypatch):
     assert snap._inflate(body) == raw + b"0123456789" * 3
     with pytest.raises(snap.SnapshotError):
         snap._inflate(body[:-2])
+
+
+@pytest.mark.parametrize("long_from", [1, 2, 3, 40, 10**9])
+@pytest.mark.parametrize("largest_gap", [1, 300, 5_000_000_000])
+def test_long_queues_decode_straight_into_their_own_arrays(long_from, largest_gap):
+    rng = random.Random(long_from * 7 + largest_gap)
+    counts, offsets = array("q"), array("q")
+    for _ in range(200):
+        n = rng.choice([0, 0, 1, 2, 3, 7, 40, 90])
+        run = [rng.randrange(10**12)]
+        for _ in range(n - 1):
+            run.append(run[-1] + rng.randint(1, largest_gap))
+        counts.append(n)
+        offsets.extend(run[:n])
+    raw = snap.encode_offsets(offsets, counts)
+    short, long = snap.decode_queues(raw, counts, long_from)
+    expected_short, expected_long, pos = array("q"), {}, 0
+    for number, n in enumerate(counts):
+        if n >= long_from:
+            expected_long[number] = list(offsets[pos:pos + n])
+        else:
+            expected_short.extend(offsets[pos:pos + n])
+        pos += n
+    assert short == expected_short
+    assert {k: list(v) for k, v in long.items()} == expected_long
+    assert all(type(q) is snap.QueueIndex for q in long.values())
