@@ -335,7 +335,8 @@ async def run(args: argparse.Namespace) -> None:
                       "p99 / max during replay | snapshot size, write time | takeover from the "
                       "snapshot (load; a raw consumer from its position to the end) | "
                       "/healthz p99 / max then | live per record | live per "
-                      "queue | resident / live | GET /v1/queues p50 / p99 |", "|---" * 12 + "|"]
+                      "queue | resident / live (whole process; above an empty node) | "
+                      "GET /v1/queues p50 / p99 |", "|---" * 12 + "|"]
             per_record: float | None = None
             for queues in args.queues:
                 for records in args.records:
@@ -356,7 +357,8 @@ async def run(args: argparse.Namespace) -> None:
                         f"{r['takeover_healthz_p99_ms']:.0f} / "
                         f"{r['takeover_healthz_max_ms']:.0f} ms | "
                         f"{r['live_bytes'] / records:.1f} B | {per_queue} | "
-                        f"{r['rss_total'] / r['live_total']:.2f} | {listing} |")
+                        f"{r['rss_total'] / r['live_total']:.2f}; "
+                        f"{r['rss_bytes'] / r['live_bytes']:.2f} | {listing} |")
                     print(lines[-1], flush=True)
             u = await uncached_reads(s, bootstrap)
             lines.append(f"100-record pages older than the cache: p50 {u['uncached_p50_ms']:.1f} "

@@ -46,6 +46,7 @@ from vqueues.partition_state import (
     PartitionState,
     QueueIndex,
     QueueMap,
+    StatefulQueueIndex,
 )
 from vqueues.records import now_ms
 
@@ -488,19 +489,26 @@ def _build(snapshot: Snapshot) -> tuple[QueueMap, SortedList]:
             snapshot.names, snapshot.counts, snapshot.deleted, strict=True)):
         if count < LONG_QUEUE or not long:
             end = pos + count
-            q = new(QueueIndex, "q", offsets[pos:end])
+            q = new(StatefulQueueIndex if deleted_before else QueueIndex, "q",
+                    offsets[pos:end])
             pos = end
         else:
             q = long[number]
-        q.deleted_before = deleted_before
-        q.consumers = NO_CONSUMERS
+            if deleted_before:
+                q = StatefulQueueIndex(q)
+        if deleted_before:
+            q.deleted_before = deleted_before
+            q.consumers = NO_CONSUMERS
         shards[hash(name) & mask][name] = q
     queues = QueueMap(shards)
     listed = [name for name, count in zip(snapshot.names, snapshot.counts, strict=True)
               if count]
     for index, consumer, offset, acked_at in snapshot.consumers:
-        q = queues[snapshot.names[index]]
+        name = snapshot.names[index]
+        q = queues[name]
         if q.consumers is NO_CONSUMERS:
+            if not isinstance(q, StatefulQueueIndex):
+                q = queues[name] = StatefulQueueIndex(q)  # deleted_before: 0, as it was
             q.consumers = {}
             if not q.offsets:
                 listed.append(snapshot.names[index])

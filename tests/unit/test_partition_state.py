@@ -6,7 +6,7 @@ import pytest
 
 from vqueues.cache import RecordCache
 from vqueues.locks import KeyedLocks
-from vqueues.partition_state import PartitionState
+from vqueues.partition_state import PartitionState, QueueIndex
 from vqueues.records import ConsumerAcked, ConsumerDeleted, QueueDeleted, Record
 
 
@@ -150,7 +150,7 @@ async def test_own_writes_wake_a_waiting_reader_once_per_batch():
 
 
 def test_the_queue_map_behaves_as_a_dict_of_queues():
-    from vqueues.partition_state import QUEUE_SHARDS, QueueIndex, QueueMap
+    from vqueues.partition_state import QUEUE_SHARDS, QueueMap
 
     m, d = QueueMap(), {}
     for i in range(3 * QUEUE_SHARDS):
@@ -163,3 +163,23 @@ def test_the_queue_map_behaves_as_a_dict_of_queues():
     del m["q2"]
     assert "q2" not in m and len(m) == len(d) - 1
     assert sorted(n for s in range(QUEUE_SHARDS) for n in m.shard_names(s)) == sorted(m)
+
+
+def test_a_queue_is_a_bare_array_until_it_gets_a_consumer_or_a_deletion_floor():
+    import sys
+    from array import array
+
+    from vqueues.partition_state import StatefulQueueIndex
+
+    s = PartitionState(0, RecordCache(1 << 20))
+    s.apply_records([("a", Record(0, 1, b"x", ())), ("b", Record(1, 1, b"y", ())),
+                     ("a", Record(2, 1, b"z", ()))], None)
+    a = s.queues["a"]
+    assert type(a) is QueueIndex and a.deleted_before == 0 and a.consumers == {}
+    assert sys.getsizeof(QueueIndex()) == sys.getsizeof(array("q"))  # no slots
+    s.apply_offset_entries([ConsumerAcked("a", "c", 1, 5), QueueDeleted("b", 2)])
+    a, b = s.queues["a"], s.queues["b"]
+    assert type(a) is StatefulQueueIndex and list(a) == [0, 2] and a.consumers == {"c": (1, 5)}
+    assert type(b) is StatefulQueueIndex and b.deleted_before == 2
+    s.apply_records([("a", Record(3, 1, b"w", ()))], None)
+    assert list(s.queues["a"]) == [0, 2, 3]  # the replacement gets what comes next
