@@ -51,8 +51,10 @@ def read_to_end(conf: dict[str, Any], topic: str, partitions: Sequence[int],
     if not partitions:
         return {}
     with kafka_errors(f"replaying {topic}"):
+        # The end is known only from an empty fetch, which the broker holds for up to
+        # fetch.wait.max.ms: keep it short here (every takeover waits for two of these).
         consumer = Consumer({**conf, "enable.auto.commit": False, "enable.partition.eof": True,
-                             "auto.offset.reset": "earliest"})
+                             "auto.offset.reset": "earliest", "fetch.wait.max.ms": 10})
     try:
         with kafka_errors(f"replaying {topic}"):
             # From offset 0, not OFFSET_BEGINNING: librdkafka looks a logical offset up only
