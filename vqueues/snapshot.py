@@ -60,7 +60,9 @@ _GAP_TYPES: tuple[tuple[str, int], ...] = (
     ("<u1", 2**8 - 1), ("<u2", 2**16 - 1), ("<u4", 2**32 - 1), ("<i8", 2**63 - 1))
 MAGIC = b"VQS2"
 CHUNK_BYTES = 900_000  # below Kafka's default 1 MB message limit
-CAPTURE_CHUNK = 5000  # queues copied per loop turn
+# Queues copied per loop turn: 5000 took 30-40 ms a turn with a million queues, which showed
+# in the p99 of requests served meanwhile (listing p99 39 ms during a capture, measured).
+CAPTURE_CHUNK = 1000
 
 
 class SnapshotError(Exception):
@@ -150,7 +152,10 @@ async def capture(state: PartitionState, offsets_position: int) -> Snapshot:
             raise SnapshotError("partition revoked during the capture")
     for shard in range(QUEUE_SHARDS):
         done = copied[shard]
-        _copy(state, image, [n for n in state.queues.shard_names(shard) if n not in done])
+        rest = [n for n in state.queues.shard_names(shard) if n not in done]
+        for i in range(0, len(rest), CAPTURE_CHUNK):
+            _copy(state, image, rest[i:i + CAPTURE_CHUNK])
+            await asyncio.sleep(0)
         await asyncio.sleep(0)
     return image
 
