@@ -23,6 +23,8 @@ log = logging.getLogger(__name__)
 CHUNK = 5000
 # Consumers exported by vq_consumer_lag_top (the furthest behind on this node).
 TOP_LAGS = 10
+# How often the loop's lag is sampled (a timer the loop runs late shows a blocked loop).
+LOOP_LAG_EVERY_S = 0.05
 
 
 class Maintenance:
@@ -41,10 +43,22 @@ class Maintenance:
 
     def start(self) -> list[asyncio.Task[None]]:
         """The periodic passes, as tasks the node cancels when it stops."""
-        tasks = [asyncio.create_task(self.retention_forever())]
+        tasks = [asyncio.create_task(self.retention_forever()),
+                 asyncio.create_task(self.loop_lag_forever())]
         if self._snapshots is not None:
             tasks.append(asyncio.create_task(self.snapshot_forever()))
         return tasks
+
+    # The loop's own latency ----------------------------------------------------------------------
+
+    async def loop_lag_forever(self, every_s: float = LOOP_LAG_EVERY_S) -> None:
+        """How late the loop runs a timer, every `every_s`: a loop blocked by long work delays
+        every request by as much (vq_event_loop_lag_seconds; its worst in ..._max_seconds)."""
+        loop = asyncio.get_running_loop()
+        while True:
+            due = loop.time() + every_s
+            await asyncio.sleep(every_s)
+            self.metrics.observe_loop_lag(max(0.0, loop.time() - due))
 
     # Retention and idle consumers --------------------------------------------------------------
 

@@ -56,12 +56,26 @@ class Metrics:
             buckets=(.1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120, 300), registry=r)
         self.rebalances = Counter("vq_partitions_assigned", "partitions assigned to this node",
                                   registry=r)
+        self.loop_lag = Histogram(
+            "vq_event_loop_lag_seconds", "how late the event loop ran a timer sampled every "
+            "50 ms (a blocked loop delays every request by as much)",
+            buckets=(.001, .005, .01, .025, .05, .1, .25, .5, 1, 2.5), registry=r)
+        self.loop_lag_max = Gauge("vq_event_loop_lag_max_seconds",
+                                  "the worst vq_event_loop_lag_seconds since the node started",
+                                  registry=r)
+        self._loop_lag_max = 0.0
         self.revocations = Counter("vq_partitions_revoked", "partitions taken from this node",
                                    ["lost"], registry=r)
 
         # The consumers furthest behind (lag, queue, consumer), set by the maintenance pass.
         self.lag_source: Callable[[], list[tuple[int, str, str]]] = list
         r.register(_TopLags(self))
+
+    def observe_loop_lag(self, seconds: float) -> None:
+        self.loop_lag.observe(seconds)
+        if seconds > self._loop_lag_max:
+            self._loop_lag_max = seconds
+            self.loop_lag_max.set(seconds)
 
     def gauge(self, name: str, doc: str, read: Callable[[], float]) -> None:
         """A gauge whose value is read at scrape time."""
