@@ -247,27 +247,28 @@ def _inflate(body: bytes) -> bytes:
 
 
 def _names(raw: bytes | memoryview, lengths: array[int]) -> list[str]:
-    """The queue names: their UTF-8 text decoded a step at a time and cut at their lengths."""
+    """The queue names: their UTF-8 text decoded a step at a time and cut at their lengths
+    (by `map`, in C, a step's names at a time: a Python loop over a million names took a
+    third of a takeover's loading)."""
     decoder = codecs.getincrementaldecoder("utf-8")("surrogatepass")
     view = memoryview(raw)
-    out = []
-    text, pos = "", 0
-    sizes = iter(lengths)
-    size = next(sizes, None)
+    ends = np.cumsum(np.frombuffer(lengths, dtype=np.int64))
+    out: list[str] = []
+    text, base, first = "", 0, 0  # `text` starts where name `first` does, at character `base`
     for i in range(0, len(view) + 1, STEP_BYTES):
         final = i + STEP_BYTES >= len(view)
         try:
-            text = text[pos:] + decoder.decode(view[i:i + STEP_BYTES], final)
+            text += decoder.decode(view[i:i + STEP_BYTES], final)
         except UnicodeDecodeError as exc:
             raise SnapshotError(f"queue names are not UTF-8: {exc}") from None
-        pos = 0
-        while size is not None and pos + size <= len(text):
-            out.append(text[pos:pos + size])
-            pos += size
-            size = next(sizes, None)
+        last = int(np.searchsorted(ends, base + len(text), side="right"))  # names complete
+        if last > first:
+            stops = (ends[first:last] - base).tolist()
+            out.extend(map(text.__getitem__, map(slice, [0, *stops[:-1]], stops)))
+            text, base, first = text[stops[-1]:], base + stops[-1], last
         if final:
             break
-    if size is not None or pos != len(text):
+    if first != len(ends) or text:
         raise SnapshotError("queue names do not match their lengths")
     return out
 
