@@ -106,8 +106,9 @@ class Snapshot:
 
     def decoded_offsets(self) -> array[int]:
         """Every queue's offsets, in queue order (decoded if the snapshot was loaded)."""
-        return self.offsets if self.column is None else decode_offsets(self.column,
-                                                                        self.counts)
+        if self.column is None:
+            return self.offsets
+        return decode_offsets(self.column, self.counts)
 
 
 async def capture(state: PartitionState, offsets_position: int) -> Snapshot:
@@ -202,7 +203,7 @@ def encode(snapshot: Snapshot, snapshot_id: int) -> tuple[list[tuple[bytes, byte
                                    [snapshot.fence, snapshot.configs, snapshot.work,
                                     snapshot.tags, snapshot.scheduled]])
     body = _deflate([len(meta).to_bytes(8, "little"), meta,
-                     encode_offsets(snapshot.offsets, snapshot.counts)])
+                     encode_offsets(snapshot.decoded_offsets(), snapshot.counts)])
     parts = [body[i:i + CHUNK_BYTES] for i in range(0, len(body), CHUNK_BYTES)] or [b""]
     chunks = [(chunk_key(snapshot.partition, snapshot_id, i), MAGIC + part)
               for i, part in enumerate(parts)]

@@ -223,3 +223,14 @@ def test_long_queues_decode_straight_into_their_own_arrays(long_from, largest_ga
     assert short == expected_short
     assert {k: list(v) for k, v in long.items()} == expected_long
     assert all(type(q) is snap.QueueIndex for q in long.values())
+
+
+async def test_a_loaded_snapshot_encodes_again_to_the_same_offsets():
+    s = PartitionState(0, RecordCache(1 << 20))
+    s.apply_records([(f"q{i % 3}", rec(i)) for i in range(50)], None)
+    chunks, manifest = snap.encode(await snap.capture(s, 0), 1)
+    loaded = snap.latest(0, [*chunks, (snap.manifest_key(0), manifest)])
+    chunks, manifest = snap.encode(loaded, 2)  # its offsets still encoded
+    again = snap.latest(0, [*chunks, (snap.manifest_key(0), manifest)])
+    assert again is not None and again.decoded_offsets() == loaded.decoded_offsets()
+    assert again.records == loaded.records == 50
