@@ -63,7 +63,7 @@ class QueueIndex(_OffsetArray):
     slots (16 B less per queue than with two: 80 B instead of 96, measured). `consumers` and
     `deleted_before` then read the class's defaults; a queue that gets a consumer or a
     deletion floor is replaced in its map by a `StatefulQueueIndex`
-    (`PartitionState.stateful`). Nothing holds a queue's index across an await, so the
+    (`QueueMap.stateful`). Nothing holds a queue's index across an await, so the
     replacement is never missed.
 
     An array's truth and equality are its contents': test `is None`, never `if q`."""
@@ -151,6 +151,14 @@ class QueueMap(MutableMapping[str, QueueIndex]):
 
     def __iter__(self) -> Iterator[str]:
         return chain.from_iterable(self._shards)
+
+    def stateful(self, name: str, q: QueueIndex) -> StatefulQueueIndex:
+        """`name`'s index `q` as one that can hold consumers and a deletion floor (a copy
+        that replaces it here, the first time)."""
+        if isinstance(q, StatefulQueueIndex):
+            return q
+        s = self[name] = StatefulQueueIndex(q)
+        return s
 
     def shard_names(self, shard: int) -> list[str]:
         """The names in one shard (0 <= shard < QUEUE_SHARDS): a walk in bounded steps."""
@@ -371,7 +379,7 @@ class PartitionState:
                 if not q.listed:
                     self.names.add(e.queue)
                 if q.consumers is NO_CONSUMERS:
-                    q = self.stateful(e.queue, q)
+                    q = self.queues.stateful(e.queue, q)
                     q.consumers = {}
                 q.consumers[e.consumer] = (e.offset, e.acked_at_ms)
                 work = self.work.get((e.queue, e.consumer))
@@ -459,14 +467,6 @@ class PartitionState:
             q = self.queues[name] = QueueIndex()
         return q
 
-    def stateful(self, name: str, q: QueueIndex) -> StatefulQueueIndex:
-        """`name`'s index `q` as one that can hold consumers and a deletion floor (a copy
-        that replaces it in the map, the first time)."""
-        if isinstance(q, StatefulQueueIndex):
-            return q
-        s = self.queues[name] = StatefulQueueIndex(q)
-        return s
-
     def select(self, queue: str, start: int, limit: int) -> list[int]:
         """Offsets of up to `limit` records of `queue` at or after `start`."""
         q = self.queues.get(queue)
@@ -541,7 +541,7 @@ class PartitionState:
     def delete_queue(self, queue: str, deleted_before: int) -> None:
         q = self.queue(queue)
         if deleted_before > q.deleted_before:
-            q = self.stateful(queue, q)
+            q = self.queues.stateful(queue, q)
             q.deleted_before = deleted_before
         q.trim_before(q.deleted_before)
         self._trim_tags(queue, q.deleted_before)

@@ -514,11 +514,10 @@ def _build(snapshot: Snapshot) -> tuple[QueueMap, SortedList]:
         name = snapshot.names[index]
         q = queues[name]
         if q.consumers is NO_CONSUMERS:
-            if not isinstance(q, StatefulQueueIndex):
-                q = queues[name] = StatefulQueueIndex(q)  # deleted_before: 0, as it was
+            q = queues.stateful(name, q)
             q.consumers = {}
             if not q.offsets:
-                listed.append(snapshot.names[index])
+                listed.append(name)
         q.consumers[consumer] = (offset, acked_at)
     return queues, SortedList(listed)
 
