@@ -15,7 +15,8 @@ a plain producer, starts one node and measures:
   raw read      a plain confluent-kafka consumer reading the same records (the limit)
 Then, on the 1M-queue topic: GET /v1/queues page latency (1000 names, random `after`), and on a
 node with a tiny cache: 100-record pages older than the cache, and a sparse queue's records far
-apart. Last, --sustain-s of enqueue load with the default cache, sampling resident memory.
+apart. Last, --sustain-s of enqueue load with the default cache, sampling resident memory,
+/healthz latency, the node's loop lag and its garbage-collection pauses.
 After the full replay the node writes a snapshot and stops; a second node then takes the
 partition over from that snapshot (takeover time, snapshot size and load time), beside a fresh
 plain consumer going from the snapshot's position to the end (the broker's share).
@@ -106,6 +107,10 @@ class Node:
             if f'"{name}"' in line:
                 return dict(json.loads(line))
         return None
+
+    def events(self, name: str) -> list[dict[str, object]]:
+        return [dict(json.loads(line)) for line in self.log_path.read_text().splitlines()
+                if f'"{name}"' in line]
 
     def replay_ms(self) -> float | None:
         ready = self.event("partition_ready")
@@ -289,11 +294,14 @@ def fill_more(bootstrap: str, topic: str, records: int) -> None:
 
 
 async def sustained(s: aiohttp.ClientSession, bootstrap: str, seconds: float
-                    ) -> list[tuple[float, float, float, float]]:
+                    ) -> tuple[list[tuple[float, float, float, float]], dict[str, float]]:
     """Enqueue load (batches of 100 x 100 B, 16 in flight, 1,000 queues) for `seconds`;
-    (elapsed s, resident MB, live MB, records enqueued so far, millions) every 5 s."""
+    (elapsed s, resident MB, live MB, records enqueued so far, millions) every 5 s, and the
+    responsiveness meanwhile: /healthz every 50 ms (p99, max), the node's worst loop lag, its
+    longest garbage collection (the node logs each one over 50 ms)."""
     node = Node(bootstrap, new_topics(bootstrap))
     curve: list[tuple[float, float, float, float]] = []
+    probes: list[float] = []
     try:
         await watch_replay(s, node)
         body = json.dumps({"records": [{"value": "x" * 100}] * 100})
@@ -316,8 +324,20 @@ async def sustained(s: aiohttp.ClientSession, bootstrap: str, seconds: float
                               await metric(s, node.url, "vq_heap_in_use_bytes") / 1e6,
                               await metric(s, node.url, "vq_records_enqueued_total") / 1e6))
 
-        await asyncio.gather(sample(), *(worker(i) for i in range(16)))
-        return curve
+        async def probe() -> None:
+            while time.perf_counter() < stop:
+                t = time.perf_counter()
+                async with s.get(f"{node.url}/healthz") as r:
+                    await r.read()
+                probes.append(time.perf_counter() - t)
+                await asyncio.sleep(0.05)
+
+        await asyncio.gather(sample(), probe(), *(worker(i) for i in range(16)))
+        pauses = [float(str(e.get("ms", 0))) for e in node.events("gc_pause")]
+        return curve, {"healthz_p99_ms": pct(probes, .99), "healthz_max_ms": max(probes) * 1000,
+                       "loop_lag_ms": await metric(s, node.url,
+                                                   "vq_event_loop_lag_max_seconds") * 1000,
+                       "gc_pauses": len(pauses), "gc_max_ms": max(pauses, default=0.0)}
     finally:
         node.stop()
 
@@ -374,7 +394,7 @@ async def run(args: argparse.Namespace) -> None:
                          f"60,000 apart: p50 {u['sparse_p50_ms']:.1f} ms, p99 "
                          f"{u['sparse_p99_ms']:.1f} ms")
             if args.sustain_s:
-                curve = await sustained(s, bootstrap, args.sustain_s)
+                curve, load = await sustained(s, bootstrap, args.sustain_s)
                 lines.append("sustained enqueue load, default cache (s: resident MB / live MB / "
                              "records enqueued, M): " + ", ".join(
                                  f"{t:.0f}: {r:.0f}/{h:.0f}/{n:.1f}" for t, r, h, n in curve))
@@ -384,6 +404,10 @@ async def run(args: argparse.Namespace) -> None:
                     lines.append(f"from {curve[3][0]:.0f} s to the end: resident "
                                  f"{(r1 - r0) * per:.1f} B, live {(h1 - h0) * per:.1f} B per "
                                  "record enqueued (the index: no retention on tansu)")
+                lines.append(f"under that load: /healthz p99 {load['healthz_p99_ms']:.1f} ms, max "
+                             f"{load['healthz_max_ms']:.0f} ms; the node's worst loop lag "
+                             f"{load['loop_lag_ms']:.0f} ms; {load['gc_pauses']:.0f} garbage "
+                             f"collections over 50 ms (longest {load['gc_max_ms']:.0f} ms)")
     finally:
         if broker:
             broker.stop()

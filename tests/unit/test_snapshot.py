@@ -29,11 +29,15 @@ def positions(events, upto):
     return data, entries
 
 
-@pytest.mark.parametrize("long_queue", [4096, 2])  # 2: most queues are decoded as long ones
+# long_queue 2: most queues are decoded as long ones; capture_offsets 2: a queue's offsets are
+# copied a slice per turn, with history (appends, trims, deletions) running between slices.
+@pytest.mark.parametrize(("long_queue", "capture_offsets"), [(4096, 262_144), (2, 2), (4096, 3)])
 @pytest.mark.parametrize("seed", range(40))
-async def test_a_snapshot_plus_the_tail_equals_a_full_replay(seed, long_queue, monkeypatch):
+async def test_a_snapshot_plus_the_tail_equals_a_full_replay(seed, long_queue, capture_offsets,
+                                                              monkeypatch):
     monkeypatch.setattr(snap, "CAPTURE_CHUNK", 3)  # many chunks, history running between them
     monkeypatch.setattr(snap, "LONG_QUEUE", long_queue)
+    monkeypatch.setattr(snap, "CAPTURE_OFFSETS", capture_offsets)
     rnd = random.Random(seed)
     events, end = _history(seed, queues=15, steps=500)
     cut = rnd.randrange(len(events) + 1)
@@ -234,3 +238,27 @@ async def test_a_loaded_snapshot_encodes_again_to_the_same_offsets():
     again = snap.latest(0, [*chunks, (snap.manifest_key(0), manifest)])
     assert again is not None and again.decoded_offsets() == loaded.decoded_offsets()
     assert again.records == loaded.records == 50
+
+
+async def test_a_capture_copies_a_long_queue_a_slice_per_loop_turn(monkeypatch):
+    """One turn that copied 16M offsets stalled the loop 278 ms: at most CAPTURE_OFFSETS a turn,
+    even within one queue."""
+    monkeypatch.setattr(snap, "CAPTURE_OFFSETS", 1000)
+    s = PartitionState(0, RecordCache(1 << 20))
+    s.apply_records([(f"q{i % 2}", rec(i)) for i in range(10_500)], None)
+    turns = 0
+    done = False
+
+    async def count_turns():
+        nonlocal turns
+        while not done:
+            turns += 1
+            await asyncio.sleep(0)
+
+    counter = asyncio.create_task(count_turns())
+    image = await snap.capture(s, 0)
+    done = True
+    await counter
+    assert image.records == 10_500 and list(image.offsets) == [
+        *range(0, 10_500, 2), *range(1, 10_500, 2)]
+    assert turns >= 10_500 // 1000
