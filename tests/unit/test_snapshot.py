@@ -160,7 +160,7 @@ def test_evenly_spread_records_cost_almost_nothing_in_a_snapshot():
     chunks, manifest = snap.encode(image, 1)
     assert sum(len(v) for _, v in chunks) < 5_000  # raw int64 offsets (format 3): 300 kB
     loaded = snap.latest(0, [*chunks, (snap.manifest_key(0), manifest)])
-    assert loaded is not None and loaded.decoded_offsets() == image.offsets
+    assert loaded is not None and loaded.decoded_offsets() == image.decoded_offsets()
 
 
 def test_a_format_3_snapshot_with_raw_offsets_is_still_read():
@@ -259,6 +259,6 @@ async def test_a_capture_copies_a_long_queue_a_slice_per_loop_turn(monkeypatch):
     image = await snap.capture(s, 0)
     done = True
     await counter
-    assert image.records == 10_500 and list(image.offsets) == [
+    assert image.records == 10_500 and list(image.decoded_offsets()) == [
         *range(0, 10_500, 2), *range(1, 10_500, 2)]
     assert turns >= 10_500 // 1000
