@@ -184,11 +184,13 @@ def test_a_format_3_snapshot_with_raw_offsets_is_still_read():
     assert loaded.names == ["a", "b"] and list(loaded.decoded_offsets()) == [3, 9, 5]
 
 
+@pytest.mark.parametrize("names_step", [2, 16_384])
 @pytest.mark.parametrize("step", [1, 2, 3, 7, 1 << 20])
-def test_names_and_body_survive_being_decoded_in_small_steps(step, monkeypatch):
-    """Names are decoded a step at a time (so no one call holds the GIL long): a multi-byte
-    character or a name may straddle two steps."""
+def test_names_and_body_survive_being_decoded_in_small_steps(step, names_step, monkeypatch):
+    """Names are decoded a step at a time and cut a few at a time (so no one call holds the GIL
+    long): a multi-byte character or a name may straddle two steps."""
     monkeypatch.setattr(snap, "STEP_BYTES", step)
+    monkeypatch.setattr(snap, "NAMES_STEP", names_step)
     names = ["a", "é", "日本語", "x" * 10, "🙂z", "q/1", "ü" * 5]
     raw = "".join(names).encode("utf-8", "surrogatepass")
     lengths = array("q", map(len, names))
