@@ -117,11 +117,9 @@ class Snapshot:
     def decoded_offsets(self) -> array[int]:
         """Every queue's offsets, in queue order (decoded if the snapshot was loaded, joined
         if it was captured; blocking for millions of them: off the loop)."""
-        if self.column is not None:
-            return decode_offsets(self.column, self.counts)
-        if not self.pieces:
-            return self.offsets
-        parts = [self.offsets, *self.pieces]
+        parts = self.offset_parts()
+        if len(parts) == 1:
+            return parts[0]
         out = array("q", [0]) * sum(map(len, parts))
         flat = np.frombuffer(out, dtype=np.int64)
         at = 0
