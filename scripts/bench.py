@@ -400,7 +400,10 @@ def start_nodes(bootstrap: str, prefix: str, count: int, code: str | None = None
                "VQ_NODE_ID": f"bench-{i}", "VQ_DATA_TOPIC": f"{prefix}-data",
                "VQ_OFFSET_TOPIC": f"{prefix}-offsets",
                "VQ_ASSIGNMENT_TOPIC": f"{prefix}-assignments", "VQ_GROUP_ID": f"{prefix}-g"}
-        procs.append(subprocess.Popen([sys.executable, "-m", "vqueues", "serve"], env=env))
+        # `-m` puts the working directory first on the path, before PYTHONPATH: run in the
+        # checkout, or this checkout's package would be the one started (as it was, before).
+        procs.append(subprocess.Popen([sys.executable, "-m", "vqueues", "serve"], env=env,
+                                      cwd=code or None))
         urls.append(f"http://127.0.0.1:{port}")
     return procs, urls
 
