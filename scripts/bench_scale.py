@@ -22,7 +22,7 @@ partition over from that snapshot (takeover time, snapshot size and load time), 
 plain consumer going from the snapshot's position to the end (the broker's share).
 
 Usage: .venv/bin/python scripts/bench_scale.py [--records 1000000,4000000,8000000]
-       [--queues 10,1000000] [--sustain-s 60]
+       [--queues 10,1000000] [--sustain-s 60] [--takeovers 3] [--baseline /tmp/old]
 """
 
 from __future__ import annotations
@@ -32,11 +32,13 @@ import asyncio
 import json
 import os
 import random
+import statistics
 import subprocess
 import sys
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 from confluent_kafka import Consumer, Producer, TopicPartition
@@ -89,18 +91,23 @@ def raw_read_rate(bootstrap: str, topic: str, records: int) -> float:
 
 
 class Node:
-    def __init__(self, bootstrap: str, prefix: str, **env: str) -> None:
+    """A node on `prefix`'s topics; `code`: the vqueues package of that checkout instead."""
+
+    def __init__(self, bootstrap: str, prefix: str, code: str | None = None, **env: str
+                 ) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.log_path = Path(f"/tmp/vq-bench-scale-{prefix}.log")
+        self.log_path = Path(f"/tmp/vq-bench-scale-{prefix}-{self.port}.log")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "vqueues", "serve"],
             env={**os.environ, **DEV_ENV, "VQ_BOOTSTRAP": bootstrap,
                  "VQ_HTTP_PORT": str(self.port), "VQ_DATA_TOPIC": f"{prefix}-data",
                  "VQ_OFFSET_TOPIC": f"{prefix}-offsets",
                  "VQ_ASSIGNMENT_TOPIC": f"{prefix}-assignments", "VQ_GROUP_ID": f"{prefix}-g",
-                 "VQ_SNAPSHOT_TOPIC": f"{prefix}-snapshots", **env},
-            stdout=subprocess.DEVNULL, stderr=self.log_path.open("wb"))
+                 "VQ_SNAPSHOT_TOPIC": f"{prefix}-snapshots", **env,
+                 **({"PYTHONPATH": code} if code else {})},
+            # `-m` puts the working directory first on the path, before PYTHONPATH.
+            cwd=code or None, stdout=subprocess.DEVNULL, stderr=self.log_path.open("wb"))
 
     def event(self, name: str) -> dict[str, object] | None:
         for line in self.log_path.read_text().splitlines():
@@ -177,8 +184,31 @@ def new_topics(bootstrap: str) -> str:
     return prefix
 
 
+async def takeover(s: aiohttp.ClientSession, bootstrap: str, prefix: str, code: str | None
+                   ) -> dict[str, float]:
+    """One node taking the partition over from its latest snapshot."""
+    node = Node(bootstrap, prefix, code)
+    try:
+        lat, _ = await watch_replay(s, node)
+        loaded = node.event("snapshot_loaded") or {}
+        return {
+            "takeover_loop_lag_ms": await metric(
+                s, node.url, "vq_event_loop_lag_max_seconds") * 1000,
+            "raw_end_s": await asyncio.to_thread(
+                raw_reach_end, bootstrap, f"{prefix}-data",
+                int(str(loaded.get("data_position", 0)))),
+            "takeover_s": (node.replay_ms() or float("nan")) / 1000,
+            "snapshot_load_s": float(str(loaded.get("load_ms", "nan"))) / 1000,
+            "snapshot_build_s": float(str(loaded.get("build_ms", "nan"))) / 1000,
+            "takeover_healthz_p99_ms": pct(lat, .99),
+            "takeover_healthz_max_ms": max(lat) * 1000}
+    finally:
+        node.stop()
+
+
 async def measure_replay(s: aiohttp.ClientSession, bootstrap: str, records: int, queues: int,
-                         empty: tuple[float, float]) -> dict[str, float]:
+                         empty: tuple[float, float], takeovers: int = 1,
+                         baseline: str | None = None) -> dict[str, Any]:
     prefix = new_topics(bootstrap)
     await asyncio.to_thread(fill, bootstrap, f"{prefix}-data", records, queues)
     raw = await asyncio.to_thread(raw_read_rate, bootstrap, f"{prefix}-data", records)
@@ -186,9 +216,10 @@ async def measure_replay(s: aiohttp.ClientSession, bootstrap: str, records: int,
     node = Node(bootstrap, prefix, VQ_SNAPSHOT_INTERVAL_S="1", VQ_SNAPSHOT_MIN_RECORDS="1")
     try:
         lat, _ = await watch_replay(s, node)
-        out = {"replay_s": (node.replay_ms() or float("nan")) / 1000, "raw_rate": raw,
-               "healthz_p99_ms": pct(lat, .99), "healthz_max_ms": max(lat) * 1000,
-               "loop_lag_ms": await metric(s, node.url, "vq_event_loop_lag_max_seconds") * 1000}
+        out: dict[str, Any] = {
+            "replay_s": (node.replay_ms() or float("nan")) / 1000, "raw_rate": raw,
+            "healthz_p99_ms": pct(lat, .99), "healthz_max_ms": max(lat) * 1000,
+            "loop_lag_ms": await metric(s, node.url, "vq_event_loop_lag_max_seconds") * 1000}
         if queues >= 100_000:
             out.update(await listing_latency(s, node.url, queues))
         for _ in range(1200):
@@ -200,21 +231,19 @@ async def measure_replay(s: aiohttp.ClientSession, bootstrap: str, records: int,
         out["snapshot_write_s"] = float(str(written.get("ms", "nan"))) / 1000
     finally:
         node.stop()
-    # Takeover from the snapshot by a new node.
-    node = Node(bootstrap, prefix)
-    try:
-        lat, _ = await watch_replay(s, node)
-        out["takeover_loop_lag_ms"] = await metric(
-            s, node.url, "vq_event_loop_lag_max_seconds") * 1000
-        loaded = node.event("snapshot_loaded") or {}
-        out["raw_end_s"] = await asyncio.to_thread(raw_reach_end, bootstrap, f"{prefix}-data",
-                                                   int(str(loaded.get("data_position", 0))))
-        out.update({"takeover_s": (node.replay_ms() or float("nan")) / 1000,
-                    "snapshot_load_s": float(str(loaded.get("load_ms", "nan"))) / 1000,
-                    "takeover_healthz_p99_ms": pct(lat, .99),
-                    "takeover_healthz_max_ms": max(lat) * 1000})
-    finally:
-        node.stop()
+    # Takeover from the snapshot by a new node, `takeovers` times (medians: single takeovers
+    # of a few hundred ms swing by 2x on these machines).
+    runs: list[dict[str, float]] = []
+    before: list[dict[str, float]] = []
+    for _ in range(takeovers):
+        for code in ([baseline] if baseline else []) + [None]:
+            (before if code else runs).append(await takeover(s, bootstrap, prefix, code))
+    for key in runs[0]:
+        out[key] = statistics.median(r[key] for r in runs)
+        if before:
+            out[f"before_{key}"] = statistics.median(r[key] for r in before)
+    out["takeovers"] = [r["takeover_s"] for r in runs]
+    out["before_takeovers"] = [r["takeover_s"] for r in before]
     # Memory, on a second node: with PYTHONMALLOC=malloc every Python allocation goes through
     # glibc, so mallinfo2 counts all live memory (pymalloc's arenas are invisible to it).
     node = Node(bootstrap, prefix, PYTHONMALLOC="malloc", VQ_GROUP_ID=f"{prefix}-m",
@@ -359,14 +388,17 @@ async def run(args: argparse.Namespace) -> None:
             lines += ["| records | queues | full replay to ready | raw consumer read | /healthz "
                       "p99 / max during replay (the node's worst loop lag) | snapshot size, "
                       "write time | takeover from the "
-                      "snapshot (load; a raw consumer from its position to the end) | "
+                      "snapshot, median (load, build; a raw consumer from its position to the "
+                      "end; every takeover) | "
                       "/healthz p99 / max then (loop lag) | live per record | live per "
                       "queue | resident / live (whole process; above an empty node) | "
                       "GET /v1/queues p50 / p99 |", "|---" * 12 + "|"]
             per_record: float | None = None
+            takeovers: dict[str, dict[str, Any]] = {}
             for queues in args.queues:
                 for records in args.records:
-                    r = await measure_replay(s, bootstrap, records, queues, empty)
+                    r = await measure_replay(s, bootstrap, records, queues, empty,
+                                            args.takeovers, args.baseline)
                     if queues <= 100:
                         per_record = r["live_bytes"] / records
                     per_queue = ("" if per_record is None or queues <= 100 else
@@ -380,7 +412,9 @@ async def run(args: argparse.Namespace) -> None:
                         f"({r['loop_lag_ms']:.0f} ms) | "
                         f"{r['snapshot_mb']:.1f} MB, {r['snapshot_write_s']:.1f} s | "
                         f"{r['takeover_s'] * 1000:.0f} ms ({r['snapshot_load_s'] * 1000:.0f} "
-                        f"ms; raw {r['raw_end_s'] * 1000:.0f} ms) | "
+                        f"ms, build {r['snapshot_build_s'] * 1000:.0f} ms; raw "
+                        f"{r['raw_end_s'] * 1000:.0f} ms; all: " + ", ".join(
+                            f"{t * 1000:.0f}" for t in r["takeovers"]) + ") | "
                         f"{r['takeover_healthz_p99_ms']:.0f} / "
                         f"{r['takeover_healthz_max_ms']:.0f} ms "
                         f"({r['takeover_loop_lag_ms']:.0f} ms) | "
@@ -388,6 +422,17 @@ async def run(args: argparse.Namespace) -> None:
                         f"{r['rss_total'] / r['live_total']:.2f}; "
                         f"{r['rss_bytes'] / r['live_bytes']:.2f} | {listing} |")
                     print(lines[-1], flush=True)
+                    if args.baseline:
+                        takeovers[f"{records:,} records, {queues:,} queues"] = r
+            for size, r in takeovers.items():
+                lines.append(
+                    f"takeover, {size}: median {r['takeover_s'] * 1000:.0f} ms (load "
+                    f"{r['snapshot_load_s'] * 1000:.0f} ms; all: "
+                    + ", ".join(f"{t * 1000:.0f}" for t in r["takeovers"])
+                    + f"); before ({args.baseline}), same snapshot, alternating: median "
+                    f"{r['before_takeover_s'] * 1000:.0f} ms (load "
+                    f"{r['before_snapshot_load_s'] * 1000:.0f} ms; all: "
+                    + ", ".join(f"{t * 1000:.0f}" for t in r["before_takeovers"]) + ")")
             u = await uncached_reads(s, bootstrap)
             lines.append(f"100-record pages older than the cache: p50 {u['uncached_p50_ms']:.1f} "
                          f"ms, p99 {u['uncached_p99_ms']:.1f} ms; a sparse queue's 3 records "
@@ -421,6 +466,11 @@ def main() -> None:
     ap.add_argument("--records", default="1000000,4000000,8000000")
     ap.add_argument("--queues", default="10,1000000")
     ap.add_argument("--sustain-s", type=float, default=60.0)
+    ap.add_argument("--takeovers", type=int, default=3,
+                    help="takeovers from the same snapshot per size (medians reported)")
+    ap.add_argument("--baseline", metavar="CHECKOUT",
+                    help="also take over with an older checkout's package (a git worktree), "
+                         "alternating with this one's, from the same snapshots")
     args = ap.parse_args()
     args.records = [int(x) for x in args.records.split(",")]
     args.queues = [int(x) for x in args.queues.split(",")]
