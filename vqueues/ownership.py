@@ -1,15 +1,18 @@
 """Which partitions this node serves, and their lifecycle: assign -> replay -> ready -> revoke.
 
 `Ownership` is the group listener: it receives the group thread's events, hands them to the
-event loop, and keeps one `PartitionState` per owned partition. On assignment it replays the
-same-numbered offset partition (consumers, deletions) while the group thread replays the data
-partition from its beginning; the partition serves once both reached the end seen at assignment.
+event loop, and keeps one `PartitionState` per owned partition. On assignment it reads the
+partition's latest snapshot (if any) and tells the group to read the data partition from the
+snapshot's position (or its beginning); while the snapshot is built into the index off the loop,
+the group's first fetch and the read of the same-numbered offset partition (consumers,
+deletions) are under way. The partition serves once both reached the end seen at assignment.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import functools
 import gc
 import itertools
@@ -85,6 +88,8 @@ class Ownership:
         self.joined = False
         self._loop_thread = threading.get_ident()  # built on the loop's thread
         self._inbox: asyncio.Queue[tuple[Callable[[], None], bool]] = asyncio.Queue()
+        # Assignments whose snapshots are being built: the group's events wait for them.
+        self._restoring: set[asyncio.Future[None]] = set()
         self._room = threading.BoundedSemaphore(MAX_PENDING_BATCHES)
         self._spawn(self._apply_events())
 
@@ -107,6 +112,8 @@ class Ownership:
         a large batch), so requests are served while a partition replays."""
         while True:
             event, batch = await self._inbox.get()
+            while self._restoring:  # the tail's records come after the snapshot they follow
+                await asyncio.wait(self._restoring)
             try:
                 event()
             except Exception:
@@ -125,8 +132,10 @@ class Ownership:
             return starts.result(timeout=SNAPSHOT_LOAD_TIMEOUT_S)
         except Exception as exc:  # a timeout included: replay those partitions in full
             # Cancelled, a snapshot that finishes loading later is not applied (the group
-            # reads these partitions from their beginning now).
-            starts.cancel()
+            # reads these partitions from their beginning now). Answered meanwhile, the
+            # loop restores the snapshots: the group must start at their positions.
+            if not starts.cancel() and starts.done() and starts.exception() is None:
+                return starts.result()
             log.warning("snapshot_load_incomplete", extra={"partitions": list(partitions),
                                                            "error": repr(exc)})
             return {}
@@ -205,29 +214,43 @@ class Ownership:
 
     async def _start(self, partitions: list[int],
                      starts: concurrent.futures.Future[dict[int, int]]) -> None:
-        """Load the partitions' snapshots, tell the group where to read from, then replay the
-        offset partitions from the snapshots' positions."""
+        """Read the partitions' latest snapshots and tell the group where to read from at once;
+        build the index from each snapshot while the tail's first fetch and the offset
+        partitions' reads are under way, then replay the offset entries after the snapshots'
+        positions. The tail's records wait in the inbox until their partition is restored."""
         states = {p: self.states[p] for p in partitions}
-        data_from: dict[int, int] = {}
-        offsets_from: dict[int, int] = {}
+        found: dict[int, snapshot.Snapshot] = {}
+        read_ms: dict[int, float] = {}
+        restoring: asyncio.Future[None] = self.loop.create_future()
+        self._restoring.add(restoring)
         try:
-            for p, state in states.items():
-                loaded = await self._load_snapshot(p, state, starts)
-                if loaded is not None:
-                    data_from[p], offsets_from[p] = loaded
+            try:
+                for p, state in states.items():
+                    started = time.monotonic()
+                    image = await self._read_latest(p, state)
+                    if image is not None:
+                        found[p] = image
+                        read_ms[p] = (time.monotonic() - started) * 1000
+            finally:
+                with contextlib.suppress(concurrent.futures.InvalidStateError):  # cancelled
+                    starts.set_result({p: image.data_position for p, image in found.items()})
+            if starts.cancelled():
+                found = {}  # the group gave up waiting and reads from the beginning
+            reading = self.loop.create_task(self._read_offsets(
+                states, {p: image.offsets_position for p, image in found.items()}))
+            for p, image in found.items():
+                if not await self._restore(p, states[p], image, read_ms[p]):
+                    del states[p]  # never served: its records below the position are missing
         finally:
-            if not starts.cancelled():
-                starts.set_result(data_from)
-        await self._replay_offsets(partitions, offsets_from)
+            self._restoring.discard(restoring)
+            restoring.set_result(None)
+        await self._replay_offsets(states, await reading)
 
-    async def _load_snapshot(self, p: int, state: PartitionState,
-                             starts: concurrent.futures.Future[dict[int, int]]
-                             ) -> tuple[int, int] | None:
-        """Fill `state` from partition p's latest complete snapshot: its (data, offsets)
-        positions, or None (no snapshot log, none yet, or one that is unusable: logged)."""
+    async def _read_latest(self, p: int, state: PartitionState) -> snapshot.Snapshot | None:
+        """Partition p's latest complete snapshot, or None (no snapshot log, none yet, or one
+        that is unusable: logged)."""
         if self._snapshot_log is None:
             return None
-        started = time.monotonic()
         try:
             found = await asyncio.to_thread(self._read_snapshot, p)
         except snapshot.SnapshotError as exc:
@@ -236,19 +259,33 @@ class Ownership:
         except Exception as exc:
             log.warning("snapshot_unreadable", extra={"partition": p, "error": repr(exc)})
             return None
-        if found is None or state.revoked:
-            return None
-        built = await asyncio.to_thread(snapshot.build, found)
-        if state.revoked or starts.cancelled():
-            return None  # the group gave up waiting and reads from the beginning
-        # No await from here to the answer: the tail's records (applied on this loop) can only
-        # come after the restore, and those below the snapshot's position are skipped.
+        return None if state.revoked else found
+
+    async def _restore(self, p: int, state: PartitionState, found: snapshot.Snapshot,
+                       read_ms: float) -> bool:
+        """Fill `state` from `found`, built off the loop; False if it could not be built. The
+        group already reads from the snapshot's position, so such a partition must not serve
+        (its records below that position would be missing): the node reports the failure.
+        `latest` checked every column already: only a lack of memory should get here."""
+        started = time.monotonic()
+        try:
+            built = await asyncio.to_thread(snapshot.build, found)
+        except Exception as exc:
+            log.exception("snapshot_build_failed", extra={"partition": p})
+            self._on_failed(f"partition {p}: its snapshot could not be built: {exc!r}")
+            return False
+        build_ms = (time.monotonic() - started) * 1000
+        if state.revoked:
+            return True
+        # No await from here to the restore: the tail's records (applied on this loop once
+        # `_restoring` is done) can only come after it.
         snapshot.restore(state, found, built)
         log.info("snapshot_loaded", extra={
             "partition": p, "queues": len(found.names), "records": found.records,
             "data_position": found.data_position, "offsets_position": found.offsets_position,
-            "load_ms": round((time.monotonic() - started) * 1000)})
-        return found.data_position, found.offsets_position
+            "read_ms": round(read_ms), "build_ms": round(build_ms),
+            "load_ms": round(read_ms + build_ms)})
+        return True
 
     def _read_snapshot(self, p: int) -> snapshot.Snapshot | None:
         assert self._snapshot_log is not None
@@ -276,20 +313,30 @@ class Ownership:
                                                               "error": str(exc)})
                 await asyncio.sleep(0.2 * attempt)
 
-    async def _replay_offsets(self, partitions: list[int], starts: dict[int, int]) -> None:
-        states = {p: self.states[p] for p in partitions if p in self.states}
+    async def _read_offsets(self, states: dict[int, PartitionState], starts: dict[int, int]
+                            ) -> dict[int, tuple[list[tuple[int, OffsetEntry]], int]]:
+        """The offset partitions' entries from `starts` (or their beginning) to their end,
+        read and decoded off the loop, retried until read or every partition is revoked."""
+        partitions = list(states)
         for attempt in itertools.count(1):
             try:
-                # Read and decode off the loop; apply on it in chunks (no long stall).
-                entries = await asyncio.to_thread(self._read_entries, partitions, starts)
-                break
+                return await asyncio.to_thread(self._read_entries, partitions, starts)
             except Exception as exc:
                 log.warning("offset_replay_failed", extra={"partitions": partitions,
                                                            "attempt": attempt, "error": str(exc)})
                 await asyncio.sleep(min(5.0, 0.2 * attempt))
                 if all(s.revoked for s in states.values()):
-                    return
+                    return {}
+        raise AssertionError("unreachable")
+
+    async def _replay_offsets(self, states: dict[int, PartitionState],
+                              entries: dict[int, tuple[list[tuple[int, OffsetEntry]], int]]
+                              ) -> None:
+        """Apply the offset entries read on the loop, in chunks (no long stall); then fence
+        and serve each partition once its data is replayed too."""
         for p, state in states.items():
+            if state.revoked:
+                continue
             todo, end = entries.get(p, ([], 0))
             for i in range(0, len(todo), REPLAY_CHUNK):
                 if state.revoked:

@@ -2,6 +2,7 @@
 re-assignment without a revoke. The group's thread side is called from a thread, as in a node."""
 
 import asyncio
+import time
 
 import pytest
 
@@ -135,6 +136,13 @@ async def test_a_snapshot_that_loads_after_the_group_gave_up_waiting_is_not_appl
     snapshots = await snapshot_log_of(0, q, 1)
     own = make(logs, snapshots)
     monkeypatch.setattr(ownership_module, "SNAPSHOT_LOAD_TIMEOUT_S", 0.0)  # give up at once
+    read = own._read_snapshot
+
+    def slow_read(p):
+        time.sleep(0.05)  # surely after the group gave up
+        return read(p)
+
+    monkeypatch.setattr(own, "_read_snapshot", slow_read)
     assert await asyncio.to_thread(own.assigned, [0]) == {}
     await until(lambda: 0 in own.states)
     await asyncio.sleep(0.2)  # the load finishes meanwhile
@@ -154,3 +162,57 @@ async def test_a_partition_with_a_snapshot_starts_at_its_position(logs):
     await asyncio.to_thread(own.reached_end, 1, 5)
     await until(lambda: own.states[1].ready.is_set())
     assert own.states[1].select(q, 0, 10) == [0, 1, 2, 3, 4]
+
+
+async def test_the_group_reads_on_while_a_snapshot_is_built_and_its_records_follow_it(
+        logs, monkeypatch):
+    """The tail's first fetch overlaps the build (a takeover's two longest waits); records it
+    brings meanwhile are applied after the restore, in order, none twice."""
+    import threading
+
+    from vqueues import snapshot as snap
+
+    q = queue_in(1)
+    snapshots = await snapshot_log_of(1, q, 5)
+    release = threading.Event()
+    real_build = snap.build
+
+    def slow_build(image):
+        assert release.wait(5)
+        return real_build(image)
+
+    monkeypatch.setattr(snap, "build", slow_build)
+    own = make(logs, snapshots)
+    # The group learns the snapshot's position before the snapshot is built.
+    assert await asyncio.to_thread(own.assigned, [1]) == {1: 5}
+    await asyncio.to_thread(own.consumed, [(1, q.encode(), Record(5, 1, b"f", ())),
+                                           (1, q.encode(), Record(6, 1, b"g", ()))], {1: 7},
+                            {1: 7})
+    await asyncio.to_thread(own.reached_end, 1, 7)
+    await asyncio.sleep(0.05)
+    state = own.states[1]
+    assert not state.ready.is_set() and state.queues == {}  # nothing applied before the restore
+    release.set()
+    await until(lambda: state.ready.is_set())
+    assert state.select(q, 0, 10) == [0, 1, 2, 3, 4, 5, 6]
+    assert state.next_offset == 7
+
+
+async def test_a_snapshot_that_cannot_be_built_fails_the_node(logs, monkeypatch):
+    """The group already reads from the snapshot's position: serving without the records
+    below it would lose them, so the node reports the failure (its /healthz answers 500)."""
+    from vqueues import snapshot as snap
+
+    q = queue_in(2)
+    snapshots = await snapshot_log_of(2, q, 3)
+
+    def broken_build(image):
+        raise MemoryError("no room")
+
+    monkeypatch.setattr(snap, "build", broken_build)
+    own = make(logs, snapshots)
+    assert await asyncio.to_thread(own.assigned, [2]) == {2: 3}
+    await asyncio.to_thread(own.reached_end, 2, 3)
+    await until(lambda: own.failure is not None)
+    assert "snapshot could not be built" in own.failure
+    assert not own.states[2].ready.is_set() and not own.ready
