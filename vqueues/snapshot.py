@@ -313,6 +313,7 @@ LONG_QUEUE = 4096  # offsets from which `build` decodes a queue straight into it
 # for 50-130 ms (measured).
 STEP_BYTES = 4 << 20
 NAMES_STEP = 16_384  # queue names cut per C call
+SUM_WINDOW = 1 << 20  # gaps summed per `reduceat` call (it widens them all first)
 
 
 def _deflate(pieces: Iterable[bytes]) -> bytes:
@@ -462,6 +463,29 @@ def decode_offsets(raw: bytes | memoryview, counts: array[int]) -> array[int]:
     return _prefix_sum(*_column(raw, counts))
 
 
+def _run_sums(gaps: Any, starts: Any, counts: Any) -> Any:
+    """Each run of `gaps` (from starts[i], counts[i] long) summed, as int64. `reduceat` first
+    copies its whole input into int64 (8M one-byte gaps: 64 MB of fresh pages, a third of a
+    takeover's build), so it runs over windows of SUM_WINDOW gaps, and a run longer than that
+    is summed alone (`sum` widens in small buffers)."""
+    out = np.zeros(len(starts), dtype=np.int64)
+    runs = np.flatnonzero(counts > 0)  # reduceat wants increasing indices inside the array
+    run_starts = starts[runs]
+    i = 0
+    while i < len(runs):
+        lo = int(run_starts[i])
+        j = max(int(np.searchsorted(run_starts, lo + SUM_WINDOW)), i + 1)
+        if j > i + 1 and counts[runs[j - 1]] > SUM_WINDOW:
+            j -= 1  # a long run after short ones: alone, next
+        hi = int(run_starts[j - 1] + counts[runs[j - 1]])
+        if j == i + 1:
+            out[runs[i]] = gaps[lo:hi].sum(dtype=np.int64)
+        else:
+            out[runs[i:j]] = np.add.reduceat(gaps[lo:hi], run_starts[i:j] - lo, dtype=np.int64)
+        i = j
+    return out
+
+
 def decode_queues(raw: bytes | memoryview, counts: array[int], long_from: int
                   ) -> tuple[array[int], dict[int, QueueIndex]]:
     """The offsets column decoded for building the index: each queue of at least `long_from`
@@ -478,11 +502,7 @@ def decode_queues(raw: bytes | memoryview, counts: array[int], long_from: int
         return _prefix_sum(starts, jumps, gaps), {}
     gap_counts = lengths - 1
     gap_starts = np.cumsum(gap_counts) - gap_counts
-    # Each queue's gaps summed: its last offset minus its first. (reduceat gives the element
-    # itself, not 0, for an empty run, and wants an index inside the array: pad, then mend.)
-    sums = np.add.reduceat(np.append(gaps, np.zeros(1, gaps.dtype)), gap_starts,
-                           dtype=np.int64)
-    sums[gap_counts == 0] = 0
+    sums = _run_sums(gaps, gap_starts, gap_counts)  # each queue's last offset minus its first
     firsts = np.cumsum(jumps + np.concatenate((np.zeros(1, np.int64), sums[:-1])))
     number = np.flatnonzero(present)  # the queue number of each non-empty queue
     long: dict[int, QueueIndex] = {}
@@ -490,9 +510,11 @@ def decode_queues(raw: bytes | memoryview, counts: array[int], long_from: int
     new: Any = array.__new__
     for k in np.flatnonzero(is_long).tolist():
         n, g0, first = int(lengths[k]), int(gap_starts[k]), int(firsts[k])
-        scratch[0] = 0
-        np.cumsum(gaps[g0:g0 + n - 1], dtype=np.int64, out=scratch[1:n])
-        scratch[:n] += first
+        # Widened by assignment, then summed in place: cumsum(dtype=) would first copy the
+        # gaps into a fresh int64 array of their own (measured: a page fault per 512 gaps).
+        scratch[0] = first
+        scratch[1:n] = gaps[g0:g0 + n - 1]
+        np.cumsum(scratch[:n], out=scratch[:n])
         q = new(QueueIndex, "q")
         q.frombytes(scratch[:n].data.cast("B"))
         long[int(number[k])] = q
@@ -502,7 +524,8 @@ def decode_queues(raw: bytes | memoryview, counts: array[int], long_from: int
     short_jumps = short_firsts - np.concatenate((np.zeros(1, np.int64), short_lasts[:-1]))
     short_lengths = lengths[short]
     short_starts = np.cumsum(short_lengths) - short_lengths
-    short_gaps = gaps[~np.repeat(is_long, gap_counts)]
+    short_gaps = (gaps[~np.repeat(is_long, gap_counts)] if short.any()
+                  else gaps[:0])  # no mask over every gap when every queue is long
     return _prefix_sum(short_starts, short_jumps, short_gaps), long
 
 

@@ -38,6 +38,7 @@ async def test_a_snapshot_plus_the_tail_equals_a_full_replay(seed, long_queue, c
     monkeypatch.setattr(snap, "CAPTURE_CHUNK", 3)  # many chunks, history running between them
     monkeypatch.setattr(snap, "LONG_QUEUE", long_queue)
     monkeypatch.setattr(snap, "CAPTURE_OFFSETS", capture_offsets)
+    monkeypatch.setattr(snap, "SUM_WINDOW", 5)  # queues' gap sums over many windows
     rnd = random.Random(seed)
     events, end = _history(seed, queues=15, steps=500)
     cut = rnd.randrange(len(events) + 1)
@@ -311,3 +312,19 @@ async def test_a_capture_copies_a_long_queue_a_slice_per_loop_turn(monkeypatch):
     assert image.records == 10_500 and list(image.decoded_offsets()) == [
         *range(0, 10_500, 2), *range(1, 10_500, 2)]
     assert turns >= 10_500 // 1000
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_run_sums_match_plain_sums_in_any_window(seed, monkeypatch):
+    """The queues' gap sums, taken a window at a time (reduceat widens its whole input)."""
+    import numpy as np
+
+    rnd = random.Random(seed)
+    monkeypatch.setattr(snap, "SUM_WINDOW", rnd.choice([1, 2, 3, 7, 1 << 20]))
+    counts = np.array([rnd.choice([0, 0, 1, 2, 3, 9, 20]) for _ in range(rnd.randrange(1, 40))],
+                      dtype=np.int64)
+    starts = np.cumsum(counts) - counts
+    gaps = np.array([rnd.randrange(256) for _ in range(int(counts.sum()))], dtype=np.uint8)
+    expected = [int(gaps[a:a + n].astype(np.int64).sum()) for a, n in
+                zip(starts, counts, strict=True)]
+    assert snap._run_sums(gaps, starts, counts).tolist() == expected
