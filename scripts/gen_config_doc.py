@@ -36,6 +36,10 @@ def render() -> str:
         "`--kafka-options` passes librdkafka settings to every Kafka client a node opens, e.g.",
         "`security.protocol=SASL_SSL,sasl.mechanism=SCRAM-SHA-512,sasl.username=u,sasl.password=p`.",
         "",
+        "`vqueues` sets `NUMPY_MADVISE_HUGEPAGE=0` unless the environment sets it: numpy would ask",
+        "for transparent huge pages for every array of 4 MB or more, and compacting memory for",
+        "them cost a takeover about 100 ms (docs/adr/0007-index-snapshots.md).",
+        "",
     ]
     return "\n".join(lines)
 
