@@ -254,7 +254,10 @@ def openapi_document(s: Settings) -> dict[str, Any]:
                                          "responses": {"200": _ok("Object")}}},
             "/metrics": {"get": {"summary": "Prometheus metrics (text format)",
                                  "responses": {"200": {"description": "metrics"}}}},
-            "/healthz": {"get": {"summary": "Liveness", "responses": {"200": _ok("Object")}}},
+            "/healthz": {"get": {"summary": "Liveness", "responses": {
+                "200": _ok("Object"),
+                "500": _ok("Object", "failed: the group thread stopped, or a partition's "
+                                     "snapshot could not be built ({status, error})")}}},
             "/readyz": {"get": {"summary": "Ready when every owned partition is replayed",
                                 "responses": {"200": _ok("Object"), "503": _ok("Object")}}},
         },
