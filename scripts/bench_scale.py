@@ -17,9 +17,11 @@ Then, on the 1M-queue topic: GET /v1/queues page latency (1000 names, random `af
 node with a tiny cache: 100-record pages older than the cache, and a sparse queue's records far
 apart. Last, --sustain-s of enqueue load with the default cache, sampling resident memory,
 /healthz latency, the node's loop lag and its garbage-collection pauses.
-After the full replay the node writes a snapshot and stops; a second node then takes the
-partition over from that snapshot (takeover time, snapshot size and load time), beside a fresh
-plain consumer going from the snapshot's position to the end (the broker's share).
+After the full replay the node writes a snapshot and stops; new nodes then take the partition
+over from that snapshot, --takeovers times (medians of takeover time, load and build time),
+beside a fresh plain consumer going from the snapshot's position to the end (the broker's
+share). --baseline CHECKOUT takes it over as often with that checkout's package too,
+alternating with this one's: before and after on the same snapshot, in one run.
 
 Usage: .venv/bin/python scripts/bench_scale.py [--records 1000000,4000000,8000000]
        [--queues 10,1000000] [--sustain-s 60] [--takeovers 3] [--baseline /tmp/old]
