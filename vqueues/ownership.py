@@ -51,6 +51,22 @@ MAX_PENDING_BATCHES = 16
 SNAPSHOT_LOAD_TIMEOUT_S = 120.0
 
 
+def wait_for_starts(starts: concurrent.futures.Future[dict[int, int]], timeout_s: float,
+                    partitions: Sequence[int]) -> dict[int, int]:
+    """Where the loop says the group should start reading each partition, or {} (from the
+    beginning) if it has not said within `timeout_s`: then `starts` is cancelled, and a
+    snapshot read later is not restored. Answered just as the wait ended, the loop restores
+    the snapshots, so its answer stands."""
+    try:
+        return starts.result(timeout=timeout_s)
+    except Exception as exc:  # a timeout included: replay those partitions in full
+        if not starts.cancel() and starts.done() and starts.exception() is None:
+            return starts.result()
+        log.warning("snapshot_load_incomplete", extra={"partitions": list(partitions),
+                                                       "error": repr(exc)})
+        return {}
+
+
 class Ownership:
     """The group listener (thread side) and the owned partitions' registry (loop side).
 
@@ -124,21 +140,11 @@ class Ownership:
             await asyncio.sleep(0)
 
     def assigned(self, partitions: Sequence[int]) -> dict[int, int]:
-        """Take the partitions; block until their snapshots are loaded and return where the
+        """Take the partitions; block until their snapshots are read and return where the
         group should start reading each (no entry: from the beginning)."""
         starts: concurrent.futures.Future[dict[int, int]] = concurrent.futures.Future()
         self._post(functools.partial(self._on_assigned, list(partitions), starts))
-        try:
-            return starts.result(timeout=SNAPSHOT_LOAD_TIMEOUT_S)
-        except Exception as exc:  # a timeout included: replay those partitions in full
-            # Cancelled, a snapshot that finishes loading later is not applied (the group
-            # reads these partitions from their beginning now). Answered meanwhile, the
-            # loop restores the snapshots: the group must start at their positions.
-            if not starts.cancel() and starts.done() and starts.exception() is None:
-                return starts.result()
-            log.warning("snapshot_load_incomplete", extra={"partitions": list(partitions),
-                                                           "error": repr(exc)})
-            return {}
+        return wait_for_starts(starts, SNAPSHOT_LOAD_TIMEOUT_S, partitions)
 
     def revoked(self, partitions: Sequence[int], lost: bool) -> None:
         # Block the group thread until the partitions are dropped, their offset writes are

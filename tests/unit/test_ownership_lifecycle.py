@@ -216,3 +216,22 @@ async def test_a_snapshot_that_cannot_be_built_fails_the_node(logs, monkeypatch)
     await until(lambda: own.failure is not None)
     assert "snapshot could not be built" in own.failure
     assert not own.states[2].ready.is_set() and not own.ready
+
+
+def test_an_answer_that_comes_as_the_wait_ends_stands():
+    """The loop answered between the group's timeout and its cancel: the loop restores the
+    snapshot, so the group must start at its position, not from the beginning."""
+    import concurrent.futures
+
+    from vqueues.ownership import wait_for_starts
+
+    class AnsweredAtTheTimeout(concurrent.futures.Future):
+        def result(self, timeout=None):
+            if not self.done():
+                self.set_result({1: 5})
+                raise concurrent.futures.TimeoutError
+            return super().result(timeout)
+
+    assert wait_for_starts(AnsweredAtTheTimeout(), 0.0, [1]) == {1: 5}
+    silent = concurrent.futures.Future()
+    assert wait_for_starts(silent, 0.0, [1]) == {} and silent.cancelled()
