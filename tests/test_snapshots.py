@@ -1,6 +1,7 @@
 """Index snapshots on a real broker: a node writes them, its successor loads the latest and
 replays only what came after; a corrupt one is ignored with a warning (full replay)."""
 
+import itertools
 import json
 import time
 import uuid
@@ -9,6 +10,7 @@ from confluent_kafka import Producer
 
 from tests.support import LOGS, NodeProcess, create_topics, http
 from tests.test_restart_recovery import post
+from vqueues.hashing import partition_for
 
 SNAPSHOT_FAST = {"VQ_SNAPSHOT_INTERVAL_S": "1", "VQ_SNAPSHOT_MIN_RECORDS": "5"}
 
@@ -46,7 +48,13 @@ def observe(node, queues):
 
 def test_a_successor_loads_the_snapshot_and_replays_only_the_rest(bootstrap):
     t = create_topics(bootstrap, partitions=2)
-    queues = [f"s{i}-{uuid.uuid4().hex[:4]}" for i in range(8)]
+    # Four queues in each partition: with eight random names, all of them fell in one partition
+    # about once in 128 runs, and the other partition, empty, never wrote a snapshot.
+    run = uuid.uuid4().hex[:4]
+    names = (f"s{i}-{run}" for i in itertools.count())
+    by_partition = [list(itertools.islice((q for q in names if partition_for(q, 2) == p), 4))
+                    for p in (0, 1)]
+    queues = [q for pair in zip(*by_partition, strict=True) for q in pair]  # 0, 1, 0, 1, ...
     first = NodeProcess(t, extra_env=SNAPSHOT_FAST).start()
     try:
         for i, q in enumerate(queues):
