@@ -324,7 +324,9 @@ class Ownership:
         """The offset partitions' entries from `starts` (or their beginning) to their end,
         read and decoded off the loop, retried until read or every partition is revoked."""
         partitions = list(states)
-        for attempt in itertools.count(1):
+        attempt = 0
+        while True:
+            attempt += 1
             try:
                 return await asyncio.to_thread(self._read_entries, partitions, starts)
             except Exception as exc:
@@ -333,7 +335,6 @@ class Ownership:
                 await asyncio.sleep(min(5.0, 0.2 * attempt))
                 if all(s.revoked for s in states.values()):
                     return {}
-        raise AssertionError("unreachable")
 
     async def _replay_offsets(self, states: dict[int, PartitionState],
                               entries: dict[int, tuple[list[tuple[int, OffsetEntry]], int]]
