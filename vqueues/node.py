@@ -64,7 +64,7 @@ class Node:
         data = AsyncProducer(self._conf(**{
             "acks": s.producer_acks, "enable.idempotence": s.producer_acks == "all",
             "linger.ms": s.producer_linger_ms, "partitioner": "murmur2",
-            "compression.type": "lz4"}), "data")
+            "compression.type": "lz4"}), "data", busy_linger_ms=s.producer_busy_linger_ms)
         offsets = AsyncProducer(self._conf(**{
             "acks": "all", "enable.idempotence": True, "linger.ms": 0}), "offsets")
         self._producers = [data, offsets]

