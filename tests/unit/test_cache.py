@@ -41,13 +41,16 @@ def test_the_oldest_records_go_first_and_the_budget_holds():
     assert newest is not None and newest.value.endswith(b"99")
 
 
-def test_cached_entries_are_not_tracked_by_the_garbage_collector():
+def test_nothing_in_the_cache_is_tracked_by_the_garbage_collector():
+    """Not even before a collection: a tracked shard would be walked whole by every full
+    collection (110-190 ms at 750,000 records under load, measured with tuple keys)."""
     cache = RecordCache(1 << 30)
     for i in range(1000):
-        cache.put(0, make(i, 10, 1))
-    for _ in range(3):  # nested tuples are untracked inside out, one collection each
-        gc.collect()
+        cache.put(i % 3, make(i, 10, 1))
+    assert len(cache.entries()) == 1000
     assert not any(gc.is_tracked(e) for e in cache.entries())
+    assert not any(gc.is_tracked(shard) for shard in cache._shards)
+    assert cache.get(1, 1_000_000_001) is not None and cache.get(0, 1_000_000_001) is None
 
 
 def test_a_replay_caches_only_what_would_still_be_cached_at_its_end():
