@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 from array import array
 from bisect import bisect_left
+from collections import deque
 from collections.abc import Iterable, Iterator, MutableMapping
 from dataclasses import dataclass
 from itertools import chain
@@ -210,6 +211,10 @@ class PartitionState:
         self.ready = asyncio.Event()
         self._own: dict[int, tuple[str, Record]] = {}  # own writes waiting for the frontier
         self.own_indexed: set[int] = set()  # own writes indexed ahead of the tail
+        # The same offsets in the order they were indexed (ascending: at the frontier), so the
+        # tail passing them drops them from the left; the set stays the same object, which the
+        # group thread holds.
+        self._own_order: deque[int] = deque()
         self._readers: dict[str, list[asyncio.Future[None]]] = {}
         self._position_waiters: list[tuple[int, asyncio.Future[None]]] = []
         self._writes = 0
@@ -293,6 +298,7 @@ class PartitionState:
             queue, rec = own.pop(offset)
             self._index(queue, rec, woken)
             self.own_indexed.add(offset)
+            self._own_order.append(offset)
             self.next_offset = offset + 1
 
     def _after_indexing(self, woken: set[str]) -> None:
@@ -326,9 +332,17 @@ class PartitionState:
                 self.next_offset = offset + 1
                 self._index(queue, rec, woken)
         self.tail_offset = tail
+        self._forget_own_below(tail)
         self._drain_own(woken)
         self._check_data_replayed()
         self._after_indexing(woken)
+
+    def _forget_own_below(self, tail: int) -> None:
+        """The tail passed `tail`: own writes below it, delivered or skipped by the group
+        thread, need no confirming any more."""
+        order, own_indexed = self._own_order, self.own_indexed
+        while order and order[0] < tail:
+            own_indexed.discard(order.popleft())
 
     def apply_own(self, queue: str, records: Iterable[Record]) -> None:
         """Index records this node wrote, at once, from their delivery reports (offset order)."""
@@ -344,8 +358,7 @@ class PartitionState:
         records (no key, misrouted) or own writes indexed already."""
         if next_offset > self.tail_offset:
             self.tail_offset = next_offset
-            if self.own_indexed:
-                self.own_indexed = {o for o in self.own_indexed if o >= next_offset}
+            self._forget_own_below(next_offset)
             woken: set[str] = set()
             if next_offset > self.next_offset:
                 self.next_offset = next_offset

@@ -114,6 +114,21 @@ async def test_own_writes_are_readable_at_their_ack_and_the_tail_does_not_index_
     assert s.tail_offset == s.next_offset == 4 and not s.own_indexed
 
 
+async def test_own_writes_the_tail_skipped_leave_the_set_the_group_thread_holds():
+    """The group thread does not hand over records it finds in `own_indexed`; the tail's
+    position passing them drops them, from the same set object (the thread keeps it)."""
+    s = state_with([("a", rec(0))])
+    held = s.own_indexed
+    s.apply_own("a", [rec(1), rec(2), rec(3)])
+    assert held == {1, 2, 3}
+    s.skip_to(3)  # the tail passed 1 and 2 without delivering them
+    assert s.own_indexed is held and held == {3}
+    s.apply_records([("b", rec(4))], None)  # 3 skipped too, then a foreign record,
+    s.skip_to(5)  # and the batch's position, as the ownership hands over
+    assert held == set() and s.select("a", 0, 10) == [0, 1, 2, 3]
+    assert s.select("b", 0, 10) == [4]
+
+
 async def test_the_tail_may_deliver_own_writes_before_their_delivery_report():
     s = state_with([])
     s.apply_records([("a", rec(0)), ("a", rec(1))], None)
