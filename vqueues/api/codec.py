@@ -211,8 +211,12 @@ def decode_enqueue(raw: bytes, settings: Settings) -> list[NewRecord]:
         if data is not None and len(data) > limit:
             raise PayloadTooLarge("record_too_large", f"records[{i}] is {len(data)} bytes; "
                                   f"at most {limit}", max=limit)
-        out.append((data, _record_headers(item.headers, item.tags, item.deliver_at,
-                                          item.delay_ms, item.idempotency_key, i, settings)))
+        if (item.headers or item.tags is not None or item.deliver_at is not None
+                or item.delay_ms is not None or item.idempotency_key is not None):
+            out.append((data, _record_headers(item.headers, item.tags, item.deliver_at,
+                                              item.delay_ms, item.idempotency_key, i, settings)))
+        else:  # most records carry nothing but a value
+            out.append((data, []))
     return out
 
 
