@@ -54,8 +54,9 @@ DEV_ENV = {"VQ_SESSION_TIMEOUT_MS": "6000", "VQ_HEARTBEAT_INTERVAL_MS": "500",
            "VQ_LOG_LEVEL": "warning"}
 
 
-# The nodes' tail fetch wait (set from --fetch-wait-ms).
-FETCH_WAIT_MS = [100]
+# The nodes' tail fetch wait, this checkout's and the baseline's (--fetch-wait-ms,
+# --baseline-fetch-wait-ms).
+FETCH_WAIT_MS = [100, 100]
 
 
 def pct(samples: list[float], p: float) -> float:
@@ -392,7 +393,7 @@ def start_nodes(bootstrap: str, prefix: str, count: int, code: str | None = None
     """`count` nodes; `code`: run the vqueues package of that checkout instead of this one."""
     procs, urls = [], []
     extra = {"PYTHONPATH": code} if code else {}
-    extra["VQ_FETCH_WAIT_MAX_MS"] = str(FETCH_WAIT_MS[0])
+    extra["VQ_FETCH_WAIT_MAX_MS"] = str(FETCH_WAIT_MS[1 if code else 0])
     for i in range(count):
         port = free_port()
         env = {**os.environ, **DEV_ENV, **extra, "VQ_BOOTSTRAP": bootstrap,
@@ -615,7 +616,8 @@ async def run(args: argparse.Namespace) -> None:
     head = " | ".join(f"vqueues {m} | ratio" for m in modes)
     lines = [f"# vqueues bench, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: "
              f"{args.partitions} partitions, broker {'embedded tansu' if broker else bootstrap}, "
-             f"tail fetch wait {args.fetch_wait_ms} ms",
+             f"tail fetch wait {args.fetch_wait_ms} ms"
+             + (f" (before: {FETCH_WAIT_MS[1]} ms)" if args.baseline else ""),
              f"| measure | raw confluent-kafka | {head} |",
              "|---" * (2 + 2 * len(modes)) + "|"]
     for key, label, unit in ROWS:
@@ -684,10 +686,13 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2, help="rounds of each with --baseline")
     ap.add_argument("--fetch-wait-ms", type=int, default=100,
                     help="the nodes' tail fetch.wait.max.ms (default 100, as the nodes')")
+    ap.add_argument("--baseline-fetch-wait-ms", type=int,
+                    help="the baseline's nodes' tail fetch.wait.max.ms (default: "
+                         "--fetch-wait-ms), e.g. an older package's own default")
     ap.add_argument("--many-queues", type=int, default=100_000,
                     help="also measure one node over this many queues x 2 records (0: skip)")
     args = ap.parse_args()
-    FETCH_WAIT_MS[0] = args.fetch_wait_ms
+    FETCH_WAIT_MS[:] = [args.fetch_wait_ms, args.baseline_fetch_wait_ms or args.fetch_wait_ms]
     asyncio.run(run(args))
 
 
