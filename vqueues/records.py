@@ -38,8 +38,8 @@ class Record(msgspec.Struct, frozen=True, gc=False):
 
     A msgspec Struct rather than a frozen dataclass: one is made per record on every hot path
     (own writes, the tail, cached reads), and a frozen dataclass' __init__ took 1.2 us against
-    0.06 us (measured here); gc=False because a record holds no containers that could make a
-    cycle, so the collector need not track millions of them."""
+    0.06 us (measured here). gc=False: a record holds ints, bytes and a tuple of (str, bytes)
+    pairs, which can make no cycle, so the collector need not track millions of them."""
 
     offset: int
     timestamp: int

@@ -77,8 +77,8 @@ class AsyncProducer:
     def submit(self, topic: str, partition: int, records: Sequence[Outgoing],
                timeout_s: float = 30.0) -> asyncio.Future[list[Delivered]]:
         """Hand `records` to librdkafka now, in order, and return the future of their delivery
-        reports: submissions to one partition are written in the order they were made (they all
-        go through the first producer, which never lingers more than its conf says). A full
+        reports: submissions to one partition are written in the order they were made (all go
+        through the first producer). A full
         local queue fails at once (retriable) rather than waiting."""
         loop = asyncio.get_running_loop()
         batch = _Batch(loop, len(records))
@@ -107,8 +107,8 @@ class AsyncProducer:
         for attempt in range(200):
             try:
                 producer.produce(topic, value=value, key=key, partition=partition,
-                                       headers=list(headers) if headers else None,
-                                       on_delivery=batch.delivered)
+                                 headers=list(headers) if headers else None,
+                                 on_delivery=batch.delivered)
                 return
             except BufferError:
                 # Local queue full: let the poll thread drain it, without blocking the loop.
@@ -127,7 +127,7 @@ class AsyncProducer:
         try:
             with kafka_errors("produce"):
                 queued = producer.produce_batch(topic, messages, partition=partition,
-                                                      on_delivery=batch.delivered)
+                                                on_delivery=batch.delivered)
         except BufferError:
             queued = 0
         if queued < len(messages):
