@@ -692,7 +692,8 @@ def main() -> None:
     ap.add_argument("--many-queues", type=int, default=100_000,
                     help="also measure one node over this many queues x 2 records (0: skip)")
     args = ap.parse_args()
-    FETCH_WAIT_MS[:] = [args.fetch_wait_ms, args.baseline_fetch_wait_ms or args.fetch_wait_ms]
+    FETCH_WAIT_MS[:] = [args.fetch_wait_ms, args.fetch_wait_ms
+                        if args.baseline_fetch_wait_ms is None else args.baseline_fetch_wait_ms]
     asyncio.run(run(args))
 
 
