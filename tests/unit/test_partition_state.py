@@ -129,6 +129,24 @@ async def test_own_writes_the_tail_skipped_leave_the_set_the_group_thread_holds(
     assert s.select("b", 0, 10) == [4]
 
 
+async def test_two_own_writes_whose_reports_arrive_out_of_order_stay_in_offset_order():
+    """Overlapping sends may take the two data producers (ADR 6), whose poll threads report
+    independently: the later write's report can come first. It waits for the earlier one, and
+    so does its writer's answer (read-your-writes), never longer."""
+    s = state_with([("a", rec(0))])
+    s.apply_own("a", [rec(3), rec(4)])  # the second send's report first
+    assert s.select("a", 0, 10) == [0] and s.next_offset == 1
+    waiting = asyncio.ensure_future(s.wait_indexed(4, 5.0))
+    await asyncio.sleep(0)
+    assert not waiting.done()
+    s.apply_own("a", [rec(1), rec(2)])  # then the first send's
+    assert await waiting is True
+    assert s.select("a", 0, 10) == [0, 1, 2, 3, 4] and s.next_offset == 5
+    s.apply_records([("a", rec(i)) for i in range(1, 5)], None)  # the tail confirms all four
+    s.skip_to(5)
+    assert s.select("a", 0, 10) == [0, 1, 2, 3, 4] and not s.own_indexed
+
+
 async def test_the_tail_may_deliver_own_writes_before_their_delivery_report():
     s = state_with([])
     s.apply_records([("a", rec(0)), ("a", rec(1))], None)
