@@ -16,10 +16,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from confluent_kafka import Consumer, KafkaError, TopicPartition
+
 from vqueues import topics
 from vqueues.broker import free_port
 from vqueues.hashing import partition_for
 from vqueues.kafka.admin import Admin
+from vqueues.kafka.ranges import OffsetRanges
 
 LOGS = Path(os.environ.get("VQ_TEST_LOG_DIR", "/tmp/vqueues-test-logs"))
 
@@ -271,3 +274,25 @@ def make_certificates(directory: Path) -> tuple[str, str, str]:
                                            serialization.PrivateFormat.PKCS8,
                                            serialization.NoEncryption()))
     return str(paths[0]), str(paths[1]), str(paths[2])
+
+
+def kafka_records(bootstrap: str, topic: str) -> dict[tuple[int, int], Any]:
+    """Everything in the topic, read with a plain consumer: (partition, offset) -> record."""
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": uuid.uuid4().hex,
+                  "enable.partition.eof": True, "enable.auto.commit": False})
+    parts = OffsetRanges({"bootstrap.servers": bootstrap}, topic).partitions()
+    c.assign([TopicPartition(topic, p, 0) for p in parts])
+    out: dict[tuple[int, int], Any] = {}
+    eof: set[int] = set()
+    while len(eof) < len(parts):
+        m = c.poll(1.0)
+        if m is None:
+            continue
+        if m.error():
+            assert m.error().code() == KafkaError._PARTITION_EOF
+            eof.add(m.partition())
+            continue
+        out[(m.partition(), m.offset())] = (m.key().decode(), m.value(), m.timestamp()[1],
+                                            tuple(m.headers() or ()))
+    c.close()
+    return out

@@ -10,8 +10,9 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka import Producer
 
+from tests.support import kafka_records
 from vqueues.kafka.admin import Admin, TopicSpec
 from vqueues.kafka.ranges import OffsetRanges
 
@@ -50,27 +51,6 @@ def produce(bootstrap, topic, count, start_ms, spread_minutes=5, tag="r"):
         sent.append((q, ts, value))
     assert p.flush(30) == 0
     return sent
-
-
-def kafka_records(bootstrap, topic):
-    """Everything in the topic, read with a plain consumer: (partition, offset) -> record."""
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": uuid.uuid4().hex,
-                  "enable.partition.eof": True, "enable.auto.commit": False})
-    parts = OffsetRanges({"bootstrap.servers": bootstrap}, topic).partitions()
-    c.assign([TopicPartition(topic, p, 0) for p in parts])
-    out, eof = {}, set()
-    while len(eof) < len(parts):
-        m = c.poll(1.0)
-        if m is None:
-            continue
-        if m.error():
-            assert m.error().code() == KafkaError._PARTITION_EOF
-            eof.add(m.partition())
-            continue
-        out[(m.partition(), m.offset())] = (m.key().decode(), m.value(), m.timestamp()[1],
-                                            tuple(m.headers() or ()))
-    c.close()
-    return out
 
 
 def archived(spark, out):

@@ -4,27 +4,8 @@ way each send's records land in order, every one acknowledged."""
 
 import asyncio
 
-from confluent_kafka import Consumer, TopicPartition
-
-from tests.support import create_topics
+from tests.support import create_topics, kafka_records
 from vqueues.kafka.producer import AsyncProducer
-
-
-def _read(bootstrap: str, topic: str, partition: int, count: int) -> list[tuple[int, bytes]]:
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "producer-test",
-                  "enable.auto.commit": False})
-    try:
-        c.assign([TopicPartition(topic, partition, 0)])
-        out: list[tuple[int, bytes]] = []
-        for _ in range(200):
-            for m in c.consume(count, 0.2):
-                if m.error() is None:
-                    out.append((m.offset(), m.value()))
-            if len(out) >= count:
-                break
-        return out
-    finally:
-        c.close()
 
 
 async def test_overlapping_sends_share_the_lingering_producer_and_keep_each_sends_order(
@@ -53,9 +34,11 @@ async def test_overlapping_sends_share_the_lingering_producer_and_keep_each_send
             assert all(ts > 0 for _, ts in acked)
         everything = sorted(o for acked in results for o, _ in acked)
         assert everything == list(range(3, 3 + 8 * 50))  # every record acknowledged, once
-        on_broker = dict(_read(bootstrap, t.data, 0, 3 + 8 * 50))
+        on_broker = kafka_records(bootstrap, t.data)
+        assert len(on_broker) == 3 + 8 * 50
         for n, acked in enumerate(results):
-            assert [on_broker[o] for o, _ in acked] == [f"s{n}-{i}".encode() for i in range(50)]
+            assert [on_broker[(0, o)][1] for o, _ in acked] == [f"s{n}-{i}".encode()
+                                                                for i in range(50)]
     finally:
         await asyncio.to_thread(producer.close)
 
