@@ -5,7 +5,9 @@ Starts the embedded broker (or uses --bootstrap) and one node process, then meas
   enqueue throughput   batches of 100 records of 100 bytes, --concurrency requests in flight
   enqueue latency      one record per request, sequential (p50/p99)
   read latency         100 cached records per request, sequential (p50/p99)
-  end-to-end latency   enqueue -> a reader long-polling the queue (p50/p99)
+  end-to-end latency   enqueue -> a reader long-polling the queue (p50/p99): after 5 ms
+                       idle (the reader parked, every thread gone idle), and back to back (a
+                       steady stream of single records, the next written once the last is read)
   read throughput      cached pages of 100 records, --concurrency readers
   lease throughput     lease (10 records) -> complete, --concurrency workers over 10 queues
   lease end-to-end     enqueue -> a lease long-polling the queue (p50/p99)
@@ -121,7 +123,8 @@ def raw_read_latency(bootstrap: str, topic: str, partitions: int, count: int) ->
     return out
 
 
-def raw_e2e(bootstrap: str, topic: str, partitions: int, count: int) -> list[float]:
+def raw_e2e(bootstrap: str, topic: str, partitions: int, count: int, idle_s: float = 0.0
+            ) -> list[float]:
     key = f"raw-e2e-{uuid.uuid4().hex[:6]}"
     part = partition_for(key, partitions)
     p = Producer({"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 0,
@@ -136,6 +139,8 @@ def raw_e2e(bootstrap: str, topic: str, partitions: int, count: int) -> list[flo
         pass
     out = []
     for _ in range(count):
+        if idle_s:
+            time.sleep(idle_s)
         t0 = time.perf_counter()
         p.produce(topic, key=key.encode(), value=VALUE.encode())
         p.poll(0)
@@ -325,6 +330,43 @@ async def vq_e2e(s: aiohttp.ClientSession, base: str, q: str, count: int
     return out, after_writer
 
 
+async def vq_e2e_back_to_back(s: aiohttp.ClientSession, base: str, q: str, count: int
+                              ) -> list[float]:
+    """Enqueue -> a reader that long-polls again as soon as it has a record, the writer
+    writing the next record once the reader has the last: a steady stream of single records
+    with no idle pause, as the raw client's end to end is measured."""
+    async with s.get(f"{base}/v1/queues/{q}/records") as r:
+        nxt = (await r.json())["next_offset"]
+    body = json.dumps({"records": [{"value": VALUE}]})
+    arrivals: asyncio.Queue[float] = asyncio.Queue()
+
+    async def reader(offset: int) -> None:
+        while True:
+            async with s.get(f"{base}/v1/queues/{q}/records",
+                             params={"offset": str(offset), "wait_ms": "5000"}) as r:
+                page = await r.json()
+            at = time.perf_counter()
+            for _ in page["records"]:
+                arrivals.put_nowait(at)
+            offset = page["next_offset"]
+
+    task = asyncio.create_task(reader(nxt))
+    out = []
+    try:
+        await asyncio.sleep(0.005)  # the first poll is parked
+        for _ in range(count):
+            await asyncio.sleep(0)  # the reader's next poll goes out before the write
+            t0 = time.perf_counter()
+            async with s.post(f"{base}/v1/queues/{q}/records", data=body,
+                              headers={"Content-Type": "application/json"}) as r:
+                await r.read()
+            out.append(await asyncio.wait_for(arrivals.get(), 10) - t0)
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+    return out
+
+
 async def vq_lease_throughput(s: aiohttp.ClientSession, route, seconds: float, workers: int,
                               batch: int = 10, queues: int = 10) -> float:
     """Lease -> complete with `workers` workers over `queues` prefilled queues, `batch` records
@@ -474,6 +516,8 @@ async def measure_vqueues(args: argparse.Namespace, bootstrap: str, nodes: int,
             samples["e2e"], after_writer = await vq_e2e(s, route("e2e-1"), "e2e-1",
                                                         args.samples)
             out["reader_after_writer_p50"] = pct(after_writer, .5)
+            samples["e2e_busy"] = await vq_e2e_back_to_back(s, route("e2e-2"), "e2e-2",
+                                                            args.samples)
             if code is None:  # work queues: this checkout only (older ones have no leases)
                 out["lease_throughput"] = await vq_lease_throughput(
                     s, route, args.seconds, args.concurrency)
@@ -565,7 +609,9 @@ async def measure_raw(args: argparse.Namespace, bootstrap: str) -> dict[str, flo
         "read": await asyncio.to_thread(raw_read_latency, bootstrap, topic, args.partitions,
                                         args.samples),
         "e2e": await asyncio.to_thread(raw_e2e, bootstrap, topic, args.partitions,
-                                       args.samples),
+                                       args.samples, IDLE_S),
+        "e2e_busy": await asyncio.to_thread(raw_e2e, bootstrap, topic, args.partitions,
+                                            args.samples),
     }
     for name, values in samples.items():
         out[f"{name}_p50"], out[f"{name}_p99"] = pct(values, .5), pct(values, .99)
@@ -577,7 +623,10 @@ ROWS = [("throughput", "enqueue throughput, batches of 100 x 100 B, 10 queues", 
           for m, label in (("enqueue", "enqueue latency, 1 record,"),
                            ("enqueue_idle", "enqueue latency, 1 record after 5 ms idle,"),
                            ("read", "read latency, 100 records,"),
-                           ("e2e", "end-to-end latency (enqueue -> long poll),"))
+                           ("e2e", "end-to-end latency (enqueue after 5 ms idle -> parked "
+                                   "long poll),"),
+                           ("e2e_busy", "end-to-end latency, back to back (enqueue -> long "
+                                        "poll),"))
           for p in ("p50", "p99"))]
 
 
