@@ -26,6 +26,7 @@ kernel took 60 ms to hand out (measured in a replay of 1M queues; 80 ms loop sta
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Sequence
 
 from vqueues.records import Record
 
@@ -74,6 +75,34 @@ class RecordCache:
             self.bytes -= entry_size(old.value, old.headers)
         shard[key] = record
         self.bytes += size
+        self._evict()
+
+    def put_run(self, partition: int, records: Sequence[Record]) -> None:
+        """`put` each of `records` (in offset order), evicting once at the end. For records
+        new to the cache (an own write's, at the frontier) the same entries stay as with `put`
+        one by one: the oldest go first either way."""
+        shards, order, max_bytes = self._shards, self._order, self.max_bytes
+        added = 0
+        for record in records:
+            value, headers = record.value, record.headers
+            size = (entry_size(value, headers) if headers
+                    else ENTRY_OVERHEAD_BYTES + (len(value) if value else 0))
+            if size > max_bytes:
+                continue
+            offset = record.offset
+            key = offset << _PARTITION_BITS | partition
+            shard = shards[hash((partition, offset)) & (SHARDS - 1)]
+            old = shard.get(key)
+            if old is None:
+                order.append(key)
+            else:
+                added -= entry_size(old.value, old.headers)
+            shard[key] = record
+            added += size
+        self.bytes += added
+        self._evict()
+
+    def _evict(self) -> None:
         while self.bytes > self.max_bytes:
             oldest = self._order.popleft()
             gone = self._shards[hash((oldest & _PARTITION_MASK, oldest >> _PARTITION_BITS))

@@ -109,3 +109,37 @@ def test_the_same_record_put_twice_is_held_once_and_keeps_its_place():
     assert len(cache) == 3 and cache.bytes == 3 * (ENTRY_OVERHEAD_BYTES + 1)
     cache.put(0, Record(3, 1, b"v", ()))
     assert cache.get(0, 0) is None and cache.get(0, 3) is not None  # 0 was still the oldest
+
+
+def test_a_run_leaves_the_same_entries_as_its_records_put_one_by_one():
+    """`put_run` (an own write's records, new to the cache) evicts once at its end; what it
+    leaves is what `put` per record leaves: the same records, bytes and order, oversize
+    records and headers included."""
+    import random
+
+    rng = random.Random(7)
+    one, run = RecordCache(40 * ENTRY_OVERHEAD_BYTES), RecordCache(40 * ENTRY_OVERHEAD_BYTES)
+    offset = 0
+    for _ in range(300):
+        batch = []
+        for _ in range(rng.randint(1, 30)):
+            at, offset = offset, offset + rng.choice((1, 1, 1, 2))  # gaps: other writers
+            size = 50 * ENTRY_OVERHEAD_BYTES if rng.random() < 0.02 else rng.randint(0, 300)
+            headers = (("h", b"x"),) if rng.random() < 0.2 else ()
+            batch.append(Record(at, 1, bytes(size), headers))
+        partition = rng.randint(0, 2)
+        for record in batch:
+            one.put(partition, record)
+        run.put_run(partition, batch)
+        assert run.bytes == one.bytes <= one.max_bytes
+        assert list(run._order) == list(one._order)
+        assert sorted(run.entries(), key=id) == sorted(one.entries(), key=id)
+    assert len(one) > 10  # the budget was reached over and over, not left empty
+
+
+def test_a_record_twice_in_a_run_is_held_once():
+    cache = RecordCache(1 << 20)
+    cache.put_run(0, [Record(0, 1, b"v", ()), Record(1, 1, b"v", ()), Record(0, 1, b"w", ())])
+    assert len(cache) == 2 and cache.bytes == 2 * (ENTRY_OVERHEAD_BYTES + 1)
+    got = cache.get(0, 0)
+    assert got is not None and got.value == b"w"

@@ -216,3 +216,74 @@ def test_a_queue_is_a_bare_array_until_it_gets_a_consumer_or_a_deletion_floor():
     assert type(b) is StatefulQueueIndex and b.deleted_before == 2
     s.apply_records([("a", Record(3, 1, b"w", ()))], None)
     assert list(s.queues["a"]) == [0, 2, 3]  # the replacement gets what comes next
+
+
+@pytest.mark.parametrize("seed", range(6))
+async def test_own_writes_indexed_as_a_run_leave_the_state_indexing_them_one_by_one_leaves(
+        seed, monkeypatch):
+    """The common own write (consecutive, at the frontier, no headers) is indexed as one run;
+    random histories of own writes (runs, headers, gaps another writer left, reports out of
+    order), tail records, readers and a deleted queue end in the same state either way."""
+    import random
+
+    from vqueues.records import QueueDeleted
+    from vqueues.tags import TAGS_HEADER
+
+    rng = random.Random(seed)
+    runs = PartitionState(0, RecordCache(30 * 300))
+    ones = PartitionState(0, RecordCache(30 * 300))
+    monkeypatch.setattr(ones, "_index_run", lambda *_: False)
+    taken = []
+    original = runs._index_run
+    monkeypatch.setattr(runs, "_index_run",
+                        lambda *a: taken.append(original(*a)) or taken[-1])
+    offset, held, log, woken = 0, [], [], 0
+    for _ in range(200):
+        waiters = [asyncio.ensure_future(s.wait_for_records("a", 5)) for s in (runs, ones)]
+        await asyncio.sleep(0)  # parked
+        queue = rng.choice("abcd")
+        roll = rng.random()
+        if roll < 0.6:  # an own write, reported now or held back (the other producer's)
+            batch = []
+            for _ in range(rng.randint(1, 6)):
+                hs = ((TAGS_HEADER, b"t"),) if rng.random() < 0.1 else ()
+                batch.append(Record(offset, 1, b"v%d" % offset, hs))
+                offset += 1
+            log.extend((queue, r) for r in batch)
+            if rng.random() < 0.2:
+                held.append((queue, batch))
+            else:
+                for s in (runs, ones):
+                    s.apply_own(queue, batch)
+        elif roll < 0.7:  # another producer's record: only the tail brings it
+            log.append((queue, Record(offset, 1, b"x", ())))
+            offset += 1
+        elif roll < 0.8 and held:  # a held-back report arrives
+            q, batch = held.pop(0)
+            for s in (runs, ones):
+                s.apply_own(q, batch)
+        elif roll < 0.95 and log:  # the tail catches up a little
+            cut = rng.randint(0, len(log))
+            for s in (runs, ones):
+                s.apply_records(log[:cut], None)
+            log = log[cut:]
+        else:
+            entry = QueueDeleted(queue, offset)
+            for s in (runs, ones):
+                s.apply_offset_entries([entry])
+        for _ in range(5):  # a woken wait_for_records returns a few loop turns later
+            await asyncio.sleep(0)
+        assert waiters[0].done() == waiters[1].done()  # woken alike
+        woken += waiters[0].done()
+        for w in waiters:
+            w.cancel()
+        for q in "abcd":
+            assert runs.select(q, 0, 1000) == ones.select(q, 0, 1000)
+        assert list(runs.names) == list(ones.names)
+        assert (runs.next_offset, runs.tail_offset) == (ones.next_offset, ones.tail_offset)
+        assert runs.own_indexed == ones.own_indexed
+        assert list(runs._own_order) == list(ones._own_order)
+        assert runs.cache.bytes == ones.cache.bytes
+        assert list(runs.cache._order) == list(ones.cache._order)
+        assert runs.tags == ones.tags
+    assert any(taken) and not all(taken) and woken  # both paths were taken, readers woken
