@@ -318,6 +318,8 @@ class PartitionState:
             self._uncached_below = max(0, high_watermark - self.cache.capacity)
         tail = self.tail_offset
         own, own_indexed = self._own, self.own_indexed
+        run: list[Record] = []
+        run_queue = ""
         for queue, rec in records:
             offset = rec.offset
             if offset < tail:
@@ -330,7 +332,21 @@ class PartitionState:
                 own.pop(offset, None)  # the tail got there before the delivery report
             if offset >= self.next_offset:
                 self.next_offset = offset + 1
-                self._index(queue, rec, woken)
+                # A queue's consecutive records are indexed as a run (a request's records
+                # come as one); a record with headers alone, in its place.
+                if rec.headers:
+                    if run:
+                        self._index_many(run_queue, run, woken)
+                        run = []
+                    self._index(queue, rec, woken)
+                elif run and queue == run_queue:
+                    run.append(rec)
+                else:
+                    if run:
+                        self._index_many(run_queue, run, woken)
+                    run, run_queue = [rec], queue
+        if run:
+            self._index_many(run_queue, run, woken)
         self.tail_offset = tail
         self._forget_own_below(tail)
         self._drain_own(woken)
@@ -351,22 +367,38 @@ class PartitionState:
                 rec.headers for rec in records):
             return False
         q = self.queues.get(queue)
-        if q is None:
-            q = self.queues[queue] = QueueIndex()
-        elif first < q.deleted_before:
+        if q is not None and first < q.deleted_before:
             return False
-        if not q.offsets and not q.consumers:
-            self.names.add(queue)
+        self._index_many(queue, records, woken)
         run = range(first, last + 1)
-        q.offsets.extend(run)
-        if last >= self._uncached_below:
-            self.cache.put_run(self.partition, records[max(0, self._uncached_below - first):])
         self.own_indexed.update(run)
         self._own_order.extend(run)
         self.next_offset = last + 1
+        return True
+
+    def _index_many(self, queue: str, records: Sequence[Record], woken: set[str]) -> None:
+        """`_index` for each of `records`: one queue's, ascending, without headers, at the
+        frontier; the queue is looked up, extended, cached and woken once."""
+        q = self.queues.get(queue)
+        if q is None:
+            q = self.queues[queue] = QueueIndex()
+        elif records[0].offset < q.deleted_before:
+            for rec in records:  # some below the deletion floor: each its own way
+                self._index(queue, rec, woken)
+            return
+        if not q.offsets and not q.consumers:
+            self.names.add(queue)
+        if len(records) == 1:
+            q.offsets.append(records[0].offset)
+        else:
+            q.offsets.extend([rec.offset for rec in records])
+        uncached_below = self._uncached_below
+        if records[-1].offset >= uncached_below:
+            if records[0].offset < uncached_below:  # the run crosses it: once per replay
+                records = [rec for rec in records if rec.offset >= uncached_below]
+            self.cache.put_run(self.partition, records)
         if queue in self._readers:
             woken.add(queue)
-        return True
 
     def _forget_own_below(self, tail: int) -> None:
         """The tail passed `tail`: own writes below it, delivered or skipped by the group

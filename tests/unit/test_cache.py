@@ -53,15 +53,18 @@ def test_no_entry_and_no_shard_of_the_cache_is_tracked_by_the_garbage_collector(
     assert cache.get(1, 1_000_000_001) is not None and cache.get(0, 1_000_000_001) is None
 
 
-def test_a_replay_caches_only_what_would_still_be_cached_at_its_end():
+@pytest.mark.parametrize("queues", [3, 1])  # one queue: a run across the line
+def test_a_replay_caches_only_what_would_still_be_cached_at_its_end(queues):
     from vqueues.partition_state import PartitionState
 
     cache = RecordCache(100 * ENTRY_OVERHEAD_BYTES)  # it can never hold more than 100 records
     put = []
-    real_put = cache.put
+    real_put, real_run = cache.put, cache.put_run
     cache.put = lambda p, rec: (put.append(rec.offset), real_put(p, rec))  # type: ignore
+    cache.put_run = lambda p, recs: (put.extend(r.offset for r in recs),  # type: ignore
+                                     real_run(p, recs))
     s = PartitionState(0, cache)
-    s.apply_records([(f"q{i % 3}", Record(i, 1, b"v", ())) for i in range(1000)],
+    s.apply_records([(f"q{i % queues}", Record(i, 1, b"v", ())) for i in range(1000)],
                     high_watermark=1000)
     assert put == list(range(900, 1000))  # not the 900 that would be evicted anyway
     s.reached_end(1000)

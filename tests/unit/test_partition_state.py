@@ -221,9 +221,11 @@ def test_a_queue_is_a_bare_array_until_it_gets_a_consumer_or_a_deletion_floor():
 @pytest.mark.parametrize("seed", range(6))
 async def test_own_writes_indexed_as_a_run_leave_the_state_indexing_them_one_by_one_leaves(
         seed, monkeypatch):
-    """The common own write (consecutive, at the frontier, no headers) is indexed as one run;
-    random histories of own writes (runs, headers, gaps another writer left, reports out of
-    order), tail records, readers and a deleted queue end in the same state either way."""
+    """Own writes (consecutive, at the frontier, no headers) and the tail's records (a
+    queue's consecutive ones) are indexed as runs; random histories of own writes (runs,
+    headers, gaps another writer left, reports out of order or after the tail), tail records,
+    a replay crossing the cache's line, readers and deleted queues end in the same state as
+    indexing every record on its own leaves."""
     import random
 
     from vqueues.records import QueueDeleted
@@ -233,11 +235,17 @@ async def test_own_writes_indexed_as_a_run_leave_the_state_indexing_them_one_by_
     runs = PartitionState(0, RecordCache(30 * 300))
     ones = PartitionState(0, RecordCache(30 * 300))
     monkeypatch.setattr(ones, "_index_run", lambda *_: False)
+    monkeypatch.setattr(ones, "_index_many",
+                        lambda queue, recs, woken: [ones._index(queue, r, woken) for r in recs])
     taken = []
     original = runs._index_run
     monkeypatch.setattr(runs, "_index_run",
                         lambda *a: taken.append(original(*a)) or taken[-1])
-    offset, held, log, woken = 0, [], [], 0
+    replay = [(rng.choice("abcd"), Record(i, 1, b"r", ())) for i in range(150)]
+    for s in (runs, ones):  # the cache holds 38 records: the replay caches the last ones
+        s.apply_records(replay, high_watermark=150)
+    assert runs.cache.bytes == ones.cache.bytes and len(runs.cache) == 38
+    offset, held, log, woken = 150, [], [], 0
     for _ in range(200):
         waiters = [asyncio.ensure_future(s.wait_for_records("a", 5)) for s in (runs, ones)]
         await asyncio.sleep(0)  # parked
