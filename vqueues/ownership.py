@@ -419,10 +419,13 @@ class Ownership:
                 continue
             # A record another partitioner put here is not served: its queue lives elsewhere.
             ok = []
+            served = None  # the last queue found served here: a run of its records is checked once
             for queue, rec in by_partition.get(p, ()):
-                if queue not in state.queues and partition_for(queue, self.partitions) != p:
-                    self.metrics.records_skipped.inc()
-                    continue
+                if queue != served:
+                    if queue not in state.queues and partition_for(queue, self.partitions) != p:
+                        self.metrics.records_skipped.inc()
+                        continue
+                    served = queue
                 ok.append((queue, rec))
             was_ready = state.ready.is_set()
             state.apply_records(ok, high_watermarks.get(p))

@@ -8,6 +8,7 @@ from tests.unit.fakes import MemoryFetcher, MemoryLog
 from vqueues.cache import RecordCache
 from vqueues.errors import VQError
 from vqueues.ownership import Ownership
+from vqueues.records import Record
 from vqueues.service import QueueService
 from vqueues.settings import Settings
 
@@ -115,3 +116,40 @@ async def test_a_sparse_queues_uncached_records_are_fetched_in_parallel_runs(ser
     page = await service.read("sparse", None, None, 10, 0)
     assert [r.value for r in page.records] == [b"s0", b"s1", b"s2"]
     assert service._fetcher.calls == 3  # one per run, issued together
+
+
+@pytest.mark.parametrize("tail_got", [1, 3])  # of the 3 records: some, all
+async def test_records_the_tail_indexed_before_their_delivery_report_are_indexed_once(
+        service, tail_got):
+    """Under load the tail often brings an own write back before its delivery report reaches
+    the loop: the report then indexes only what the tail has not, and the answer and the
+    queue hold each record once, in order."""
+    log = service._data
+
+    async def tail_first(partition, records):
+        tail, log.tail = log.tail, None
+        try:
+            delivered = log._write(partition, records)
+        finally:
+            log.tail = tail
+        first = delivered[0][0]
+        tail.consumed([(partition, key, Record(first + i, log.timestamp, value, ()))
+                       for i, (key, value, _) in enumerate(records[:tail_got])],
+                      {partition: first + tail_got}, {partition: first + tail_got})
+        state = service.ownership.states[partition]
+        for _ in range(50):  # the tail's batch is applied on the loop first
+            if state.next_offset == first + tail_got:
+                break
+            await asyncio.sleep(0)
+        assert state.next_offset == first + tail_got
+        return delivered
+
+    await service.enqueue("tf", [(b"before", [])])
+    log.append = tail_first
+    res = await service.enqueue("tf", [(b"a", []), (b"b", []), (b"c", [])])
+    assert res.offsets == [1, 2, 3]
+    page = await service.read("tf", None, 0, 10, 0)
+    assert [(r.offset, r.value) for r in page.records] == [
+        (0, b"before"), (1, b"a"), (2, b"b"), (3, b"c")]
+    p = service.partition_of("tf")
+    assert service.ownership.states[p].next_offset == 4
