@@ -62,20 +62,9 @@ class RecordCache:
         self._order: deque[int] = deque()
 
     def put(self, partition: int, record: Record) -> None:
-        size = entry_size(record.value, record.headers)
-        if size > self.max_bytes:
-            return
-        offset = record.offset
-        key = offset << _PARTITION_BITS | partition
-        shard = self._shards[hash((partition, offset)) & (SHARDS - 1)]
-        old = shard.get(key)
-        if old is None:
-            self._order.append(key)
-        else:  # the same record again: it keeps its place in the order
-            self.bytes -= entry_size(old.value, old.headers)
-        shard[key] = record
-        self.bytes += size
-        self._evict()
+        """Cache `record`, evicting the oldest entries over the budget. The same record again
+        keeps its place in the order."""
+        self.put_run(partition, (record,))
 
     def put_run(self, partition: int, records: Sequence[Record]) -> None:
         """`put` each of `records` (in offset order), evicting once at the end. For records

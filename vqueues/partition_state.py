@@ -366,10 +366,7 @@ class PartitionState:
         if first != self.next_offset or records[-1].offset != last or any(
                 rec.headers for rec in records):
             return False
-        q = self.queues.get(queue)
-        if q is not None and first < q.deleted_before:
-            return False
-        self._index_many(queue, records, woken)
+        self._index_many(queue, records, woken)  # records below a deletion floor: dropped
         run = range(first, last + 1)
         self.own_indexed.update(run)
         self._own_order.extend(run)

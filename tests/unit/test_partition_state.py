@@ -287,6 +287,8 @@ async def test_own_writes_indexed_as_a_run_leave_the_state_indexing_them_one_by_
             w.cancel()
         for q in "abcd":
             assert runs.select(q, 0, 1000) == ones.select(q, 0, 1000)
+        assert ({n: (list(q), q.deleted_before) for n, q in runs.queues.items()}
+                == {n: (list(q), q.deleted_before) for n, q in ones.queues.items()})
         assert list(runs.names) == list(ones.names)
         assert (runs.next_offset, runs.tail_offset) == (ones.next_offset, ones.tail_offset)
         assert runs.own_indexed == ones.own_indexed
@@ -295,3 +297,18 @@ async def test_own_writes_indexed_as_a_run_leave_the_state_indexing_them_one_by_
         assert list(runs.cache._order) == list(ones.cache._order)
         assert runs.tags == ones.tags
     assert any(taken) and not all(taken) and woken  # both paths were taken, readers woken
+
+
+@pytest.mark.parametrize("as_run", [True, False])
+async def test_an_own_write_reported_after_its_queue_was_deleted_above_it_is_not_indexed(
+        as_run, monkeypatch):
+    from vqueues.records import QueueDeleted
+
+    s = state_with([("a", rec(0))])
+    if not as_run:
+        monkeypatch.setattr(s, "_index_run", lambda *_: False)
+    s.apply_offset_entries([QueueDeleted("a", 5)])  # the deletion saw offsets up to 4
+    s.apply_own("a", [rec(1), rec(2), rec(3)])  # acknowledged before it, reported after
+    assert list(s.queues["a"]) == [] and s.next_offset == 4 and s.own_indexed == {1, 2, 3}
+    s.apply_own("a", [rec(4), rec(5)])
+    assert list(s.queues["a"]) == [5] and s.select("a", 0, 10) == [5]
