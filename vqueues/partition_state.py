@@ -232,20 +232,8 @@ class PartitionState:
         """Index `rec` at the frontier (its offset is the frontier or past a known gap)."""
         if rec.headers and self._control(queue, rec):
             return
-        q = self.queues.get(queue)
-        if q is None:
-            q = self.queues[queue] = QueueIndex()
-        elif rec.offset < q.deleted_before:
-            return
-        if not q.offsets and not q.consumers:
-            self.names.add(queue)
-        q.offsets.append(rec.offset)
-        if rec.offset >= self._uncached_below:
-            self.cache.put(self.partition, rec)
-        if rec.headers:
+        if self._index_many(queue, (rec,), woken) and rec.headers:
             self._index_headers(queue, rec)
-        if queue in self._readers:
-            woken.add(queue)
 
     def _control(self, queue: str, rec: Record) -> bool:
         """Scheduled records: a record to deliver later goes to the schedule, not the queue; a
@@ -373,16 +361,18 @@ class PartitionState:
         self.next_offset = last + 1
         return True
 
-    def _index_many(self, queue: str, records: Sequence[Record], woken: set[str]) -> None:
-        """`_index` for each of `records`: one queue's, ascending, without headers, at the
-        frontier; the queue is looked up, extended, cached and woken once."""
+    def _index_many(self, queue: str, records: Sequence[Record], woken: set[str]) -> bool:
+        """Index one queue's `records` (ascending, at the frontier; what their headers ask for
+        is the caller's): the queue is looked up, extended, cached and woken once. Records
+        below the queue's deletion floor are dropped; False if that left none."""
         q = self.queues.get(queue)
         if q is None:
             q = self.queues[queue] = QueueIndex()
         elif records[0].offset < q.deleted_before:
-            for rec in records:  # some below the deletion floor: each its own way
-                self._index(queue, rec, woken)
-            return
+            floor = q.deleted_before
+            records = [rec for rec in records if rec.offset >= floor]
+            if not records:
+                return False
         if not q.offsets and not q.consumers:
             self.names.add(queue)
         if len(records) == 1:
@@ -396,6 +386,7 @@ class PartitionState:
             self.cache.put_run(self.partition, records)
         if queue in self._readers:
             woken.add(queue)
+        return True
 
     def _forget_own_below(self, tail: int) -> None:
         """The tail passed `tail`: own writes below it, delivered or skipped by the group
