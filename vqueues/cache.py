@@ -3,41 +3,53 @@
 Kafka records never change once written, so a cached (partition, offset) stays right as long as
 the topic exists; entries of a partition given up simply age out.
 
-No entry of the cache is tracked by CPython's cyclic garbage collector, so a full collection
-never walks its dicts: the entries are the Records themselves (msgspec Structs made
-untracked), keyed by one int (`offset << 32 | partition`: Kafka's partition ids are int32). A
-dict holding only untracked keys and values stays untracked. With (partition, offset) tuples as
-keys every insert tracked its dict again, and each full collection under load walked the whole
-cache: 110-190 ms at 750,000 records (measured; issue 8 had measured 418 ms pauses with tracked
-entries). What a full collection still walks is the order deque: 8-11 ms at 750,000 records.
-Keeping the order in untracked arrays instead took that to 0.02 ms but cost 1.1-1.5 us more per
-record cached (an int and a tuple made per eviction; measured), more than it saves.
-`size` is calibrated with tracemalloc against what an entry really holds (tested within 20%).
+Records reach the cache in offset order per partition (both indexing paths index at the
+frontier, see `PartitionState`), so each partition's records are kept in a **ring**: blocks of
+BLOCK records in offset order, the oldest cleared from the head of the first block, which is
+dropped once all of it is. A record is found by its offset's distance from the ring's first
+(exact unless offsets were skipped: control records, records read below the replay's cache
+line) and by bisection otherwise. The order of eviction across partitions is a deque of runs
+(partition, how many): one per batch, not one per record. This replaced 256 hash-sharded dicts
+keyed by `offset << 32 | partition` plus a deque of every key: their hashing, key ints and dict
+slots cost 1.21-1.36 us per record put and 0.80-0.83 us per get, the rings 0.44-0.46 and
+0.44-0.45 us, an entry takes 76 bytes less, and the longest put of 100 records fell from
+1.3-1.5 ms to 0.1-0.2 ms (one run, 3M records of 100 B in runs of 100 over 16 partitions and
+over one, 256 MiB; `docs/benchmarks.md`).
 
-The entries live in SHARDS small dicts, and their insertion order in a deque: one ordered dict
-of half a million entries stalled the loop for 190 ms whenever it resized (measured during a
-replay: FIFO deletions leave its table full of dummies, and each rebuild copies it whole). A
-shard's rebuild copies a 256th of that; a deque never rebuilds. A record's shard is its key's
-hash, not its offset's low bits: consecutive offsets filled the shards so evenly that all of
-them resized within the same 64 records, one 20 MB rebuild again, whose fresh pages the
-kernel took 60 ms to hand out (measured in a replay of 1M queues; 80 ms loop stalls).
+No entry of the cache is tracked by CPython's cyclic garbage collector: the entries are the
+Records themselves (msgspec Structs made untracked), and with (partition, offset) tuple keys
+every full collection under load walked the whole cache (110-190 ms at 750,000 records). A full
+collection still visits the blocks' slots (lists are always tracked), as it visited the old
+order deque's: 17 ms at a million records, the same as the old cache at 800,000. No list the
+cache holds grows past a block: one list of 2M records took 10 ms to grow and 4 ms to drop its
+evicted half (loop stalls, measured); a dict of half a million, 190 ms to resize.
+`size` is calibrated with tracemalloc against what an entry really holds (tested within 20%).
 """
 
 from __future__ import annotations
 
+from bisect import bisect_left, bisect_right
 from collections import deque
 from collections.abc import Sequence
+from operator import attrgetter
 
 from vqueues.records import Record
 
-# Measured per entry (tracemalloc, CPython 3.11): the Record, its two ints, the key int, the
-# shard's slot, the deque's slot, and the value's bytes object header.
-ENTRY_OVERHEAD_BYTES = 232  # 260 with a key tuple and an entry tuple
-_PARTITION_BITS = 32
-_PARTITION_MASK = (1 << _PARTITION_BITS) - 1
-SHARDS = 256  # a power of two: an entry's shard is its key's hash's low bits
+# Measured per entry (tracemalloc, CPython 3.11): the Record, its two ints, the ring's slot and
+# the value's bytes object header (the hash-sharded cache took 232 with its key int, dict slot
+# and order deque slot).
+ENTRY_OVERHEAD_BYTES = 156
 HEADERS_OVERHEAD_BYTES = 40  # the headers tuple, when there are headers
 HEADER_OVERHEAD_BYTES = 142  # per header: its pair tuple, str and bytes objects
+# A ring's blocks hold this many records: no append reallocates more than a block (32 KiB).
+BLOCK_BITS = 12
+BLOCK = 1 << BLOCK_BITS
+
+_offset_of = attrgetter("offset")
+
+
+def _offset_of_held(rec: Record | None) -> int:
+    return -1 if rec is None else rec.offset  # an evicted slot is before every record
 
 
 def entry_size(value: bytes | None, headers: tuple[tuple[str, bytes | None], ...]) -> int:
@@ -50,6 +62,55 @@ def entry_size(value: bytes | None, headers: tuple[tuple[str, bytes | None], ...
     return n
 
 
+class _Ring:
+    """One partition's cached records in offset order, in blocks of up to BLOCK; `firsts` holds
+    each block's first offset, and the first `head` slots of the first block are evicted."""
+
+    __slots__ = ("blocks", "firsts", "head")
+
+    def __init__(self) -> None:
+        self.blocks: list[list[Record | None]] = []
+        self.firsts: list[int] = []
+        self.head = 0
+
+    def get(self, offset: int) -> Record | None:
+        """The record at `offset`, if the ring holds it."""
+        firsts = self.firsts
+        if not firsts or offset < firsts[0]:
+            return None
+        # Offsets ascend strictly and every block but the last is full, so a record is no
+        # further into the ring than its offset is from the first: exactly there unless
+        # offsets were skipped before it (then bisect).
+        b = (offset - firsts[0]) >> BLOCK_BITS
+        if b >= len(firsts):
+            b = len(firsts) - 1
+        if firsts[b] > offset:
+            b = bisect_right(firsts, offset, 0, b) - 1
+        block = self.blocks[b]
+        i = offset - firsts[b]
+        if i >= len(block):
+            i = len(block) - 1
+        lo = self.head if b == 0 else 0
+        if i < lo:
+            return None
+        rec = block[i]
+        if rec.offset != offset:  # type: ignore[union-attr]  # past head: a Record
+            i = bisect_left(block, offset, lo, i, key=_offset_of)
+            rec = block[i]
+            if rec.offset != offset:  # type: ignore[union-attr]
+                return None
+        return rec
+
+    def replace(self, record: Record) -> Record | None:
+        """Put `record` where the ring holds its offset; the record it replaced, or None if the
+        ring does not hold that offset (nothing changes then)."""
+        old = self.get(record.offset)
+        if old is not None:
+            block = self.blocks[bisect_right(self.firsts, record.offset) - 1]
+            block[bisect_left(block, record.offset, key=_offset_of_held)] = record
+        return old
+
+
 class RecordCache:
     """FIFO by insertion: records arrive in offset order, so the oldest go first."""
 
@@ -58,20 +119,28 @@ class RecordCache:
         # The most records it could ever hold (each takes at least ENTRY_OVERHEAD_BYTES).
         self.capacity = max_bytes // ENTRY_OVERHEAD_BYTES
         self.bytes = 0
-        self._shards: list[dict[int, Record]] = [{} for _ in range(SHARDS)]
-        self._order: deque[int] = deque()
+        self._count = 0
+        self._rings: dict[int, _Ring] = {}
+        # The insertion order as runs: [partition, entries], oldest first.
+        self._order: deque[list[int]] = deque()
 
     def put(self, partition: int, record: Record) -> None:
         """Cache `record`, evicting the oldest entries over the budget. The same record again
-        keeps its place in the order."""
+        keeps its place in the order; a record older than the partition's newest cached one
+        that the cache does not hold (already evicted) is not cached again."""
         self.put_run(partition, (record,))
 
     def put_run(self, partition: int, records: Sequence[Record]) -> None:
         """`put` each of `records` (in offset order), evicting once at the end. For records
         new to the cache (an own write's, at the frontier) the same entries stay as with `put`
         one by one: the oldest go first either way."""
-        shards, order, max_bytes = self._shards, self._order, self.max_bytes
-        added = 0
+        ring = self._rings.get(partition)
+        if ring is None:
+            ring = self._rings[partition] = _Ring()
+        blocks, max_bytes = ring.blocks, self.max_bytes
+        block = blocks[-1] if blocks else None
+        last = block[-1].offset if block else -1  # type: ignore[union-attr]  # the newest
+        added = appended = 0
         for record in records:
             value, headers = record.value, record.headers
             size = (entry_size(value, headers) if headers
@@ -79,38 +148,71 @@ class RecordCache:
             if size > max_bytes:
                 continue
             offset = record.offset
-            key = offset << _PARTITION_BITS | partition
-            shard = shards[hash((partition, offset)) & (SHARDS - 1)]
-            old = shard.get(key)
-            if old is None:
-                order.append(key)
+            if offset > last:
+                if block is not None and len(block) < BLOCK:
+                    block.append(record)
+                else:
+                    block = [record]
+                    blocks.append(block)
+                    ring.firsts.append(offset)
+                last = offset
+                appended += 1
+                added += size
+                continue
+            old = ring.replace(record)
+            if old is not None:
+                added += size - entry_size(old.value, old.headers)
+        if appended:
+            order = self._order
+            if order and order[-1][0] == partition:
+                order[-1][1] += appended
             else:
-                added -= entry_size(old.value, old.headers)
-            shard[key] = record
-            added += size
+                order.append([partition, appended])
+            self._count += appended
         self.bytes += added
-        self._evict()
+        if self.bytes > max_bytes:
+            self._evict()
 
     def _evict(self) -> None:
+        order, rings = self._order, self._rings
         while self.bytes > self.max_bytes:
-            oldest = self._order.popleft()
-            gone = self._shards[hash((oldest & _PARTITION_MASK, oldest >> _PARTITION_BITS))
-                                & (SHARDS - 1)].pop(oldest)
-            self.bytes -= entry_size(gone.value, gone.headers)
+            run = order[0]
+            ring = rings[run[0]]
+            block, head = ring.blocks[0], ring.head
+            gone = block[head]
+            block[head] = None
+            head += 1
+            if head == len(block):  # all of the block is evicted: drop it
+                if len(ring.blocks) == 1:
+                    ring.blocks.clear()
+                    ring.firsts.clear()
+                else:
+                    del ring.blocks[0], ring.firsts[0]
+                head = 0
+            ring.head = head
+            run[1] -= 1
+            if not run[1]:
+                order.popleft()
+            self._count -= 1
+            self.bytes -= entry_size(gone.value, gone.headers)  # type: ignore[union-attr]
 
     def get(self, partition: int, offset: int) -> Record | None:
-        return self._shards[hash((partition, offset)) & (SHARDS - 1)].get(
-            offset << _PARTITION_BITS | partition)
+        """The cached record at (`partition`, `offset`), or None."""
+        ring = self._rings.get(partition)
+        if ring is None:
+            return None
+        return ring.get(offset)
 
     def entries(self) -> list[Record]:
         """Every cached record (for tests and diagnostics: a copy)."""
-        return [r for shard in self._shards for r in shard.values()]
+        return [r for ring in self._rings.values() for block in ring.blocks for r in block
+                if r is not None]
 
     def clear(self) -> None:
-        for shard in self._shards:
-            shard.clear()
+        self._rings.clear()
         self._order.clear()
+        self._count = 0
         self.bytes = 0
 
     def __len__(self) -> int:
-        return len(self._order)
+        return self._count

@@ -2,12 +2,11 @@
 the garbage collector's way."""
 
 import gc
-import sys
 import tracemalloc
 
 import pytest
 
-from vqueues.cache import ENTRY_OVERHEAD_BYTES, RecordCache
+from vqueues.cache import BLOCK, ENTRY_OVERHEAD_BYTES, RecordCache
 from vqueues.records import Record
 
 
@@ -41,16 +40,22 @@ def test_the_oldest_records_go_first_and_the_budget_holds():
     assert newest is not None and newest.value.endswith(b"99")
 
 
-def test_no_entry_and_no_shard_of_the_cache_is_tracked_by_the_garbage_collector():
-    """Not even before a collection: a tracked shard would be walked whole by every full
-    collection (110-190 ms at 750,000 records under load, measured with tuple keys)."""
+def test_no_entry_of_the_cache_is_tracked_by_the_garbage_collector():
+    """Not even before a collection: tracked entries would be walked by every full collection
+    (110-190 ms at 750,000 records under load, measured with tuple keys). The rings are lists
+    (always tracked) holding only untracked records, and the order is one run per batch."""
     cache = RecordCache(1 << 30)
     for i in range(1000):
         cache.put(i % 3, make(i, 10, 1))
     assert len(cache.entries()) == 1000
     assert not any(gc.is_tracked(e) for e in cache.entries())
-    assert not any(gc.is_tracked(shard) for shard in cache._shards)
+    assert not any(gc.is_tracked(r) for ring in cache._rings.values()
+                   for block in ring.blocks for r in block)
     assert cache.get(1, 1_000_000_001) is not None and cache.get(0, 1_000_000_001) is None
+    runs = RecordCache(1 << 30)
+    for b in range(30):
+        runs.put_run(b % 3, [make(b * 100 + i, 10, 0) for i in range(100)])
+    assert len(runs._order) == 30 and len(runs) == 3000
 
 
 @pytest.mark.parametrize("queues", [3, 1])  # one queue: a run across the line
@@ -73,36 +78,65 @@ def test_a_replay_caches_only_what_would_still_be_cached_at_its_end(queues):
     assert put[-1] == 1000 and cache.get(0, 1000) is not None
 
 
-def test_no_one_table_holds_the_whole_cache():
-    """A dict rebuilds its whole table when it resizes (a loop stall of 190 ms at half a million
-    entries): the cache spreads records over SHARDS small dicts."""
-    from vqueues.cache import SHARDS
+def test_no_list_of_the_cache_grows_past_a_block_and_evicted_blocks_are_dropped():
+    """One list of 2M records took 10 ms to grow and 4 ms to drop its evicted half (loop
+    stalls): a ring is blocks of BLOCK records, evicted slots are cleared at once (the records
+    are freed) and a block is dropped whole once all of it is evicted."""
+    cache = RecordCache(3 * BLOCK * (ENTRY_OVERHEAD_BYTES + 1))
+    for i in range(20 * BLOCK):
+        cache.put(i % 2, Record(i // 2, 1, b"v", ()))
+        if i % 97 == 0 or i > 19 * BLOCK:
+            for ring in cache._rings.values():
+                assert all(len(block) <= BLOCK for block in ring.blocks)
+                assert all(r is None for r in ring.blocks[0][:ring.head])
+                assert ring.blocks[0][ring.head] is not None
+                assert len(ring.blocks) <= 3 * BLOCK // 2 // BLOCK + 2
+    assert len(cache) == 3 * BLOCK
 
-    cache = RecordCache(1 << 30)
+
+def test_gets_find_every_cached_record_across_gaps_and_nothing_else():
+    """Offsets a ring skips (control records, other queues' records below the replay line)
+    move records away from where their distance to the newest one puts them: gets bisect
+    then, and an offset in a gap, evicted, or past the newest is simply absent."""
+    import random
+
+    rng = random.Random(11)
+    cache = RecordCache(2_000 * (ENTRY_OVERHEAD_BYTES + 3))
+    held: dict[tuple[int, int], Record] = {}
+    order: list[tuple[int, int]] = []
+    next_offset = [0, 0, 0]
+    for _ in range(2_000):
+        p = rng.randint(0, 2)
+        batch = []
+        for _ in range(rng.randint(1, 20)):
+            next_offset[p] += rng.choice((1, 1, 1, 2, 7))
+            batch.append(Record(next_offset[p], 1, b"v%02d" % rng.randint(0, 99), ()))
+        cache.put_run(p, batch)
+        for r in batch:
+            held[(p, r.offset)] = r
+            order.append((p, r.offset))
+    kept = order[-len(cache):]  # FIFO: the newest len(cache) records
+    assert cache.bytes == len(kept) * (ENTRY_OVERHEAD_BYTES + 3) <= cache.max_bytes
+    cached = set(kept)
     for p in range(3):
-        for i in range(SHARDS * 500):
-            cache.put(p, Record(i, 1, b"v", ()))
-    sizes = [len(shard) for shard in cache._shards]
-    assert len(cache) == sum(sizes) == 3 * SHARDS * 500
-    assert max(sizes) < 2 * 3 * 500 and min(sizes) > 3 * 500 // 2
+        for off in range(next_offset[p] + 3):
+            assert cache.get(p, off) is (held[(p, off)] if (p, off) in cached else None)
+    assert sorted(map(id, cache.entries())) == sorted(id(held[k]) for k in kept)
 
 
-def test_the_shards_do_not_all_resize_at_once():
-    """Shards filled in lockstep resize in lockstep: with consecutive offsets spread evenly,
-    every shard rebuilt its table within the same 64 records, one big rebuild after all (an
-    80 ms loop stall at 700,000 cached records, measured). No 500 consecutive records may
-    grow the shards' tables by more than a tenth of what they finally take."""
-    cache = RecordCache(1 << 30)
-    tables = 0
-    grown = []
-    for step in range(400):
-        for i in range(step * 500, step * 500 + 500):
-            cache.put(0, Record(i, 1, b"v", ()))
-        now = sum(sys.getsizeof(shard) for shard in cache._shards)
-        grown.append(now - tables)
-        tables = now
-    assert len(cache) == 200_000
-    assert max(grown) <= tables / 10, (max(grown), tables)
+def test_a_record_older_than_the_newest_is_replaced_in_place_or_not_cached():
+    """Records reach the cache at the frontier, in offset order; the only older ones are a
+    partition taken again and replayed: a record the ring holds is replaced where it is, one
+    it no longer holds (evicted, or never cached) stays out."""
+    cache = RecordCache(4 * (ENTRY_OVERHEAD_BYTES + 1))
+    for i in (0, 1, 2, 4, 5):
+        cache.put(0, Record(i, 1, b"v", ()))  # 0 is evicted, 3 was never there
+    cache.put_run(0, [Record(0, 1, b"w", ()), Record(2, 1, b"w", ()), Record(3, 1, b"w", ())])
+    assert cache.get(0, 0) is None and cache.get(0, 3) is None
+    got = cache.get(0, 2)
+    assert got is not None and got.value == b"w" and len(cache) == 4
+    cache.put(0, Record(6, 1, b"v", ()))
+    assert cache.get(0, 1) is None and cache.get(0, 2) is not None  # 2 kept its place
 
 
 def test_the_same_record_put_twice_is_held_once_and_keeps_its_place():

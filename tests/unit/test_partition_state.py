@@ -4,7 +4,7 @@ import asyncio
 
 import pytest
 
-from vqueues.cache import RecordCache
+from vqueues.cache import ENTRY_OVERHEAD_BYTES, RecordCache
 from vqueues.locks import KeyedLocks
 from vqueues.partition_state import PartitionState, QueueIndex
 from vqueues.records import ConsumerAcked, ConsumerDeleted, QueueDeleted, Record
@@ -243,9 +243,11 @@ async def test_own_writes_indexed_as_a_run_leave_the_state_indexing_them_one_by_
     monkeypatch.setattr(runs, "_index_run",
                         lambda *a: taken.append(original(*a)) or taken[-1])
     replay = [(rng.choice("abcd"), Record(i, 1, b"r", ())) for i in range(150)]
-    for s in (runs, ones):  # the cache holds 38 records: the replay caches the last ones
+    held_at_most = 30 * 300 // (ENTRY_OVERHEAD_BYTES + 1)
+    assert held_at_most < 150
+    for s in (runs, ones):  # the replay caches only the last records the cache can hold
         s.apply_records(replay, high_watermark=150)
-    assert runs.cache.bytes == ones.cache.bytes and len(runs.cache) == 38
+    assert runs.cache.bytes == ones.cache.bytes and len(runs.cache) == held_at_most
     offset, held, log, woken = 150, [], [], 0
     for _ in range(200):
         waiters = [asyncio.ensure_future(s.wait_for_records("a", 5)) for s in (runs, ones)]
