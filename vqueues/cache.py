@@ -7,14 +7,14 @@ Records reach the cache in offset order per partition (both indexing paths index
 frontier, see `PartitionState`), so each partition's records are kept in a **ring**: blocks of
 BLOCK records in offset order, the oldest cleared from the head of the first block, which is
 dropped once all of it is. A record is found by its offset's distance from the ring's first
-(exact unless offsets were skipped: control records, records read below the replay's cache
-line) and by bisection otherwise. The order of eviction across partitions is a deque of runs
-(partition, how many): one per batch, not one per record. This replaced 256 hash-sharded dicts
-keyed by `offset << 32 | partition` plus a deque of every key: their hashing, key ints and dict
-slots cost 1.21-1.36 us per record put and 0.80-0.83 us per get, the rings 0.44-0.46 and
-0.44-0.45 us, an entry takes 76 bytes less, and the longest put of 100 records fell from
-1.3-1.5 ms to 0.1-0.2 ms (one run, 3M records of 100 B in runs of 100 over 16 partitions and
-over one, 256 MiB; `docs/benchmarks.md`).
+(exact unless offsets were skipped: records not cached, such as control records, a deleted
+queue's or those over the budget) and by bisection otherwise. The order of eviction across
+partitions is a deque of runs (partition, how many): one per batch, not one per record. This
+replaced 256 hash-sharded dicts keyed by `offset << 32 | partition` plus a deque of every key:
+their hashing, key ints and dict slots cost 1.21-1.36 us per record put and 0.80-0.83 us per
+get, the rings 0.44-0.46 and 0.44-0.45 us, an entry takes 76 bytes less, and the longest put of
+100 records fell from 1.3-1.5 ms to 0.1-0.2 ms (one run, 3M records of 100 B in runs of 100 over
+16 partitions and over one, 256 MiB; `docs/benchmarks.md`).
 
 No entry of the cache is tracked by CPython's cyclic garbage collector: the entries are the
 Records themselves (msgspec Structs made untracked), and with (partition, offset) tuple keys
@@ -46,10 +46,6 @@ BLOCK_BITS = 12
 BLOCK = 1 << BLOCK_BITS
 
 _offset_of = attrgetter("offset")
-
-
-def _offset_of_held(rec: Record | None) -> int:
-    return -1 if rec is None else rec.offset  # an evicted slot is before every record
 
 
 def entry_size(value: bytes | None, headers: tuple[tuple[str, bytes | None], ...]) -> int:
@@ -103,11 +99,17 @@ class _Ring:
 
     def replace(self, record: Record) -> Record | None:
         """Put `record` where the ring holds its offset; the record it replaced, or None if the
-        ring does not hold that offset (nothing changes then)."""
-        old = self.get(record.offset)
-        if old is not None:
-            block = self.blocks[bisect_right(self.firsts, record.offset) - 1]
-            block[bisect_left(block, record.offset, key=_offset_of_held)] = record
+        ring does not hold that offset (nothing changes then). Not the hot path: only a
+        partition taken again replays records the ring may hold."""
+        offset = record.offset
+        b = bisect_right(self.firsts, offset) - 1
+        if b < 0:
+            return None
+        block = self.blocks[b]
+        i = bisect_left(block, offset, self.head if b == 0 else 0, key=_offset_of)
+        if i == len(block) or block[i].offset != offset:  # type: ignore[union-attr]
+            return None
+        old, block[i] = block[i], record
         return old
 
 
