@@ -6,7 +6,7 @@ import pytest
 from confluent_kafka import TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from tests.support import NodeProcess, create_topics, http
+from tests.support import NodeProcess, create_topics, http, kafka_records
 
 
 @pytest.mark.usefixtures("real_kafka")
@@ -55,3 +55,39 @@ def test_the_index_follows_the_log_start_and_empty_queues_leave_the_listing(boot
         assert http("GET", f"{node.url}/v1/queues")[1]["queues"] == ["kept"]
     finally:
         node.terminate()
+
+
+def test_an_idle_consumer_expires_with_a_tombstone_and_stays_gone_after_a_restart(bootstrap):
+    t = create_topics(bootstrap, partitions=1)
+    env = {"VQ_RETENTION_CHECK_S": "1", "VQ_CONSUMER_RETENTION_MS": "3000"}
+    node = NodeProcess(t, extra_env=env).start()
+    try:
+        assert http("POST", f"{node.url}/v1/queues/q/records",
+                    {"records": [{"value": "a"}, {"value": "b"}]})[0] == 200
+        for consumer in ("idle", "busy"):
+            assert http("POST", f"{node.url}/v1/queues/q/consumers/{consumer}/ack",
+                        {"offset": 1})[0] == 200
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            assert http("POST", f"{node.url}/v1/queues/q/consumers/busy/ack",
+                        {"offset": 1})[0] == 200
+            consumers = [c["consumer"] for c in http("GET", f"{node.url}/v1/queues/q")[1]
+                         ["consumers"]]
+            if consumers == ["busy"]:
+                break
+            time.sleep(0.5)
+        assert consumers == ["busy"]
+        assert http("GET", f"{node.url}/v1/queues/q/consumers/idle")[0] == 404
+    finally:
+        node.terminate()
+    tombstones = [key for key, value, _, _ in kafka_records(bootstrap, t.offsets).values()
+                  if value is None]
+    assert any("idle" in key for key in tombstones)
+    # A successor replays the offset topic: the tombstone keeps the consumer gone.
+    successor = NodeProcess(t, extra_env={"VQ_CONSUMER_RETENTION_MS": "0"}).start()
+    try:
+        status, info = http("GET", f"{successor.url}/v1/queues/q")
+        assert status == 200
+        assert [c["consumer"] for c in info["consumers"]] == ["busy"]
+    finally:
+        successor.terminate()

@@ -1,6 +1,6 @@
 """Upkeep of the owned partitions, off the request path: the index follows retention, idle
-consumers expire, and partitions are snapshotted (ADR 7). Each pass works a chunk of queues per
-loop turn, so a million of them never stall the loop."""
+consumers expire, and partitions are snapshotted (ADR 7). Each pass works one shard of a
+partition's queue map per loop turn, so a million queues never stall the loop."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import time
 from vqueues import snapshot
 from vqueues.metrics import Metrics
 from vqueues.ownership import Ownership
+from vqueues.partition_state import QUEUE_SHARDS
 from vqueues.records import now_ms
 from vqueues.service import QueueService
 from vqueues.settings import Settings
@@ -19,8 +20,6 @@ from vqueues.storage import Log
 
 log = logging.getLogger(__name__)
 
-# Queues handled per loop turn.
-CHUNK = 5000
 # Consumers exported by vq_consumer_lag_top (the furthest behind on this node).
 TOP_LAGS = 10
 # How often the loop's lag is sampled (a timer the loop runs late shows a blocked loop).
@@ -85,23 +84,26 @@ class Maintenance:
                 log.warning("scheduled_records_lost", extra={
                     "partition": p, "records": lost, "log_start": log_start,
                     "why": "retention removed them before their due time"})
-            names = list(state.queues)
+            acked_before = now_ms() - retention_ms
             dropped, expired = 0, []
-            for i in range(0, len(names), CHUNK):
-                chunk = names[i:i + CHUNK]
+            # Shard by shard (a few thousand names at a time at a million queues): list() of
+            # a million names is one C call of 60-70 ms on the loop (measured).
+            for shard in range(QUEUE_SHARDS):
+                chunk = state.queues.shard_names(shard)
                 dropped += state.trim(log_start, chunk)
                 lags = heapq.nlargest(TOP_LAGS, lags + state.consumer_lags(chunk))
                 if retention_ms:
-                    expired += state.expired_consumers(now_ms() - retention_ms, chunk)
+                    expired += state.expired_consumers(acked_before, chunk)
                 await asyncio.sleep(0)
                 if state.revoked:
                     break
-            if dropped or expired:
+            gone = 0
+            for queue, consumer in expired:
+                gone += await self.service.expire_consumer(state, queue, consumer, acked_before)
+            if dropped or gone:
                 log.info("partition_maintained", extra={
                     "partition": p, "log_start": log_start, "queues_dropped": dropped,
-                    "consumers_expired": len(expired)})
-            for queue, consumer in expired:
-                await self.service.expire_consumer(state, queue, consumer)
+                    "consumers_expired": gone})
         self.top_lags = lags
 
     # Snapshots ---------------------------------------------------------------------------------

@@ -586,6 +586,12 @@ class PartitionState:
         entry = q.consumers.get(consumer)
         return None if entry is None else max(entry[0], q.deleted_before)
 
+    def idle(self, queue: str, consumer: str, acked_before_ms: int) -> bool:
+        """Whether `consumer` of `queue` exists and last acked before `acked_before_ms`."""
+        q = self.queues.get(queue)
+        entry = None if q is None else q.consumers.get(consumer)
+        return entry is not None and entry[1] < acked_before_ms
+
     def window_tombstones(self, queue: str, consumer: str) -> list[OffsetEntry]:
         """Tombstones for every delivery-state key a lease consumer may have written."""
         work = self.work.get((queue, consumer))
@@ -670,13 +676,12 @@ class PartitionState:
     def expired_consumers(self, acked_before_ms: int, names: Iterable[str]
                           ) -> list[tuple[str, str]]:
         """(queue, consumer) of the consumers among `names` whose last ack is older."""
-        out: list[tuple[str, str]] = []
-        for name in names:
-            q = self.queues.get(name)
-            if q is not None and q.consumers:
-                out.extend((name, c) for c, (_, at) in q.consumers.items()
-                           if at < acked_before_ms)
-        return out
+        return [(name, c) for name in names for c in self._consumers_of(name)
+                if self.idle(name, c, acked_before_ms)]
+
+    def _consumers_of(self, queue: str) -> list[str]:
+        q = self.queues.get(queue)
+        return [] if q is None else list(q.consumers)
 
     def stats(self, queue: str) -> QueueStats | None:
         q = self.queues.get(queue)

@@ -411,12 +411,17 @@ class QueueService:
                             len(st.consumers), max((lag for _, lag in st.consumers.values()),
                                                    default=0))
 
-    async def expire_consumer(self, state: PartitionState, queue: str, consumer: str) -> None:
-        """Remove a consumer idle past `consumer_retention_ms` (maintenance), durably."""
+    async def expire_consumer(self, state: PartitionState, queue: str, consumer: str,
+                              acked_before_ms: int) -> bool:
+        """Remove a consumer that last acked before `acked_before_ms` (maintenance, past
+        `consumer_retention_ms`), durably. Checked again under the consumer's lock: one that
+        acked, or was deleted, since the pass found it idle is left as it is (False)."""
         async with self.locks.hold(("c", queue, consumer)):
-            if not state.revoked:
-                await self.write_entries(state, state.consumer_tombstones(queue, consumer))
-                self.metrics.consumers_expired.inc()
+            if state.revoked or not state.idle(queue, consumer, acked_before_ms):
+                return False
+            await self.write_entries(state, state.consumer_tombstones(queue, consumer))
+            self.metrics.consumers_expired.inc()
+            return True
 
     def log_start(self, partition: int) -> Awaitable[int]:
         """The data partition's first retained offset, read off the loop."""

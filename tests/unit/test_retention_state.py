@@ -10,7 +10,7 @@ from tests.unit.test_service import service  # noqa: F401  (the fixture)
 from vqueues.cache import RecordCache
 from vqueues.maintenance import Maintenance
 from vqueues.partition_state import PartitionState
-from vqueues.records import ConsumerAcked, ConsumerDeleted, QueueDeleted, Record
+from vqueues.records import ConsumerAcked, ConsumerDeleted, QueueDeleted, Record, now_ms
 
 
 def rec(offset):
@@ -109,6 +109,36 @@ async def test_maintenance_follows_retention_and_expires_idle_consumers(service)
     service._data.starts[p] = 3
     await upkeep.follow_retention()
     assert service.list_queues("r", None, 10).queues == []
+
+
+async def test_a_consumer_that_acks_after_the_pass_found_it_idle_is_kept(service):  # noqa: F811
+    await service.enqueue("k", [(b"1", []), (b"2", [])])
+    await service.ack("k", "late", 1, allow_rewind=False)
+    state = service.ownership.states[service.partition_of("k")]
+    await asyncio.sleep(0.01)
+    acked_before = now_ms()
+    assert state.expired_consumers(acked_before, ["k"]) == [("k", "late")]
+    expired = service.metrics.registry.get_sample_value("vq_consumers_expired_total")
+    # It acks between the pass's scan and its expiry (the pass awaits the offset topic).
+    await service.ack("k", "late", 2, allow_rewind=False)
+    assert not await service.expire_consumer(state, "k", "late", acked_before)
+    assert [c.consumer for c in service.queue_info("k").consumers] == ["late"]
+    assert service.metrics.registry.get_sample_value("vq_consumers_expired_total") == expired
+    entries = len(service._offsets.partitions[service.partition_of("k")])
+    await service.delete_consumer("k", "late")
+    assert not await service.expire_consumer(state, "k", "late", now_ms() + 1)  # already gone
+    assert len(service._offsets.partitions[service.partition_of("k")]) == entries + 1
+
+
+async def test_a_pass_walks_every_shard_of_the_queue_map(service):  # noqa: F811
+    names = [f"many/{i}" for i in range(3000)]  # spread over the map's 256 shards
+    for name in names:
+        await service.ack(name, "c", 0, allow_rewind=False)
+    object.__setattr__(service.settings, "consumer_retention_ms", 1)
+    await asyncio.sleep(0.01)
+    await Maintenance(service.settings, service.ownership, service).follow_retention()
+    assert service.list_queues("many/", None, 10).queues == []
+    assert service.metrics.registry.get_sample_value("vq_consumers_expired_total") == 3000
 
 
 async def test_listings_follow_deletions_and_page_across_partitions(service):  # noqa: F811
