@@ -12,7 +12,7 @@ owner's replay) puts it in the window: dedup survives a change of owner.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import NamedTuple
 
 import mmh3
@@ -81,3 +81,13 @@ class IdempotencyWindow:
             entry = seen.get(fp)
             if entry is not None and entry.at_ms == at:
                 del seen[fp]
+
+    def drain(self, step: int) -> Iterator[None]:
+        """Forget every key, `step` of them between yields (a node lets go of a partition)."""
+        order, seen = self._order, self._seen
+        while order or seen:
+            for _ in range(min(len(order), step)):
+                order.popleft()
+            for _ in range(min(len(seen), step)):
+                seen.popitem()
+            yield

@@ -49,6 +49,9 @@ APPLY_SLICE = 500
 MAX_PENDING_BATCHES = 16
 # The group thread waits this long for snapshots to load before reading from the beginning.
 SNAPSHOT_LOAD_TIMEOUT_S = 120.0
+# A revoked partition's index is freed this long after the revocation (requests that still
+# hold its state answer wrong_node by then; a read's fetch of old records takes well under).
+DISMANTLE_AFTER_S = 5.0
 
 
 def wait_for_starts(starts: concurrent.futures.Future[dict[int, int]], timeout_s: float,
@@ -206,6 +209,7 @@ class Ownership:
             old = self.states.get(p)
             if old is not None:
                 old.revoke()
+                self._spawn(self._dismantle([old]))
             self.states[p] = PartitionState(p, self.cache, self.idempotency_window_ms)
             self._assigned_at[p] = time.monotonic()
             fresh.append(p)
@@ -410,6 +414,17 @@ class Ownership:
             log.warning("release_not_written", extra={"partitions": partitions})
         self.metrics.revocations.labels(lost=str(lost).lower()).inc(len(gone))
         log.info("partitions_revoked", extra={"partitions": partitions, "lost": lost})
+        if gone:
+            self._spawn(self._dismantle(gone))
+
+    async def _dismantle(self, states: list[PartitionState]) -> None:
+        """Free revoked partitions' indexes a step per loop turn, once the requests that still
+        hold their states (they answer wrong_node) are done, then hand the memory back."""
+        await asyncio.sleep(DISMANTLE_AFTER_S)
+        for state in states:
+            for _ in state.dismantle():
+                await asyncio.sleep(0)
+        await self._release_memory()
 
     def _on_consumed(self, by_partition: dict[int, list[tuple[str, Record]]],
                      high_watermarks: dict[int, int], positions: dict[int, int]) -> None:

@@ -110,6 +110,7 @@ class StatefulQueueIndex(QueueIndex):
 
 
 QUEUE_SHARDS = 256  # a power of two: a queue's shard is its name's hash's low bits
+DISMANTLE_STEP = 4096  # entries freed per loop turn when a revoked partition's state is freed
 
 
 class QueueMap(MutableMapping[str, QueueIndex]):
@@ -160,6 +161,10 @@ class QueueMap(MutableMapping[str, QueueIndex]):
             return q
         s = self[name] = StatefulQueueIndex(q)
         return s
+
+    def clear_shard(self, shard: int) -> None:
+        """Drop every queue of one shard (0 <= shard < QUEUE_SHARDS)."""
+        self._shards[shard].clear()
 
     def shard_names(self, shard: int) -> list[str]:
         """The names in one shard (0 <= shard < QUEUE_SHARDS): a walk in bounded steps."""
@@ -525,6 +530,27 @@ class PartitionState:
             if not fut.done():
                 fut.set_result(None)
         self._position_waiters.clear()
+
+    def dismantle(self) -> Iterator[None]:
+        """Free a revoked partition's index a step at a time; the caller yields the loop
+        between steps. A million queues dropped at once held the loop for 245 ms (measured);
+        a step here frees one shard of the queue map (1-2 ms at a million queues, 15 ms at
+        worst) or DISMANTLE_STEP entries of the tag index or the idempotency window."""
+        queues, tags, window = self.queues, self.tags, self.idempotency
+        self.queues, self.names, self.tags = QueueMap(), SortedList(), {}
+        self.idempotency = IdempotencyWindow(window.window_ms)
+        # The sorted list of names goes first, whole: the map still holds every name, so that
+        # frees only the list (7 ms at a million). After the map, it freed the names' strings
+        # too: 29 ms in one step (measured).
+        yield
+        for shard in range(QUEUE_SHARDS):
+            queues.clear_shard(shard)
+            yield
+        while tags:
+            for _ in range(min(len(tags), DISMANTLE_STEP)):
+                tags.popitem()
+            yield
+        yield from window.drain(DISMANTLE_STEP)
 
     # Queries and changes -----------------------------------------------------------------------
 

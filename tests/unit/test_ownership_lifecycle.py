@@ -7,6 +7,7 @@ import time
 import pytest
 
 from tests.unit.fakes import MemoryLog
+from vqueues import ownership
 from vqueues.cache import RecordCache
 from vqueues.errors import VQError
 from vqueues.hashing import partition_for
@@ -82,6 +83,24 @@ async def test_a_revoked_partition_answers_wrong_node_and_is_released(logs):
         own.require(3)
     assert err.value.code == "wrong_node"
     assert b"released" in assignment_log.partitions[0][-1][1]
+
+
+async def test_a_given_up_partitions_index_is_freed_after_a_grace_period(logs, monkeypatch):
+    monkeypatch.setattr(ownership, "DISMANTLE_AFTER_S", 0.2)
+    own = make(logs)
+    q = queue_in(3)
+    for again in (False, True):
+        await asyncio.to_thread(own.assigned, [3])
+        await asyncio.to_thread(own.consumed, [(3, q.encode(), Record(0, 1, b"x", ()))],
+                                {3: 1}, {3: 1})
+        await until(lambda: 3 in own.states and own.states[3].ready.is_set())
+        state = own.states[3]
+        if again:  # re-assigned without a revoke: the old state is given up as well
+            await asyncio.to_thread(own.assigned, [3])
+        else:
+            await asyncio.to_thread(own.revoked, [3], False)
+        assert state.revoked and state.select(q, 0, 10) == [0]  # whole for who holds it
+        await until(lambda s=state: len(s.queues) == 0)
 
 
 async def test_a_reassignment_without_a_revoke_starts_a_fresh_replay(logs):

@@ -1,13 +1,15 @@
 """A partition's state: index, consumers, deletions, readiness and waiting readers."""
 
 import asyncio
+import weakref
 
 import pytest
 
 from vqueues.cache import ENTRY_OVERHEAD_BYTES, RecordCache
+from vqueues.idempotency import Seen
 from vqueues.locks import KeyedLocks
-from vqueues.partition_state import PartitionState, QueueIndex
-from vqueues.records import ConsumerAcked, ConsumerDeleted, QueueDeleted, Record
+from vqueues.partition_state import QUEUE_SHARDS, PartitionState, QueueIndex
+from vqueues.records import ConsumerAcked, ConsumerDeleted, QueueDeleted, Record, now_ms
 
 
 def rec(offset, value=b"v"):
@@ -315,3 +317,19 @@ async def test_an_own_write_reported_after_its_queue_was_deleted_above_it_is_not
     assert list(s.queues["a"]) == [] and s.next_offset == 4 and s.own_indexed == {1, 2, 3}
     s.apply_own("a", [rec(4), rec(5)])
     assert list(s.queues["a"]) == [5] and s.select("a", 0, 10) == [5]
+
+
+async def test_a_revoked_partition_is_freed_a_shard_at_a_time():
+    s = PartitionState(0, RecordCache(1 << 20))
+    s.apply_records([(f"q{i}", Record(i, 1, b"v", ())) for i in range(3000)], None)
+    s.tags["q1"] = {"t": s.queues["q1"].offsets}
+    s.idempotency.add(7, Seen(1, 0, now_ms()), now_ms())
+    held = [weakref.ref(q) for q in s.queues.values()]
+    s.revoke()
+    steps = s.dismantle()
+    next(steps)
+    # The state is empty for anyone who still holds it; the old index is freed step by step.
+    assert len(s.queues) == 0 and list(s.names) == [] and s.tags == {}
+    assert len(s.idempotency) == 0 and all(r() is not None for r in held)
+    assert 1 + sum(1 for _ in steps) >= QUEUE_SHARDS
+    assert all(r() is None for r in held)
