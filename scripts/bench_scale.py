@@ -11,7 +11,10 @@ a plain producer, starts one node and measures:
   memory        live heap (glibc mallinfo2, on a second node run with PYTHONMALLOC=malloc so
                 that it sees every Python allocation) and resident set after the replay, per
                 record and per queue, against an empty node, with the cache off (the cache's
-                own accounting is tested within 20% of real memory)
+                own accounting is tested within 20% of real memory); glibc gives each
+                allocation an 8 B header and rounds it to 16 B, so a queue's array and its
+                buffer count 32 B more here than under pymalloc, which a node runs
+                (scripts/bench_index_memory.py counts what pymalloc hands out)
   raw read      a plain confluent-kafka consumer reading the same records (the limit)
 Then, on the 1M-queue topic: GET /v1/queues page latency (1000 names, random `after`), and on a
 node with a tiny cache: 100-record pages older than the cache, and a sparse queue's records far
