@@ -5,11 +5,12 @@ partition's queue map per loop turn, so a million queues never stall the loop.""
 from __future__ import annotations
 
 import asyncio
+import gc
 import heapq
 import logging
 import time
 
-from vqueues import snapshot
+from vqueues import memory, snapshot
 from vqueues.metrics import Metrics
 from vqueues.ownership import Ownership
 from vqueues.partition_state import QUEUE_SHARDS
@@ -24,6 +25,8 @@ log = logging.getLogger(__name__)
 TOP_LAGS = 10
 # How often the loop's lag is sampled (a timer the loop runs late shows a blocked loop).
 LOOP_LAG_EVERY_S = 0.05
+# How often the collector's oldest generation is measured (about 1 ms per 100,000 objects).
+GC_CHECK_S = 1.0
 
 
 class Maintenance:
@@ -44,6 +47,8 @@ class Maintenance:
         """The periodic passes, as tasks the node cancels when it stops."""
         tasks = [asyncio.create_task(self.retention_forever()),
                  asyncio.create_task(self.loop_lag_forever())]
+        if self.settings.gc_freeze_objects:
+            tasks.append(asyncio.create_task(self.gc_forever()))
         if self._snapshots is not None:
             tasks.append(asyncio.create_task(self.snapshot_forever()))
         return tasks
@@ -58,6 +63,25 @@ class Maintenance:
             due = loop.time() + every_s
             await asyncio.sleep(every_s)
             self.metrics.observe_loop_lag(max(0.0, loop.time() - due))
+
+    # The collector -------------------------------------------------------------------------------
+
+    async def gc_forever(self, every_s: float = GC_CHECK_S) -> None:
+        """Every `every_s`: keep full collections short (`memory.freeze_long_lived`)."""
+        while True:
+            await asyncio.sleep(every_s)
+            self.freeze_long_lived()
+
+    def freeze_long_lived(self) -> int:
+        """Freeze long-lived objects past `gc_freeze_objects`; how many (0: none)."""
+        if not gc.isenabled():  # a snapshot build is under way: its index is frozen after it
+            return 0
+        started = time.monotonic()
+        held = memory.freeze_long_lived(self.settings.gc_freeze_objects)
+        if held:
+            log.info("gc_frozen", extra={"objects": held,
+                                         "ms": round((time.monotonic() - started) * 1000)})
+        return held
 
     # Retention and idle consumers --------------------------------------------------------------
 

@@ -70,6 +70,22 @@ def heap_in_use() -> int:
     return int(info.uordblks + info.hblkhd)
 
 
+def freeze_long_lived(limit: int) -> int:
+    """If the collector's oldest generation holds `limit` objects or more, collect once (it
+    frees the garbage among them) and freeze the survivors out of later collections; how many
+    objects that oldest generation held (0: under the limit, nothing done). A node's index
+    grows there as queues are created after its start (a replay's is frozen when built), and
+    every full collection scanned it all: 115 ms at a million queues (measured). Frozen objects
+    are still freed by reference counting; only a cycle among them that dies later stays (the
+    index holds no cycles; requests in flight at that moment may)."""
+    held = len(gc.get_objects(generation=2))
+    if held < limit:
+        return 0
+    gc.collect()
+    gc.freeze()
+    return held
+
+
 class GcPauses:
     """Logs every garbage collection that takes longer than `threshold_ms` (a stalled loop)."""
 
