@@ -702,12 +702,13 @@ class PartitionState:
     def expired_consumers(self, acked_before_ms: int, names: Iterable[str]
                           ) -> list[tuple[str, str]]:
         """(queue, consumer) of the consumers among `names` whose last ack is older."""
-        return [(name, c) for name in names for c in self._consumers_of(name)
-                if self.idle(name, c, acked_before_ms)]
-
-    def _consumers_of(self, queue: str) -> list[str]:
-        q = self.queues.get(queue)
-        return [] if q is None else list(q.consumers)
+        out: list[tuple[str, str]] = []
+        for name in names:
+            q = self.queues.get(name)
+            if q is not None and q.consumers:  # most queues have none: one lookup each
+                out.extend((name, c) for c, (_, at) in q.consumers.items()
+                           if at < acked_before_ms)
+        return out
 
     def stats(self, queue: str) -> QueueStats | None:
         q = self.queues.get(queue)
