@@ -26,6 +26,17 @@ from vqueues.settings import Settings
 
 log = logging.getLogger("vqueues.cli")
 
+def _at_least_one(text: str) -> int:
+    """An argparse type: a whole number of 1 or more (0 nodes or partitions cannot run)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be 1 or more, not {value}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The `vqueues` command line (also used to check the compose file's commands)."""
     parser = argparse.ArgumentParser(prog="vqueues", description=__doc__)
@@ -35,8 +46,8 @@ def build_parser() -> argparse.ArgumentParser:
     Settings.add_arguments(serve)
 
     dev = sub.add_parser("dev", help="the embedded broker plus N nodes on loopback")
-    dev.add_argument("--nodes", type=int, default=1, help="number of nodes [default 1]")
-    dev.add_argument("--partitions", type=int, default=topics.DEFAULT_PARTITIONS,
+    dev.add_argument("--nodes", type=_at_least_one, default=1, help="number of nodes [default 1]")
+    dev.add_argument("--partitions", type=_at_least_one, default=topics.DEFAULT_PARTITIONS,
                      help=f"data topic partitions [default {topics.DEFAULT_PARTITIONS}]")
     dev.add_argument("--http-port", type=int, default=8080,
                      help="first node's HTTP port; node i uses BASE+i [default 8080]")
@@ -49,7 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
     create = tsub.add_parser("create", help="create the data, offset, assignment and snapshot "
                              "topics")
     create.add_argument("--bootstrap", default=None, help="[env VQ_BOOTSTRAP]")
-    create.add_argument("--partitions", type=int, default=topics.DEFAULT_PARTITIONS)
+    create.add_argument("--partitions", type=_at_least_one, default=topics.DEFAULT_PARTITIONS)
     create.add_argument("--replication-factor", type=int, default=-1,
                         help="[default -1: the broker's default]")
     create.add_argument("--retention-ms", type=int, default=topics.DEFAULT_RETENTION_MS)

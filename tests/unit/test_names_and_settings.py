@@ -51,3 +51,23 @@ def test_the_allocator_can_be_told_to_keep_fewer_arenas_and_give_memory_back():
         pytest.skip("not glibc: the allocator calls are no-ops here")
     assert memory.limit_arenas(4) is True
     assert isinstance(memory.release_free_memory(), bool)
+
+
+@pytest.mark.parametrize("argv", [["dev", "--nodes", "0"], ["dev", "--partitions", "-1"],
+                                  ["topics", "create", "--partitions", "0"],
+                                  ["dev", "--nodes", "two"]])
+def test_a_cluster_of_no_nodes_or_no_partitions_is_refused_at_the_command_line(argv, capsys):
+    from vqueues.cli import build_parser
+
+    with pytest.raises(SystemExit) as exit_:
+        build_parser().parse_args(argv)
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert argv[-2] in err and ("must be 1 or more" in err or "not a whole number" in err)
+
+
+def test_one_node_and_one_partition_are_enough():
+    from vqueues.cli import build_parser
+
+    args = build_parser().parse_args(["dev", "--nodes", "1", "--partitions", "1"])
+    assert (args.nodes, args.partitions) == (1, 1)
