@@ -7,7 +7,7 @@ by a `gc.callbacks` hook. Run twice in fresh interpreters: without, and with
 `memory.freeze_long_lived` checked every --check-every queues (a node checks every second).
 
 Usage: .venv/bin/python scripts/bench_gc.py [--queues 5000000] [--check-every 10000]
-       [--limit 100000]
+       [--limit 50000]
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ def main() -> None:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--queues", type=int, default=5_000_000)
     ap.add_argument("--check-every", type=int, default=10_000)
-    ap.add_argument("--limit", type=int, default=100_000, help="gc_freeze_objects")
+    ap.add_argument("--limit", type=int, default=50_000, help="gc_freeze_objects")
     ap.add_argument("--json", type=int, metavar="CHECK_EVERY", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.json is not None:
@@ -83,7 +83,7 @@ def main() -> None:
                               "--limit", str(args.limit), "--json", str(check_every)],
                              check=True, capture_output=True, text=True).stdout
         r = json.loads(out)
-        label = (f"freeze past {args.limit:,} objects, checked every {check_every:,} queues"
+        label = (f"freeze past {args.limit:,} tracked objects, checked every {check_every:,} queues"
                  if check_every else "never frozen")
         print(f"| {label} | {r['collections']} ({r['full']}) | {r['max_full_ms']:.1f} ms | "
               f"{r['max_ms']:.1f} ms | {r['all_ms']:.0f} ms | {r['freezes']} "

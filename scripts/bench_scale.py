@@ -19,7 +19,8 @@ a plain producer, starts one node and measures:
 Then, on the 1M-queue topic: GET /v1/queues page latency (1000 names, random `after`), and on a
 node with a tiny cache: 100-record pages older than the cache, and a sparse queue's records far
 apart. Last, --sustain-s of enqueue load with the default cache, sampling resident memory,
-/healthz latency, the node's loop lag and its garbage-collection pauses.
+/healthz latency, the node's loop lag and its garbage-collection pauses, then --create-s of load
+that creates a new queue per request (the same figures, and the freezes of what it created).
 After the full replay the node writes a snapshot and stops; new nodes then take the partition
 over from that snapshot, --takeovers times (medians of takeover time, load and build time),
 beside a fresh plain consumer going from the snapshot's position to the end (the broker's
@@ -27,7 +28,8 @@ share). --baseline CHECKOUT takes it over as often with that checkout's package 
 alternating with this one's: before and after on the same snapshot, in one run.
 
 Usage: .venv/bin/python scripts/bench_scale.py [--records 1000000,4000000,8000000]
-       [--queues 10,1000000] [--sustain-s 60] [--takeovers 3] [--baseline /tmp/old]
+       [--queues 10,1000000] [--sustain-s 60] [--create-s 60] [--takeovers 3]
+       [--baseline /tmp/old]
 """
 
 from __future__ import annotations
@@ -327,24 +329,27 @@ def fill_more(bootstrap: str, topic: str, records: int) -> None:
     fill(bootstrap, topic, records, 10)
 
 
-async def sustained(s: aiohttp.ClientSession, bootstrap: str, seconds: float
+async def sustained(s: aiohttp.ClientSession, bootstrap: str, seconds: float,
+                    creating: bool = False
                     ) -> tuple[list[tuple[float, float, float, float]], dict[str, float]]:
-    """Enqueue load (batches of 100 x 100 B, 16 in flight, 1,000 queues) for `seconds`;
-    (elapsed s, resident MB, live MB, records enqueued so far, millions) every 5 s, and the
-    responsiveness meanwhile: /healthz every 50 ms (p99, max), the node's worst loop lag, its
-    longest garbage collection (the node logs each one over 50 ms)."""
+    """Enqueue load (batches of 100 x 100 B, 16 in flight, 1,000 queues; `creating`: one 100 B
+    record per request, each to a new queue) for `seconds`; (elapsed s, resident MB, live MB,
+    records enqueued so far, millions) every 5 s, and the responsiveness meanwhile: /healthz
+    every 50 ms (p99, max), the node's worst loop lag, its longest garbage collection (the node
+    logs each one over 50 ms) and its freezes of long-lived objects (`gc_frozen`)."""
     node = Node(bootstrap, new_topics(bootstrap))
     curve: list[tuple[float, float, float, float]] = []
     probes: list[float] = []
     try:
         await watch_replay(s, node)
-        body = json.dumps({"records": [{"value": "x" * 100}] * 100})
+        body = json.dumps({"records": [{"value": "x" * 100}] * (1 if creating else 100)})
         stop = time.perf_counter() + seconds
 
         async def worker(i: int) -> None:
             k = i
             while time.perf_counter() < stop:
-                async with s.post(f"{node.url}/v1/queues/q{k % 1000}/records", data=body,
+                queue = f"new{k}" if creating else f"q{k % 1000}"
+                async with s.post(f"{node.url}/v1/queues/{queue}/records", data=body,
                                   headers={"Content-Type": "application/json"}) as r:
                     await r.read()
                 k += 16
@@ -368,7 +373,10 @@ async def sustained(s: aiohttp.ClientSession, bootstrap: str, seconds: float
 
         await asyncio.gather(sample(), probe(), *(worker(i) for i in range(16)))
         pauses = [float(str(e.get("ms", 0))) for e in node.events("gc_pause")]
-        return curve, {"healthz_p99_ms": pct(probes, .99), "healthz_max_ms": max(probes) * 1000,
+        frozen = [float(str(e.get("ms", 0))) for e in node.events("gc_frozen")]
+        return curve, {"freezes": len(frozen), "freeze_max_ms": max(frozen, default=0.0),
+                       "queues": await metric(s, node.url, "vq_queues") if creating else 0.0,
+                       "healthz_p99_ms": pct(probes, .99), "healthz_max_ms": max(probes) * 1000,
                        "loop_lag_ms": await metric(s, node.url,
                                                    "vq_event_loop_lag_max_seconds") * 1000,
                        "gc_pauses": len(pauses), "gc_max_ms": max(pauses, default=0.0)}
@@ -457,7 +465,20 @@ async def run(args: argparse.Namespace) -> None:
                 lines.append(f"under that load: /healthz p99 {load['healthz_p99_ms']:.1f} ms, max "
                              f"{load['healthz_max_ms']:.0f} ms; the node's worst loop lag "
                              f"{load['loop_lag_ms']:.0f} ms; {load['gc_pauses']:.0f} garbage "
-                             f"collections over 50 ms (longest {load['gc_max_ms']:.0f} ms)")
+                             f"collections over 50 ms (longest {load['gc_max_ms']:.0f} ms); "
+                             f"{load['freezes']:.0f} freezes (longest "
+                             f"{load['freeze_max_ms']:.0f} ms)")
+            if args.create_s:
+                curve, load = await sustained(s, bootstrap, args.create_s, creating=True)
+                lines.append(f"creating queues for {args.create_s:.0f} s (one 100 B record per "
+                             f"request, each to a new queue, 16 in flight): {load['queues']:,.0f} "
+                             f"queues, resident {curve[-1][1]:.0f} MB, live {curve[-1][2]:.0f} "
+                             f"MB at the end; /healthz p99 {load['healthz_p99_ms']:.1f} ms, max "
+                             f"{load['healthz_max_ms']:.0f} ms; the node's worst loop lag "
+                             f"{load['loop_lag_ms']:.0f} ms; {load['gc_pauses']:.0f} garbage "
+                             f"collections over 50 ms (longest {load['gc_max_ms']:.0f} ms); "
+                             f"{load['freezes']:.0f} freezes of what they created (longest "
+                             f"{load['freeze_max_ms']:.0f} ms)")
     finally:
         if broker:
             broker.stop()
@@ -471,6 +492,8 @@ def main() -> None:
     ap.add_argument("--records", default="1000000,4000000,8000000")
     ap.add_argument("--queues", default="10,1000000")
     ap.add_argument("--sustain-s", type=float, default=60.0)
+    ap.add_argument("--create-s", type=float, default=60.0,
+                    help="seconds of load that creates a queue per request (0: none)")
     ap.add_argument("--takeovers", type=int, default=3,
                     help="takeovers from the same snapshot per size (medians reported)")
     ap.add_argument("--baseline", metavar="CHECKOUT",

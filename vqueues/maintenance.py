@@ -25,7 +25,7 @@ log = logging.getLogger(__name__)
 TOP_LAGS = 10
 # How often the loop's lag is sampled (a timer the loop runs late shows a blocked loop).
 LOOP_LAG_EVERY_S = 0.05
-# How often the collector's oldest generation is measured (about 1 ms per 100,000 objects).
+# How often the collector's tracked objects are counted (about 1 ms per 100,000 of them).
 GC_CHECK_S = 1.0
 
 
