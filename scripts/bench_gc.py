@@ -4,7 +4,7 @@ broker): records of new queues are applied to a PartitionState in batches of 100
 applies them, with the node's collector settings (young threshold 20,000, what exists at start
 frozen), beside a few short-lived objects per batch, as requests make. Each collection is timed
 by a `gc.callbacks` hook. Run twice in fresh interpreters: without, and with
-`memory.freeze_long_lived` checked every --check-every queues (a node checks every second).
+a `memory.Freezer` checked every --check-every queues (a node checks every second).
 
 Usage: .venv/bin/python scripts/bench_gc.py [--queues 5000000] [--check-every 10000]
        [--limit 50000]
@@ -44,6 +44,7 @@ def measure(queues: int, check_every: int, limit: int) -> dict[str, float]:
     gc.freeze()
     gc.callbacks.append(timed)
     state = PartitionState(0, RecordCache(0))
+    freezer = memory.Freezer(limit)
     batch: list[tuple[str, Record]] = []
     freezes, checking = 0, 0.0
     for i in range(queues):
@@ -54,7 +55,7 @@ def measure(queues: int, check_every: int, limit: int) -> dict[str, float]:
             _requests = [[j] for j in range(50)]  # short-lived and tracked, as a request makes
         if check_every and i % check_every == 0:
             t = time.perf_counter()
-            freezes += bool(memory.freeze_long_lived(limit))
+            freezes += bool(freezer.check())
             checking += time.perf_counter() - t
     full = [p for p, g in pauses if g == 2]
     return {"collections": len(pauses), "full": len(full),

@@ -20,7 +20,8 @@ Then, on the 1M-queue topic: GET /v1/queues page latency (1000 names, random `af
 node with a tiny cache: 100-record pages older than the cache, and a sparse queue's records far
 apart. Last, --sustain-s of enqueue load with the default cache, sampling resident memory,
 /healthz latency, the node's loop lag and its garbage-collection pauses, then --create-s of load
-that creates a new queue per request (the same figures, and the freezes of what it created).
+that creates a new queue per request (the same figures, and the freezes of what it created),
+then --polls-s of --polls long polls that come and go (they must not set off freezes).
 After the full replay the node writes a snapshot and stops; new nodes then take the partition
 over from that snapshot, --takeovers times (medians of takeover time, load and build time),
 beside a fresh plain consumer going from the snapshot's position to the end (the broker's
@@ -28,8 +29,8 @@ share). --baseline CHECKOUT takes it over as often with that checkout's package 
 alternating with this one's: before and after on the same snapshot, in one run.
 
 Usage: .venv/bin/python scripts/bench_scale.py [--records 1000000,4000000,8000000]
-       [--queues 10,1000000] [--sustain-s 60] [--create-s 60] [--takeovers 3]
-       [--baseline /tmp/old]
+       [--queues 10,1000000] [--sustain-s 60] [--create-s 60] [--polls-s 60]
+       [--polls 3000] [--takeovers 3] [--baseline /tmp/old]
 """
 
 from __future__ import annotations
@@ -329,6 +330,17 @@ def fill_more(bootstrap: str, topic: str, records: int) -> None:
     fill(bootstrap, topic, records, 10)
 
 
+async def probe_healthz(s: aiohttp.ClientSession, url: str, stop: float, probes: list[float]
+                        ) -> None:
+    """/healthz every 50 ms until `stop` (perf_counter), each latency appended to `probes`."""
+    while time.perf_counter() < stop:
+        t = time.perf_counter()
+        async with s.get(f"{url}/healthz") as r:
+            await r.read()
+        probes.append(time.perf_counter() - t)
+        await asyncio.sleep(0.05)
+
+
 async def sustained(s: aiohttp.ClientSession, bootstrap: str, seconds: float,
                     creating: bool = False
                     ) -> tuple[list[tuple[float, float, float, float]], dict[str, float]]:
@@ -363,15 +375,8 @@ async def sustained(s: aiohttp.ClientSession, bootstrap: str, seconds: float,
                               await metric(s, node.url, "vq_heap_in_use_bytes") / 1e6,
                               await metric(s, node.url, "vq_records_enqueued_total") / 1e6))
 
-        async def probe() -> None:
-            while time.perf_counter() < stop:
-                t = time.perf_counter()
-                async with s.get(f"{node.url}/healthz") as r:
-                    await r.read()
-                probes.append(time.perf_counter() - t)
-                await asyncio.sleep(0.05)
-
-        await asyncio.gather(sample(), probe(), *(worker(i) for i in range(16)))
+        await asyncio.gather(sample(), probe_healthz(s, node.url, stop, probes),
+                             *(worker(i) for i in range(16)))
         pauses = [float(str(e.get("ms", 0))) for e in node.events("gc_pause")]
         frozen = [float(str(e.get("ms", 0))) for e in node.events("gc_frozen")]
         return curve, {"freezes": len(frozen), "freeze_max_ms": max(frozen, default=0.0),
@@ -380,6 +385,49 @@ async def sustained(s: aiohttp.ClientSession, bootstrap: str, seconds: float,
                        "loop_lag_ms": await metric(s, node.url,
                                                    "vq_event_loop_lag_max_seconds") * 1000,
                        "gc_pauses": len(pauses), "gc_max_ms": max(pauses, default=0.0)}
+    finally:
+        node.stop()
+
+
+async def long_polls(bootstrap: str, seconds: float, readers: int) -> dict[str, float]:
+    """`readers` long polls (wait_ms 300, each again as soon as it returns empty) over 20 queues
+    that get no record, for `seconds`: requests in flight that come and go, which must not set
+    off a freeze of long-lived objects every second. The node's collections over 50 ms, its
+    freezes, its live memory before and after, and /healthz meanwhile."""
+    node = Node(bootstrap, new_topics(bootstrap))
+    conn = aiohttp.TCPConnector(limit=0)
+    timeout = aiohttp.ClientTimeout(total=60)
+    try:
+        async with aiohttp.ClientSession(connector=conn, timeout=timeout) as s:
+            await watch_replay(s, node)
+            ends = []
+            for i in range(20):
+                async with s.post(f"{node.url}/v1/queues/lp{i}/records",
+                                  json={"records": [{"value": "x"}]}) as r:
+                    ends.append((await r.json())["offsets"][-1] + 1)
+            heap_before = await metric(s, node.url, "vq_heap_in_use_bytes")
+            stop = time.perf_counter() + seconds
+            answered = [0]
+            probes: list[float] = []
+
+            async def reader(i: int) -> None:
+                params = {"offset": str(ends[i % 20]), "wait_ms": "300"}
+                while time.perf_counter() < stop:
+                    async with s.get(f"{node.url}/v1/queues/lp{i % 20}/records",
+                                     params=params) as r:
+                        assert not (await r.json())["records"]
+                    answered[0] += 1
+
+            await asyncio.gather(probe_healthz(s, node.url, stop, probes),
+                                 *(reader(i) for i in range(readers)))
+            pauses = [float(str(e.get("ms", 0))) for e in node.events("gc_pause")]
+            frozen = [float(str(e.get("ms", 0))) for e in node.events("gc_frozen")]
+            return {"answered": answered[0], "gc_pauses": len(pauses),
+                    "gc_max_ms": max(pauses, default=0.0), "freezes": len(frozen),
+                    "freeze_ms": sum(frozen), "freeze_max_ms": max(frozen, default=0.0),
+                    "heap_before_mb": heap_before / 1e6,
+                    "heap_after_mb": await metric(s, node.url, "vq_heap_in_use_bytes") / 1e6,
+                    "healthz_p99_ms": pct(probes, .99), "healthz_max_ms": max(probes) * 1000}
     finally:
         node.stop()
 
@@ -479,6 +527,16 @@ async def run(args: argparse.Namespace) -> None:
                              f"collections over 50 ms (longest {load['gc_max_ms']:.0f} ms); "
                              f"{load['freezes']:.0f} freezes of what they created (longest "
                              f"{load['freeze_max_ms']:.0f} ms)")
+            if args.polls_s:
+                p = await long_polls(bootstrap, args.polls_s, args.polls)
+                lines.append(f"{args.polls:,} long polls (wait_ms 300) for {args.polls_s:.0f} s "
+                             f"over queues that get no record: {p['answered']:,} answered; "
+                             f"{p['freezes']} freezes ({p['freeze_ms']:.0f} ms in all, longest "
+                             f"{p['freeze_max_ms']:.0f} ms); {p['gc_pauses']} garbage "
+                             f"collections over 50 ms (longest {p['gc_max_ms']:.0f} ms); live "
+                             f"{p['heap_before_mb']:.1f} MB before, {p['heap_after_mb']:.1f} MB "
+                             f"after; /healthz p99 {p['healthz_p99_ms']:.1f} ms, max "
+                             f"{p['healthz_max_ms']:.0f} ms (client and node share the cores)")
     finally:
         if broker:
             broker.stop()
@@ -494,6 +552,9 @@ def main() -> None:
     ap.add_argument("--sustain-s", type=float, default=60.0)
     ap.add_argument("--create-s", type=float, default=60.0,
                     help="seconds of load that creates a queue per request (0: none)")
+    ap.add_argument("--polls-s", type=float, default=60.0,
+                    help="seconds of --polls long polls that come and go (0: none)")
+    ap.add_argument("--polls", type=int, default=3000)
     ap.add_argument("--takeovers", type=int, default=3,
                     help="takeovers from the same snapshot per size (medians reported)")
     ap.add_argument("--baseline", metavar="CHECKOUT",

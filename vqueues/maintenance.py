@@ -42,6 +42,7 @@ class Maintenance:
         # The consumers furthest behind, as of the last pass (vq_consumer_lag_top).
         self.top_lags: list[tuple[int, str, str]] = []
         self.metrics.lag_source = lambda: self.top_lags
+        self.freezer = memory.Freezer(settings.gc_freeze_objects)
 
     def start(self) -> list[asyncio.Task[None]]:
         """The periodic passes, as tasks the node cancels when it stops."""
@@ -67,17 +68,18 @@ class Maintenance:
     # The collector -------------------------------------------------------------------------------
 
     async def gc_forever(self, every_s: float = GC_CHECK_S) -> None:
-        """Every `every_s`: keep full collections short (`memory.freeze_long_lived`)."""
+        """Every `every_s`: keep collections short (`memory.Freezer`)."""
         while True:
             await asyncio.sleep(every_s)
             self.freeze_long_lived()
 
     def freeze_long_lived(self) -> int:
-        """Freeze long-lived objects past `gc_freeze_objects`; how many (0: none)."""
+        """Freeze long-lived objects once `gc_freeze_objects` more are tracked than the floor
+        (`memory.Freezer`); how many objects were tracked then (0: none frozen)."""
         if not gc.isenabled():  # a snapshot build is under way: its index is frozen after it
             return 0
         started = time.monotonic()
-        held = memory.freeze_long_lived(self.settings.gc_freeze_objects)
+        held = self.freezer.check()
         if held:
             log.info("gc_frozen", extra={"objects": held,
                                          "ms": round((time.monotonic() - started) * 1000)})

@@ -131,10 +131,11 @@ class Settings:
         20000, "allocations between young garbage collections (Python's default is 700); "
         "fewer collections under load. Objects alive at start are frozen out of collections")
     gc_freeze_objects: int = _f(
-        50_000, "objects the garbage collector may track (queues created since the start, "
-        "mostly) before they are collected once and frozen out of later collections, which "
-        "would otherwise scan them again and again (150 ms for 200,000 in a node creating "
-        "queues); 0: never")
+        50_000, "objects the garbage collector may track beyond the fewest it tracked since "
+        "the last freeze (requests in flight come and go; queues created since the start stay) "
+        "before they are collected once and frozen out of later collections, which would "
+        "otherwise scan them again and again (150 ms for 200,000 in a node creating queues); "
+        "0: never")
     log_level: str = _f("info", "log level", choices=("debug", "info", "warning", "error"))
     log_format: str = _f("json", "log line format", choices=("json", "text"))
 
