@@ -15,7 +15,7 @@ from collections import deque
 from collections.abc import Iterable, Iterator, MutableMapping, Sequence
 from dataclasses import dataclass
 from itertools import chain
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, TypeVar, cast
 
 from sortedcontainers import SortedList
 
@@ -47,6 +47,14 @@ from vqueues.tags import tags_of
 # Shared by every queue without consumers (most of them): one dict, never written to; a queue
 # gets its own on its first consumer. Saves 64 B per queue.
 NO_CONSUMERS: dict[str, tuple[int, int]] = {}
+
+_T = TypeVar("_T")
+
+
+def _resolve(fut: asyncio.Future[_T], value: _T) -> None:
+    """A waiter's timer ran out: resolve `fut` with `value` unless something did first."""
+    if not fut.done():
+        fut.set_result(value)
 
 
 if TYPE_CHECKING:
@@ -220,8 +228,10 @@ class PartitionState:
         # tail passing them drops them from the left; the set stays the same object, which the
         # group thread holds.
         self._own_order: deque[int] = deque()
-        self._readers: dict[str, list[asyncio.Future[None]]] = {}
-        self._position_waiters: list[tuple[int, asyncio.Future[None]]] = []
+        # Parked readers per queue; a dict of futures, so one leaving is O(1) (3,000 waiting
+        # on one queue each copied the list of the others on timeout).
+        self._readers: dict[str, dict[asyncio.Future[None], None]] = {}
+        self._position_waiters: list[tuple[int, asyncio.Future[bool]]] = []
         self._writes = 0
         self._writes_done: asyncio.Event | None = None
         # Consumers with settings, and the lease consumers' windows, by (queue, consumer).
@@ -528,7 +538,7 @@ class PartitionState:
             self._wake(queue)
         for _, fut in self._position_waiters:
             if not fut.done():
-                fut.set_result(None)
+                fut.set_result(True)
         self._position_waiters.clear()
 
     def dismantle(self) -> Iterator[None]:
@@ -773,33 +783,39 @@ class PartitionState:
 
     async def wait_for_records(self, queue: str, timeout_s: float) -> None:
         """Return when a record of `queue` is indexed, the partition is revoked, or on timeout."""
-        fut = asyncio.get_running_loop().create_future()
-        waiters = self._readers.setdefault(queue, [])
-        waiters.append(fut)
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[None] = loop.create_future()
+        self._readers.setdefault(queue, {})[fut] = None
+        # A timer that resolves the future, not asyncio.wait_for, which makes a coroutine, a
+        # second future and a callback per wait: every collection scans what a parked reader
+        # holds (3,000 of them: 60 ms per collection, measured).
+        timer = loop.call_later(timeout_s, _resolve, fut, None)
         try:
-            await asyncio.wait_for(fut, timeout_s)
-        except TimeoutError:
-            pass
+            await fut
         finally:
-            if not fut.done():
-                fut.cancel()
-            live = [f for f in self._readers.get(queue, ()) if f is not fut]
-            if live:
-                self._readers[queue] = live
-            else:
-                self._readers.pop(queue, None)
+            timer.cancel()
+            waiters = self._readers.get(queue)
+            if waiters is not None:
+                waiters.pop(fut, None)
+                if not waiters:
+                    del self._readers[queue]
+
+    def parked_readers(self, queue: str) -> int:
+        """How many reads of `queue` wait for a record (long polls)."""
+        return len(self._readers.get(queue, ()))
 
     async def wait_indexed(self, offset: int, timeout_s: float) -> bool:
         """Wait until the record at `offset` is indexed (read-your-writes); False on timeout."""
         if self.next_offset > offset or self.revoked:
             return True
-        fut = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[bool] = loop.create_future()
         self._position_waiters.append((offset, fut))
+        timer = loop.call_later(timeout_s, _resolve, fut, False)
         try:
-            await asyncio.wait_for(fut, timeout_s)
-            return True
-        except TimeoutError:
-            return False
+            return await fut
+        finally:
+            timer.cancel()
 
     def _wake(self, queue: str) -> None:
         for fut in self._readers.pop(queue, ()):
@@ -814,7 +830,7 @@ class PartitionState:
             if fut.done():
                 continue
             if self.next_offset > offset:
-                fut.set_result(None)
+                fut.set_result(True)
             else:
                 keep.append((offset, fut))
         self._position_waiters = keep

@@ -74,6 +74,23 @@ async def test_a_waiting_reader_wakes_for_its_queue_only():
     await asyncio.wait_for(waiter, 1)
 
 
+async def test_readers_that_time_out_or_go_away_leave_and_the_others_stay_parked():
+    s = state_with([])
+    quick = asyncio.create_task(s.wait_for_records("a", 0.01))
+    gone = asyncio.create_task(s.wait_for_records("a", 5))
+    staying = [asyncio.create_task(s.wait_for_records("a", 5)) for _ in range(3)]
+    await asyncio.sleep(0)
+    assert s.parked_readers("a") == 5
+    await asyncio.wait_for(quick, 1)  # its time ran out: it returns, without a record
+    gone.cancel()  # the client went away
+    with pytest.raises(asyncio.CancelledError):
+        await gone
+    assert s.parked_readers("a") == 3 and not any(t.done() for t in staying)
+    s.apply_records([("a", rec(0))], None)
+    await asyncio.wait_for(asyncio.gather(*staying), 1)
+    assert s.parked_readers("a") == 0
+
+
 async def test_wait_indexed_returns_when_the_offset_is_indexed_or_times_out():
     s = state_with([("a", rec(0))])
     assert await s.wait_indexed(0, 0.01)
