@@ -26,6 +26,7 @@ from vqueues.settings import Settings
 
 log = logging.getLogger("vqueues.cli")
 
+
 def _at_least_one(text: str) -> int:
     """An argparse type: a whole number of 1 or more (0 nodes or partitions cannot run)."""
     try:

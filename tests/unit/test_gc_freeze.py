@@ -59,6 +59,13 @@ def test_requests_in_flight_set_a_floor_and_only_growth_above_it_freezes(thawed)
     assert not any(id(o) in tracked for o in long_lived)
 
 
+def test_a_limit_of_0_never_freezes(thawed):
+    kept = [[i] for i in range(5000)]
+    frozen = gc.get_freeze_count()
+    assert memory.Freezer(0).check() == 0
+    assert gc.get_freeze_count() == frozen and kept
+
+
 async def test_maintenance_freezes_unless_a_snapshot_build_has_the_collector_off(
         service, thawed):  # noqa: F811
     object.__setattr__(service.settings, "gc_freeze_objects", 1)
