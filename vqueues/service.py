@@ -65,6 +65,15 @@ def _split(offset_runs: list[list[int]], ways: int) -> list[list[int]]:
             for i in range(0, len(offset_runs), size)]
 
 
+def _select(state: PartitionState, queue: str, tag: str | None, start: int, limit: int
+            ) -> list[int]:
+    """The offsets a read answers with: up to `limit` from `start`, those carrying `tag` if
+    one is given."""
+    if tag is None:
+        return state.select(queue, start, limit)
+    return state.select_tagged(queue, tag, start, limit)
+
+
 class QueueService:
     def __init__(self, settings: Settings, ownership: Ownership, cache: RecordCache,
                  data_log: Log, offset_log: OffsetLog, fetcher: RecordFetcher) -> None:
@@ -185,12 +194,9 @@ class QueueService:
         else:
             committed = state.committed(queue, consumer) if consumer else None
             start = committed if committed is not None else state.first_offset(queue)
-        def select() -> list[int]:
-            if tag is None:
-                return state.select(queue, start, limit)
-            return state.select_tagged(queue, tag, start, limit)
-
-        offsets = select()
+        # No closure here: its cells and function would be objects every parked read holds,
+        # which every garbage collection scans.
+        offsets = _select(state, queue, tag, start, limit)
         deadline = time.monotonic() + wait_ms / 1000
         while not offsets:
             remaining = deadline - time.monotonic()
@@ -198,7 +204,7 @@ class QueueService:
                 break
             await state.wait_for_records(queue, remaining)
             state = self.ownership.require(p)
-            offsets = select()
+            offsets = _select(state, queue, tag, start, limit)
         records = await self.resolve(p, offsets)
         # Bound the answer's size; always return at least one record so a reader moves on.
         budget = self.settings.max_read_bytes
