@@ -84,7 +84,7 @@ def main() -> None:
                               "--limit", str(args.limit), "--json", str(check_every)],
                              check=True, capture_output=True, text=True).stdout
         r = json.loads(out)
-        label = (f"freeze past {args.limit:,} tracked objects, checked every {check_every:,} queues"
+        label = (f"memory.Freezer({args.limit:,}), checked every {check_every:,} queues"
                  if check_every else "never frozen")
         print(f"| {label} | {r['collections']} ({r['full']}) | {r['max_full_ms']:.1f} ms | "
               f"{r['max_ms']:.1f} ms | {r['all_ms']:.0f} ms | {r['freezes']} "

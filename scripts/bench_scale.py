@@ -128,6 +128,10 @@ class Node:
         return [dict(json.loads(line)) for line in self.log_path.read_text().splitlines()
                 if f'"{name}"' in line]
 
+    def event_ms(self, name: str) -> list[float]:
+        """The `ms` of each `name` event logged (gc_pause, gc_frozen)."""
+        return [float(str(e.get("ms", 0))) for e in self.events(name)]
+
     def replay_ms(self) -> float | None:
         ready = self.event("partition_ready")
         return float(str(ready["replay_ms"])) if ready else None
@@ -407,8 +411,8 @@ async def sustained(s: aiohttp.ClientSession, bootstrap: str, seconds: float,
 
         await asyncio.gather(sample(), probe_healthz(s, node.url, stop, probes),
                              *(worker(i) for i in range(16)))
-        pauses = [float(str(e.get("ms", 0))) for e in node.events("gc_pause")]
-        frozen = [float(str(e.get("ms", 0))) for e in node.events("gc_frozen")]
+        pauses = node.event_ms("gc_pause")
+        frozen = node.event_ms("gc_frozen")
         return curve, {"freezes": len(frozen), "freeze_max_ms": max(frozen, default=0.0),
                        "queues": await metric(s, node.url, "vq_queues") if creating else 0.0,
                        "healthz_p99_ms": pct(probes, .99), "healthz_max_ms": max(probes) * 1000,
@@ -450,8 +454,8 @@ async def long_polls(bootstrap: str, seconds: float, readers: int) -> dict[str, 
 
             await asyncio.gather(probe_healthz(s, node.url, stop, probes),
                                  *(reader(i) for i in range(readers)))
-            pauses = [float(str(e.get("ms", 0))) for e in node.events("gc_pause")]
-            frozen = [float(str(e.get("ms", 0))) for e in node.events("gc_frozen")]
+            pauses = node.event_ms("gc_pause")
+            frozen = node.event_ms("gc_frozen")
             return {"answered": answered[0], "gc_pauses": len(pauses),
                     "gc_max_ms": max(pauses, default=0.0), "freezes": len(frozen),
                     "freeze_ms": sum(frozen), "freeze_max_ms": max(frozen, default=0.0),
