@@ -290,12 +290,25 @@ class Ownership:
         # No await from here to the restore: the tail's records (applied on this loop once
         # `_restoring` is done) can only come after it.
         snapshot.restore(state, found, built)
+        self._spawn(self._warm(state))
         log.info("snapshot_loaded", extra={
             "partition": p, "queues": len(found.names), "records": found.records,
             "data_position": found.data_position, "offsets_position": found.offsets_position,
             "read_ms": round(read_ms), "build_ms": round(build_ms),
             "load_ms": round(read_ms + build_ms)})
         return True
+
+    async def _warm(self, state: PartitionState) -> None:
+        """Build a restored partition's queues from the snapshot's columns a shard per loop
+        turn (`QueueMap.warm_next`), so no later request pays for a shard and the columns are
+        freed; requests meanwhile build the shards they touch."""
+        started, queues = time.monotonic(), state.queues
+        cold = queues.cold
+        while not state.revoked and queues is state.queues and queues.warm_next():
+            await asyncio.sleep(0)
+        log.info("snapshot_warmed", extra={
+            "partition": state.partition, "queues": cold, "revoked": state.revoked,
+            "ms": round((time.monotonic() - started) * 1000)})
 
     def _read_snapshot(self, p: int) -> snapshot.Snapshot | None:
         assert self._snapshot_log is not None

@@ -15,10 +15,11 @@ from collections import deque
 from collections.abc import Iterable, Iterator, MutableMapping, Sequence
 from dataclasses import dataclass
 from itertools import chain
-from typing import TYPE_CHECKING, TypeVar, cast
+from typing import TYPE_CHECKING, Protocol, TypeVar, cast
 
 from sortedcontainers import SortedList
 
+from vqueues import memory
 from vqueues.cache import RecordCache
 from vqueues.idempotency import (
     IdempotencyWindow,
@@ -121,45 +122,108 @@ QUEUE_SHARDS = 256  # a power of two: a queue's shard is its name's hash's low b
 DISMANTLE_STEP = 4096  # entries freed per loop turn when a revoked partition's state is freed
 
 
+class ColdShards(Protocol):
+    """Queues a snapshot describes that are not built into their shards yet: a `QueueMap`
+    builds a shard's queues on that shard's first use (`take`), so a takeover serves before
+    a million queues are objects (ADR 7)."""
+
+    def pending(self, shard: int) -> bool:
+        """Whether `shard`'s queues are still to be built."""
+
+    def left(self) -> int:
+        """How many queues are still to be built, over every shard."""
+
+    def take(self, shard: int, into: dict[str, QueueIndex]) -> None:
+        """Build `shard`'s queues into `into`; the shard is no longer pending."""
+
+    def drop(self, shard: int) -> None:
+        """Forget `shard`'s queues unbuilt; the shard is no longer pending."""
+
+
 class QueueMap(MutableMapping[str, QueueIndex]):
     """Queue name -> QueueIndex, spread over QUEUE_SHARDS dicts. One dict of a million queues
     stalled the loop for 100-150 ms each time it grew (a resize copies the whole table, in
     one C call that holds the GIL; measured during a replay of 1M queues); a shard's resize
-    copies a 256th of that."""
+    copies a 256th of that.
 
-    __slots__ = ("_shards",)
+    A map loaded from a snapshot starts with its queues `cold`: every method builds the shard
+    it touches first, and `warm_next` builds the rest a shard per call."""
 
-    def __init__(self, shards: list[dict[str, QueueIndex]] | None = None) -> None:
+    __slots__ = ("_cold", "_shards")
+
+    def __init__(self, shards: list[dict[str, QueueIndex]] | None = None,
+                 cold: ColdShards | None = None) -> None:
         self._shards = shards if shards is not None else [{} for _ in range(QUEUE_SHARDS)]
+        self._cold = cold
 
     @staticmethod
     def shard_of(name: str) -> int:
         """The shard that holds `name` (the methods below inline it: they are hot paths)."""
         return hash(name) & (QUEUE_SHARDS - 1)
 
+    def _warm(self, shard: int) -> None:
+        cold = self._cold
+        if cold is not None and cold.pending(shard):
+            with memory.long_lived():  # 4,000 queues of a million: 3 ms, then frozen (O(1))
+                cold.take(shard, self._shards[shard])
+            if not cold.left():
+                self._cold = None  # the snapshot's columns are freed with it
+
+    def warm_next(self) -> bool:
+        """Build the next shard whose queues are still cold; False once none is."""
+        for shard in range(QUEUE_SHARDS):
+            if self._cold is None:
+                return False
+            if self._cold.pending(shard):
+                self._warm(shard)
+                return self._cold is not None
+        return False
+
+    @property
+    def cold(self) -> int:
+        """How many queues are still to be built from the snapshot."""
+        return 0 if self._cold is None else self._cold.left()
+
     def get(self, name: str, default: QueueIndex | None = None) -> QueueIndex | None:  # type: ignore[override]
-        return self._shards[hash(name) & (QUEUE_SHARDS - 1)].get(name, default)
+        shard = hash(name) & (QUEUE_SHARDS - 1)
+        if self._cold is not None:
+            self._warm(shard)
+        return self._shards[shard].get(name, default)
 
     def __getitem__(self, name: str) -> QueueIndex:
-        return self._shards[hash(name) & (QUEUE_SHARDS - 1)][name]
+        shard = hash(name) & (QUEUE_SHARDS - 1)
+        if self._cold is not None:
+            self._warm(shard)
+        return self._shards[shard][name]
 
     def __setitem__(self, name: str, q: QueueIndex) -> None:
-        self._shards[hash(name) & (QUEUE_SHARDS - 1)][name] = q
+        shard = hash(name) & (QUEUE_SHARDS - 1)
+        if self._cold is not None:
+            self._warm(shard)
+        self._shards[shard][name] = q
 
     def __delitem__(self, name: str) -> None:
-        del self._shards[hash(name) & (QUEUE_SHARDS - 1)][name]
+        shard = hash(name) & (QUEUE_SHARDS - 1)
+        if self._cold is not None:
+            self._warm(shard)
+        del self._shards[shard][name]
 
     def pop(self, name: str, *default: QueueIndex | None) -> QueueIndex | None:  # type: ignore[override]
         """As dict.pop: KeyError for a missing name unless a default is given."""
-        return self._shards[hash(name) & (QUEUE_SHARDS - 1)].pop(name, *default)
+        shard = hash(name) & (QUEUE_SHARDS - 1)
+        if self._cold is not None:
+            self._warm(shard)
+        return self._shards[shard].pop(name, *default)
 
     def __contains__(self, name: object) -> bool:
-        return isinstance(name, str) and name in self._shards[hash(name) & (QUEUE_SHARDS - 1)]
+        return isinstance(name, str) and self.get(name) is not None
 
     def __len__(self) -> int:
-        return sum(map(len, self._shards))
+        return sum(map(len, self._shards)) + self.cold
 
     def __iter__(self) -> Iterator[str]:
+        while self.warm_next():
+            pass
         return chain.from_iterable(self._shards)
 
     def stateful(self, name: str, q: QueueIndex) -> StatefulQueueIndex:
@@ -172,10 +236,16 @@ class QueueMap(MutableMapping[str, QueueIndex]):
 
     def clear_shard(self, shard: int) -> None:
         """Drop every queue of one shard (0 <= shard < QUEUE_SHARDS)."""
+        cold = self._cold
+        if cold is not None and cold.pending(shard):
+            cold.drop(shard)
+            if not cold.left():
+                self._cold = None
         self._shards[shard].clear()
 
     def shard_names(self, shard: int) -> list[str]:
         """The names in one shard (0 <= shard < QUEUE_SHARDS): a walk in bounded steps."""
+        self._warm(shard)
         return list(self._shards[shard])
 
 

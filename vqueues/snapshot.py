@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import codecs
-import gc
 import hashlib
 import json
 import logging
@@ -32,13 +31,14 @@ from array import array
 from bisect import bisect_left
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from itertools import chain, islice
+from itertools import chain, compress, islice
 from typing import Any
 
 import msgspec
 import numpy as np
 from sortedcontainers import SortedList
 
+from vqueues import memory
 from vqueues.leases import ConsumerConfig, Delivery, WorkState
 from vqueues.partition_state import (
     NO_CONSUMERS,
@@ -615,20 +615,13 @@ def manifest_of(records: Sequence[Sequence[Any]], partition: int
 
 def build(snapshot: Snapshot) -> tuple[QueueMap, SortedList]:
     """The queue index and the sorted names a snapshot describes. Blocking and pure: run it off
-    the loop (the fresh state it is for is not touched by anyone until `restore`)."""
-    # Built for speed: a million queues take about a second here. No __init__ (it would make
-    # an array only to throw it away), and no collection runs meanwhile (these objects hold no
-    # cycles; scanning them a dozen times would cost a third).
-    collecting = gc.isenabled()
-    gc.disable()
-    try:
+    the loop (the fresh state it is for is not touched by anyone until `restore`).
+
+    The queues stay columns (`_Columns`), each shard built into objects on its first use or
+    by `QueueMap.warm_next`: building a million queues' objects here took 0.8 s of a 1.1 s
+    takeover (measured), most of it for queues nobody touches in the first second."""
+    with memory.long_lived():
         return _build(snapshot)
-    finally:
-        # Out of the collector's way for good, before it runs again: otherwise its next young
-        # collection would scan the million new objects at once (measured: 176 ms).
-        gc.freeze()
-        if collecting:
-            gc.enable()
 
 
 def _build(snapshot: Snapshot) -> tuple[QueueMap, SortedList]:
@@ -636,30 +629,8 @@ def _build(snapshot: Snapshot) -> tuple[QueueMap, SortedList]:
         offsets, long = decode_queues(snapshot.column, snapshot.counts, LONG_QUEUE)
     else:
         offsets, long = snapshot.decoded_offsets(), {}
-    new: Any = array.__new__  # QueueIndex.__new__'s work without its Python frame: 1M queues
-    # Into the shards one by one: dict(zip(...)) of a million names held the GIL for 0.47 s
-    # in one C call, stalling the loop's thread as long (measured).
-    shards: list[dict[str, QueueIndex]] = [{} for _ in range(QUEUE_SHARDS)]
-    mask = QUEUE_SHARDS - 1  # QueueMap.shard_of, inlined: a million calls
-    pos = 0
-    for number, (name, count, deleted_before) in enumerate(zip(
-            snapshot.names, snapshot.counts, snapshot.deleted, strict=True)):
-        if count < LONG_QUEUE or not long:
-            end = pos + count
-            q = new(StatefulQueueIndex if deleted_before else QueueIndex, "q",
-                    offsets[pos:end])
-            pos = end
-        else:
-            q = long[number]
-            if deleted_before:
-                q = StatefulQueueIndex(q)
-        if deleted_before:
-            q.deleted_before = deleted_before
-            q.consumers = NO_CONSUMERS
-        shards[hash(name) & mask][name] = q
-    queues = QueueMap(shards)
-    listed = [name for name, count in zip(snapshot.names, snapshot.counts, strict=True)
-              if count]
+    queues = QueueMap(cold=_Columns(snapshot, offsets, long))
+    listed = list(compress(snapshot.names, snapshot.counts))
     for index, consumer, offset, acked_at in snapshot.consumers:
         name = snapshot.names[index]
         q = queues[name]
@@ -670,6 +641,73 @@ def _build(snapshot: Snapshot) -> tuple[QueueMap, SortedList]:
                 listed.append(name)
         q.consumers[consumer] = (offset, acked_at)
     return queues, SortedList(listed)
+
+
+class _Columns:
+    """A loaded snapshot's queues as its columns, grouped by shard: `QueueMap`'s `ColdShards`.
+    A shard's queues are built into objects when the map first needs them (a few
+    milliseconds for a million queues' 256th)."""
+
+    __slots__ = ("_bounds", "_deleted", "_left", "_long", "_names", "_offsets", "_order",
+                 "_pending", "_sizes", "_starts")
+
+    def __init__(self, snapshot: Snapshot, offsets: array[int],
+                 long: dict[int, QueueIndex]) -> None:
+        names = snapshot.names
+        shard_of = np.empty(len(names), dtype=np.int64)
+        for i in range(0, len(names), NAMES_STEP):
+            # A step per C call: hashing a million names in one held the GIL for 40 ms. Not
+            # np.fromiter: with it the loop's thread got no turn for the whole 40 ms (measured).
+            step = names[i:i + NAMES_STEP]
+            shard_of[i:i + len(step)] = list(map(hash, step))
+        shard_of &= QUEUE_SHARDS - 1
+        self._order = np.argsort(shard_of, kind="stable")  # queue numbers, shard by shard
+        self._bounds = np.concatenate(([0], np.cumsum(np.bincount(
+            shard_of, minlength=QUEUE_SHARDS)))).tolist()
+        self._sizes = np.frombuffer(snapshot.counts, dtype=np.int64)
+        # A queue decoded as a long one holds its own array; the others' offsets follow one
+        # another in `offsets`.
+        short = np.ones(len(names), dtype=bool)
+        if long:
+            short[np.fromiter(long, np.int64, len(long))] = False
+        runs = np.where(short, self._sizes, 0)
+        self._starts = np.cumsum(runs) - runs
+        self._deleted = np.frombuffer(snapshot.deleted, dtype=np.int64)
+        self._names, self._offsets, self._long = names, offsets, long
+        self._pending: list[bool] = [self._bounds[s + 1] > self._bounds[s]
+                                     for s in range(QUEUE_SHARDS)]
+        self._left = len(names)
+
+    def pending(self, shard: int) -> bool:
+        return self._pending[shard]
+
+    def left(self) -> int:
+        return self._left
+
+    def take(self, shard: int, into: dict[str, QueueIndex]) -> None:
+        lo, hi = self._bounds[shard], self._bounds[shard + 1]
+        self.drop(shard)
+        numbers = self._order[lo:hi]
+        names, offsets, long = self._names, self._offsets, self._long
+        new: Any = array.__new__  # QueueIndex.__new__'s work without its Python frame
+        for number, start, size, deleted_before in zip(
+                numbers.tolist(), self._starts[numbers].tolist(),
+                self._sizes[numbers].tolist(), self._deleted[numbers].tolist(), strict=True):
+            q = long.get(number) if long else None
+            if q is None:
+                q = new(StatefulQueueIndex if deleted_before else QueueIndex, "q",
+                        offsets[start:start + size])
+            elif deleted_before:
+                q = StatefulQueueIndex(q)
+            if deleted_before:
+                q.deleted_before = deleted_before
+                q.consumers = NO_CONSUMERS
+            into[names[number]] = q
+
+    def drop(self, shard: int) -> None:
+        if self._pending[shard]:
+            self._pending[shard] = False
+            self._left -= self._bounds[shard + 1] - self._bounds[shard]
 
 
 def restore(state: PartitionState, snapshot: Snapshot,

@@ -183,6 +183,29 @@ async def test_a_partition_with_a_snapshot_starts_at_its_position(logs):
     assert own.states[1].select(q, 0, 10) == [0, 1, 2, 3, 4]
 
 
+async def test_a_restored_partition_builds_its_cold_queues_in_the_background(logs):
+    """A snapshot's queues stay columns at the restore (`QueueMap` cold shards); a task builds
+    them a shard per loop turn, so the columns are freed without any request's help."""
+    from vqueues import snapshot as snap
+    from vqueues.partition_state import PartitionState
+
+    source = PartitionState(1, RecordCache(1 << 20))
+    names = [f"warm-{i}" for i in range(2000)]
+    source.apply_records([(n, Record(i, 1, b"x", ())) for i, n in enumerate(names)], None)
+    chunks, manifest = snap.encode(await snap.capture(source, 0), 1)
+    snapshots = MemoryLog()
+    await snapshots.append(1, [(k, v, None) for k, v in
+                               [*chunks, (snap.manifest_key(1), manifest)]])
+    own = make(logs, snapshots)
+    assert await asyncio.to_thread(own.assigned, [1]) == {1: 2000}
+    await asyncio.to_thread(own.reached_end, 1, 2000)
+    await until(lambda: own.states[1].ready.is_set())
+    state = own.states[1]
+    await until(lambda: state.queues.cold == 0)
+    assert state.queues._cold is None  # the columns went with the last shard
+    assert len(state.queues) == 2000 and state.select("warm-7", 0, 10) == [7]
+
+
 async def test_the_group_reads_on_while_a_snapshot_is_built_and_its_records_follow_it(
         logs, monkeypatch):
     """The tail's first fetch overlaps the build (a takeover's two longest waits); records it

@@ -84,6 +84,51 @@ async def test_a_snapshot_plus_the_tail_equals_a_full_replay(seed, long_queue, c
     assert fresh.next_offset == full.next_offset
 
 
+async def test_a_loaded_map_builds_each_shard_on_first_use_and_acts_as_a_dict(monkeypatch):
+    """Every QueueMap method on a map whose shards are still the snapshot's columns answers as
+    the built map does; a shard is built once, on the first call that touches it."""
+    from vqueues.partition_state import QUEUE_SHARDS, QueueIndex, QueueMap, StatefulQueueIndex
+    from vqueues.records import ConsumerAcked, QueueDeleted
+
+    monkeypatch.setattr(snap, "LONG_QUEUE", 3)  # some queues decoded into their own arrays
+    s = PartitionState(0, RecordCache(1 << 20))
+    s.apply_records([(f"q{i % 900}", rec(i)) for i in range(2700 + 450)], None)
+    s.apply_offset_entries([ConsumerAcked("q5", "c", 2, 9), QueueDeleted("q6", 300),
+                            QueueDeleted("q7", 10_000)])
+    chunks, manifest = snap.encode(await snap.capture(s, 0), 1)
+    image = snap.latest(0, [*chunks, (snap.manifest_key(0), manifest)])
+
+    def loaded():
+        queues, _ = snap.build(image)
+        assert 0 < queues.cold < 900  # q5's shard was built for its consumer
+        return queues
+
+    want = {n: list(q) for n, q in s.queues.items()}
+    m = loaded()
+    assert len(m) == len(want) == 900  # q7 holds no record but its deletion floor
+    assert dict((n, list(q)) for n, q in m.items()) == want
+    assert m.cold == 0 and m._cold is None
+    m = loaded()
+    cold = m.cold
+    assert m.get("q1") is not None and list(m["q1"]) == want["q1"] and m.cold < cold
+    assert "q2" in m and "nope" not in m and 7 not in m and m.get("nope") is None
+    assert type(m["q6"]) is StatefulQueueIndex and m["q6"].deleted_before == 300
+    assert type(m["q8"]) is QueueIndex and m["q5"].consumers == {"c": (2, 9)}
+    assert list(m.pop("q3")) == want["q3"] and m.pop("q3", None) is None
+    del m["q4"]
+    m["new"] = QueueIndex()
+    assert len(m) == 900 - 2 + 1
+    gone = QueueMap.shard_of("q9")
+    m.clear_shard(gone)
+    assert "q9" not in m and all(QueueMap.shard_of(n) != gone for n in m)
+    names = sorted(n for shard in range(QUEUE_SHARDS) for n in m.shard_names(shard))
+    assert names == sorted(m) and len(names) == len(m) and m.cold == 0
+    m = loaded()
+    while m.warm_next():
+        pass
+    assert m.cold == 0 and dict((n, list(q)) for n, q in m.items()) == want
+
+
 async def test_a_large_snapshot_is_chunked_below_the_message_limit(monkeypatch):
     monkeypatch.setattr(snap, "CHUNK_BYTES", 1000)
     s = PartitionState(0, RecordCache(1 << 20))
