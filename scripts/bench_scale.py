@@ -242,7 +242,7 @@ async def takeover(s: aiohttp.ClientSession, bootstrap: str, prefix: str, code: 
 
 async def measure_replay(s: aiohttp.ClientSession, bootstrap: str, records: int, queues: int,
                          empty: tuple[float, float], takeovers: int = 1,
-                         baseline: str | None = None) -> dict[str, Any]:
+                         baseline: str | None = None, after: int = 0) -> dict[str, Any]:
     prefix = new_topics(bootstrap)
     await asyncio.to_thread(fill, bootstrap, f"{prefix}-data", records, queues)
     raw = await asyncio.to_thread(raw_read_rate, bootstrap, f"{prefix}-data", records)
@@ -265,6 +265,10 @@ async def measure_replay(s: aiohttp.ClientSession, bootstrap: str, records: int,
         out["snapshot_write_s"] = float(str(written.get("ms", "nan"))) / 1000
     finally:
         node.stop()
+    if after:
+        # Records the snapshot does not hold, round-robin over the same queues: a takeover
+        # replays them, one batch touching hundreds of queues the snapshot holds.
+        await asyncio.to_thread(fill, bootstrap, f"{prefix}-data", after, queues)
     # Takeover from the snapshot by a new node, `takeovers` times (medians: single takeovers
     # of a few hundred ms swing by 2x on these machines).
     runs: list[dict[str, float]] = []
@@ -494,7 +498,9 @@ async def run(args: argparse.Namespace) -> None:
         broker = EmbeddedBroker().start()
         bootstrap = broker.bootstrap
     lines = [f"# vqueues bench_scale, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
-             f"broker {'embedded tansu' if broker else bootstrap}, one partition"]
+             f"broker {'embedded tansu' if broker else bootstrap}, one partition"
+             + (f"; takeovers replay {args.after_snapshot:,} records written after the "
+                "snapshot" if args.after_snapshot else "")]
     try:
         timeout = aiohttp.ClientTimeout(total=120)
         async with aiohttp.ClientSession(timeout=timeout) as s:
@@ -515,7 +521,7 @@ async def run(args: argparse.Namespace) -> None:
             for queues in args.queues:
                 for records in args.records:
                     r = await measure_replay(s, bootstrap, records, queues, empty,
-                                            args.takeovers, args.baseline)
+                                            args.takeovers, args.baseline, args.after_snapshot)
                     if queues <= 100:
                         per_record = r["live_bytes"] / records
                     per_queue = ("" if per_record is None or queues <= 100 else
@@ -617,6 +623,8 @@ def main() -> None:
     ap.add_argument("--polls", type=int, default=3000)
     ap.add_argument("--takeovers", type=int, default=3,
                     help="takeovers from the same snapshot per size (medians reported)")
+    ap.add_argument("--after-snapshot", type=int, default=0, metavar="RECORDS",
+                    help="records written after the snapshot, which each takeover replays")
     ap.add_argument("--baseline", metavar="CHECKOUT",
                     help="also take over with an older checkout's package (a git worktree), "
                          "alternating with this one's, from the same snapshots")

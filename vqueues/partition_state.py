@@ -133,8 +133,12 @@ class ColdShards(Protocol):
     def left(self) -> int:
         """How many queues are still to be built, over every shard."""
 
+    def take_one(self, shard: int, name: str) -> QueueIndex | None:
+        """Build queue `name` of `shard` (None if it is not among the queues still to be
+        built); it is no longer among them."""
+
     def take(self, shard: int, into: dict[str, QueueIndex]) -> None:
-        """Build `shard`'s queues into `into`; the shard is no longer pending."""
+        """Build `shard`'s remaining queues into `into`; the shard is no longer pending."""
 
     def drop(self, shard: int) -> None:
         """Forget `shard`'s queues unbuilt; the shard is no longer pending."""
@@ -146,8 +150,9 @@ class QueueMap(MutableMapping[str, QueueIndex]):
     one C call that holds the GIL; measured during a replay of 1M queues); a shard's resize
     copies a 256th of that.
 
-    A map loaded from a snapshot starts with its queues `cold`: every method builds the shard
-    it touches first, and `warm_next` builds the rest a shard per call."""
+    A map loaded from a snapshot starts with its queues `cold`: a lookup builds the queue it
+    finds there, a walk of a shard (`shard_names`, iteration) builds that shard, and
+    `warm_next` builds the rest a shard per call."""
 
     __slots__ = ("_cold", "_shards")
 
@@ -184,35 +189,47 @@ class QueueMap(MutableMapping[str, QueueIndex]):
         """How many queues are still to be built from the snapshot."""
         return 0 if self._cold is None else self._cold.left()
 
+    def _take_one(self, shard: int, name: str) -> QueueIndex | None:
+        cold = self._cold
+        if cold is None or not cold.pending(shard):
+            return None
+        q = cold.take_one(shard, name)
+        if q is not None:
+            self._shards[shard][name] = q
+        if not cold.left():
+            self._cold = None
+        return q
+
     def get(self, name: str, default: QueueIndex | None = None) -> QueueIndex | None:  # type: ignore[override]
         shard = hash(name) & (QUEUE_SHARDS - 1)
-        if self._cold is not None:
-            self._warm(shard)
-        return self._shards[shard].get(name, default)
+        q = self._shards[shard].get(name)
+        if q is None and self._cold is not None:
+            q = self._take_one(shard, name)
+        return default if q is None else q
 
     def __getitem__(self, name: str) -> QueueIndex:
-        shard = hash(name) & (QUEUE_SHARDS - 1)
-        if self._cold is not None:
-            self._warm(shard)
-        return self._shards[shard][name]
+        q = self.get(name)
+        if q is None:
+            raise KeyError(name)
+        return q
 
     def __setitem__(self, name: str, q: QueueIndex) -> None:
         shard = hash(name) & (QUEUE_SHARDS - 1)
         if self._cold is not None:
-            self._warm(shard)
+            self._take_one(shard, name)  # replaced: never built from the snapshot later
         self._shards[shard][name] = q
 
     def __delitem__(self, name: str) -> None:
         shard = hash(name) & (QUEUE_SHARDS - 1)
         if self._cold is not None:
-            self._warm(shard)
+            self._take_one(shard, name)
         del self._shards[shard][name]
 
     def pop(self, name: str, *default: QueueIndex | None) -> QueueIndex | None:  # type: ignore[override]
         """As dict.pop: KeyError for a missing name unless a default is given."""
         shard = hash(name) & (QUEUE_SHARDS - 1)
         if self._cold is not None:
-            self._warm(shard)
+            self._take_one(shard, name)
         return self._shards[shard].pop(name, *default)
 
     def __contains__(self, name: object) -> bool:

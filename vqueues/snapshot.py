@@ -26,6 +26,7 @@ import codecs
 import hashlib
 import json
 import logging
+import operator
 import zlib
 from array import array
 from bisect import bisect_left
@@ -629,7 +630,12 @@ def _build(snapshot: Snapshot) -> tuple[QueueMap, SortedList]:
         offsets, long = decode_queues(snapshot.column, snapshot.counts, LONG_QUEUE)
     else:
         offsets, long = snapshot.decoded_offsets(), {}
-    queues = QueueMap(cold=_Columns(snapshot, offsets, long))
+    cold = _Columns(snapshot, offsets, long)
+    queues = QueueMap(cold=cold)
+    for number in range(cold.ordered, len(snapshot.names)):
+        # Queues the capture found off the sorted walk (deletion markers, queues listed
+        # meanwhile): few, and bisect needs order, so they are built now.
+        queues[snapshot.names[number]] = cold.make(number)
     listed = list(compress(snapshot.names, snapshot.counts))
     for index, consumer, offset, acked_at in snapshot.consumers:
         name = snapshot.names[index]
@@ -643,27 +649,50 @@ def _build(snapshot: Snapshot) -> tuple[QueueMap, SortedList]:
     return queues, SortedList(listed)
 
 
-class _Columns:
-    """A loaded snapshot's queues as its columns, grouped by shard: `QueueMap`'s `ColdShards`.
-    A shard's queues are built into objects when the map first needs them (a few
-    milliseconds for a million queues' 256th)."""
+def _ordered_prefix(names: list[str]) -> int:
+    """How many of `names`, from the first, are in strictly ascending order (a step of
+    NAMES_STEP comparisons per C call)."""
+    for i in range(0, len(names) - 1, NAMES_STEP):
+        step = names[i:i + NAMES_STEP + 1]
+        ascending = list(map(operator.lt, step, islice(step, 1, None)))
+        if False in ascending:
+            return i + ascending.index(False) + 1
+    return len(names)
 
-    __slots__ = ("_bounds", "_deleted", "_left", "_long", "_names", "_offsets", "_order",
-                 "_pending", "_sizes", "_starts")
+
+class _Columns:
+    """A loaded snapshot's queues as its columns: `QueueMap`'s `ColdShards`. A queue becomes
+    an object when the map is first asked for it (`take_one`: a bisect in the names), and a
+    shard's remaining queues when the map needs them all (`take`). Only the names the capture
+    walked in order (`ordered`, the listed queues: nearly all) are kept so; `_build` makes the
+    others at once."""
+
+    __slots__ = ("_bounds", "_counts", "_deleted", "_floors", "_left", "_long", "_names",
+                 "_offsets", "_order", "_sizes", "_start_of", "_starts", "_taken", "_untaken",
+                 "_waiting", "ordered")
 
     def __init__(self, snapshot: Snapshot, offsets: array[int],
                  long: dict[int, QueueIndex]) -> None:
-        names = snapshot.names
-        shard_of = np.empty(len(names), dtype=np.int64)
-        for i in range(0, len(names), NAMES_STEP):
-            # A step per C call: hashing a million names in one held the GIL for 40 ms. Not
-            # np.fromiter: with it the loop's thread got no turn for the whole 40 ms (measured).
-            step = names[i:i + NAMES_STEP]
-            shard_of[i:i + len(step)] = list(map(hash, step))
-        shard_of &= QUEUE_SHARDS - 1
+        names = self._names = snapshot.names
+        self.ordered = ordered = _ordered_prefix(names)
+        shard_of = np.empty(ordered, dtype=np.uint8)
+        for i in range(0, ordered, NAMES_STEP):
+            # A step at a time: hashing a million names in one C call held the GIL for 40 ms.
+            # Masked in Python, not by numpy: numpy gives the GIL up and takes it back within
+            # each call, and the loop's thread, which then never sees the holder wait out its
+            # switch interval, got no turn for 50 ms (np.fromiter, np.array(...) & mask:
+            # measured).
+            step = names[i:min(i + NAMES_STEP, ordered)]
+            shard_of[i:i + len(step)] = [h & (QUEUE_SHARDS - 1) for h in map(hash, step)]
         self._order = np.argsort(shard_of, kind="stable")  # queue numbers, shard by shard
         self._bounds = np.concatenate(([0], np.cumsum(np.bincount(
             shard_of, minlength=QUEUE_SHARDS)))).tolist()
+        self._waiting: list[int] = np.diff(self._bounds).tolist()  # per shard, not taken
+        # Read an item at a time from bytearray and array (a Python int each), a shard at a
+        # time through their numpy views: one numpy item read costs ~100 ns more.
+        self._taken = bytearray(ordered)
+        self._untaken = np.frombuffer(self._taken, dtype=np.uint8)  # a view: 0 = not taken
+        self._left = ordered
         self._sizes = np.frombuffer(snapshot.counts, dtype=np.int64)
         # A queue decoded as a long one holds its own array; the others' offsets follow one
         # another in `offsets`.
@@ -672,42 +701,65 @@ class _Columns:
             short[np.fromiter(long, np.int64, len(long))] = False
         runs = np.where(short, self._sizes, 0)
         self._starts = np.cumsum(runs) - runs
+        self._start_of = array("q", self._starts.tobytes())
         self._deleted = np.frombuffer(snapshot.deleted, dtype=np.int64)
-        self._names, self._offsets, self._long = names, offsets, long
-        self._pending: list[bool] = [self._bounds[s + 1] > self._bounds[s]
-                                     for s in range(QUEUE_SHARDS)]
-        self._left = len(names)
+        self._counts, self._floors = snapshot.counts, snapshot.deleted
+        self._offsets, self._long = offsets, long
+
+    def make(self, number: int, start: int | None = None, size: int | None = None,
+             deleted_before: int | None = None) -> QueueIndex:
+        """Queue `number`'s index, from its columns (the three given when the caller has
+        them at hand)."""
+        q = self._long.get(number) if self._long else None
+        if deleted_before is None:
+            deleted_before = self._floors[number]
+        if q is None:
+            if start is None or size is None:
+                start, size = self._start_of[number], self._counts[number]
+            new: Any = array.__new__  # QueueIndex.__new__'s work without its Python frame
+            q = new(StatefulQueueIndex if deleted_before else QueueIndex, "q",
+                    self._offsets[start:start + size])
+        elif deleted_before:
+            q = StatefulQueueIndex(q)
+        if deleted_before:
+            q.deleted_before = deleted_before
+            q.consumers = NO_CONSUMERS
+        return q
 
     def pending(self, shard: int) -> bool:
-        return self._pending[shard]
+        return self._waiting[shard] > 0
 
     def left(self) -> int:
         return self._left
 
+    def take_one(self, shard: int, name: str) -> QueueIndex | None:
+        if not self._waiting[shard]:
+            return None
+        i = bisect_left(self._names, name, 0, self.ordered)
+        if i == self.ordered or self._names[i] != name or self._taken[i]:
+            return None
+        self._taken[i] = 1
+        self._forget(shard, 1)
+        return self.make(i)
+
     def take(self, shard: int, into: dict[str, QueueIndex]) -> None:
-        lo, hi = self._bounds[shard], self._bounds[shard + 1]
-        self.drop(shard)
-        numbers = self._order[lo:hi]
-        names, offsets, long = self._names, self._offsets, self._long
-        new: Any = array.__new__  # QueueIndex.__new__'s work without its Python frame
+        if not self._waiting[shard]:
+            return
+        numbers = self._order[self._bounds[shard]:self._bounds[shard + 1]]
+        numbers = numbers[self._untaken[numbers] == 0]
+        names, make = self._names, self.make
         for number, start, size, deleted_before in zip(
                 numbers.tolist(), self._starts[numbers].tolist(),
                 self._sizes[numbers].tolist(), self._deleted[numbers].tolist(), strict=True):
-            q = long.get(number) if long else None
-            if q is None:
-                q = new(StatefulQueueIndex if deleted_before else QueueIndex, "q",
-                        offsets[start:start + size])
-            elif deleted_before:
-                q = StatefulQueueIndex(q)
-            if deleted_before:
-                q.deleted_before = deleted_before
-                q.consumers = NO_CONSUMERS
-            into[names[number]] = q
+            into[names[number]] = make(number, start, size, deleted_before)
+        self.drop(shard)
 
     def drop(self, shard: int) -> None:
-        if self._pending[shard]:
-            self._pending[shard] = False
-            self._left -= self._bounds[shard + 1] - self._bounds[shard]
+        self._forget(shard, self._waiting[shard])
+
+    def _forget(self, shard: int, count: int) -> None:
+        self._waiting[shard] -= count
+        self._left -= count
 
 
 def restore(state: PartitionState, snapshot: Snapshot,

@@ -100,7 +100,7 @@ async def test_a_loaded_map_builds_each_shard_on_first_use_and_acts_as_a_dict(mo
 
     def loaded():
         queues, _ = snap.build(image)
-        assert 0 < queues.cold < 900  # q5's shard was built for its consumer
+        assert queues.cold == 900 - 2  # q5 was built for its consumer, q7 (unlisted) at once
         return queues
 
     want = {n: list(q) for n, q in s.queues.items()}
@@ -110,7 +110,7 @@ async def test_a_loaded_map_builds_each_shard_on_first_use_and_acts_as_a_dict(mo
     assert m.cold == 0 and m._cold is None
     m = loaded()
     cold = m.cold
-    assert m.get("q1") is not None and list(m["q1"]) == want["q1"] and m.cold < cold
+    assert m.get("q1") is not None and list(m["q1"]) == want["q1"] and m.cold == cold - 1
     assert "q2" in m and "nope" not in m and 7 not in m and m.get("nope") is None
     assert type(m["q6"]) is StatefulQueueIndex and m["q6"].deleted_before == 300
     assert type(m["q8"]) is QueueIndex and m["q5"].consumers == {"c": (2, 9)}
@@ -127,6 +127,35 @@ async def test_a_loaded_map_builds_each_shard_on_first_use_and_acts_as_a_dict(mo
     while m.warm_next():
         pass
     assert m.cold == 0 and dict((n, list(q)) for n, q in m.items()) == want
+    # What was replaced, deleted or taken from a cold shard stays so when the shard is built.
+    m = loaded()
+    m["q10"] = QueueIndex()
+    del m["q11"]
+    m.pop("q12")
+    held = m["q13"]
+    held.append(10**6)
+    shard = QueueMap.shard_of("q14")
+    assert m.shard_names(shard) and m.cold < 900 - 2 - 4
+    while m.warm_next():
+        pass
+    assert list(m["q10"]) == [] and "q11" not in m and "q12" not in m and m["q13"] is held
+    assert len(m) == 900 - 2 and m.cold == 0
+
+
+async def test_queues_the_capture_found_out_of_order_are_built_at_once():
+    """A snapshot whose names are not in order after some point (queues the capture found
+    off its sorted walk) loads every queue, the unordered ones built at the load."""
+    from array import array
+
+    names = ["b", "d", "f", "c", "a", "e"]  # ordered up to "f"
+    image = snap.Snapshot(0, 100, 0, 0, names, array("q", [1, 2, 0, 1, 1, 0]),
+                          array("q", [0, 0, 5, 0, 0, 9]), array("q", [1, 2, 3, 4, 5]))
+    chunks, manifest = snap.encode(image, 1)
+    queues, listed = snap.build(snap.latest(0, [*chunks, (snap.manifest_key(0), manifest)]))
+    assert queues.cold == 3 and list(listed) == ["a", "b", "c", "d"]
+    assert {n: (list(q), q.deleted_before) for n, q in queues.items()} == {
+        "b": ([1], 0), "d": ([2, 3], 0), "f": ([], 5), "c": ([4], 0), "a": ([5], 0),
+        "e": ([], 9)}
 
 
 async def test_a_large_snapshot_is_chunked_below_the_message_limit(monkeypatch):
