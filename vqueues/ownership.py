@@ -49,6 +49,7 @@ APPLY_SLICE = 500
 MAX_PENDING_BATCHES = 16
 # The group thread waits this long for snapshots to load before reading from the beginning.
 SNAPSHOT_LOAD_TIMEOUT_S = 120.0
+WARM_WAIT_S = 0.05  # how often a restored partition's warming looks whether it serves yet
 # A revoked partition's index is freed this long after the revocation (requests that still
 # hold its state answer wrong_node by then; a read's fetch of old records takes well under).
 DISMANTLE_AFTER_S = 5.0
@@ -299,9 +300,13 @@ class Ownership:
         return True
 
     async def _warm(self, state: PartitionState) -> None:
-        """Build a restored partition's queues from the snapshot's columns a shard per loop
-        turn (`QueueMap.warm_next`), so no later request pays for a shard and the columns are
-        freed; requests meanwhile build the shards they touch."""
+        """Once a restored partition serves, build its queues still in the snapshot's columns
+        a shard per loop turn (`QueueMap.warm_next`), so the columns are freed; the replay
+        and requests meanwhile build the queues they touch. Not before it serves: the turns
+        slowed the replay of the records after the snapshot (100,000 of them: by 0.8 s,
+        measured)."""
+        while not state.ready.is_set() and not state.revoked:
+            await asyncio.sleep(WARM_WAIT_S)
         started, queues = time.monotonic(), state.queues
         cold = queues.cold
         while not state.revoked and queues is state.queues and queues.warm_next():

@@ -124,8 +124,8 @@ DISMANTLE_STEP = 4096  # entries freed per loop turn when a revoked partition's 
 
 class ColdShards(Protocol):
     """Queues a snapshot describes that are not built into their shards yet: a `QueueMap`
-    builds a shard's queues on that shard's first use (`take`), so a takeover serves before
-    a million queues are objects (ADR 7)."""
+    builds each on its first lookup (`take_one`) and a shard's rest when it walks the shard
+    (`take`), so a takeover serves before a million queues are objects (ADR 7)."""
 
     def pending(self, shard: int) -> bool:
         """Whether `shard`'s queues are still to be built."""
@@ -171,8 +171,11 @@ class QueueMap(MutableMapping[str, QueueIndex]):
         if cold is not None and cold.pending(shard):
             with memory.long_lived():  # 4,000 queues of a million: 3 ms, then frozen (O(1))
                 cold.take(shard, self._shards[shard])
-            if not cold.left():
-                self._cold = None  # the snapshot's columns are freed with it
+            self._forget_if_done(cold)
+
+    def _forget_if_done(self, cold: ColdShards) -> None:
+        if not cold.left():
+            self._cold = None  # the snapshot's columns are freed with it
 
     def warm_next(self) -> bool:
         """Build the next shard whose queues are still cold; False once none is."""
@@ -196,8 +199,7 @@ class QueueMap(MutableMapping[str, QueueIndex]):
         q = cold.take_one(shard, name)
         if q is not None:
             self._shards[shard][name] = q
-        if not cold.left():
-            self._cold = None
+            self._forget_if_done(cold)
         return q
 
     def get(self, name: str, default: QueueIndex | None = None) -> QueueIndex | None:  # type: ignore[override]
@@ -256,8 +258,7 @@ class QueueMap(MutableMapping[str, QueueIndex]):
         cold = self._cold
         if cold is not None and cold.pending(shard):
             cold.drop(shard)
-            if not cold.left():
-                self._cold = None
+            self._forget_if_done(cold)
         self._shards[shard].clear()
 
     def shard_names(self, shard: int) -> list[str]:
