@@ -184,8 +184,9 @@ async def test_a_partition_with_a_snapshot_starts_at_its_position(logs):
 
 
 async def test_a_restored_partition_builds_its_cold_queues_in_the_background(logs):
-    """A snapshot's queues stay columns at the restore (`QueueMap` cold shards); a task builds
-    them a shard per loop turn, so the columns are freed without any request's help."""
+    """A snapshot's queues stay columns at the restore (cold, in `QueueMap`); once the
+    partition serves, a task builds them a shard per loop turn, so the columns are freed
+    without any request's help."""
     from vqueues import snapshot as snap
     from vqueues.partition_state import PartitionState
 

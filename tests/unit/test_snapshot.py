@@ -84,9 +84,9 @@ async def test_a_snapshot_plus_the_tail_equals_a_full_replay(seed, long_queue, c
     assert fresh.next_offset == full.next_offset
 
 
-async def test_a_loaded_map_builds_each_shard_on_first_use_and_acts_as_a_dict(monkeypatch):
-    """Every QueueMap method on a map whose shards are still the snapshot's columns answers as
-    the built map does; a shard is built once, on the first call that touches it."""
+async def test_a_loaded_map_builds_a_queue_on_first_lookup_and_acts_as_a_dict(monkeypatch):
+    """Every QueueMap method on a map whose queues are still the snapshot's columns answers as
+    the built map does: a lookup builds the one queue, a walk of a shard the shard."""
     from vqueues.partition_state import QUEUE_SHARDS, QueueIndex, QueueMap, StatefulQueueIndex
     from vqueues.records import ConsumerAcked, QueueDeleted
 
@@ -153,6 +153,7 @@ async def test_queues_the_capture_found_out_of_order_are_built_at_once():
     chunks, manifest = snap.encode(image, 1)
     queues, listed = snap.build(snap.latest(0, [*chunks, (snap.manifest_key(0), manifest)]))
     assert queues.cold == 3 and list(listed) == ["a", "b", "c", "d"]
+    assert list(queues["d"]) == [2, 3] and queues["c"] is queues.get("c") and queues.cold == 2
     assert {n: (list(q), q.deleted_before) for n, q in queues.items()} == {
         "b": ([1], 0), "d": ([2, 3], 0), "f": ([], 5), "c": ([4], 0), "a": ([5], 0),
         "e": ([], 9)}
