@@ -194,7 +194,7 @@ class QueueMap(MutableMapping[str, QueueIndex]):
 
     def _take_one(self, shard: int, name: str) -> QueueIndex | None:
         cold = self._cold
-        if cold is None or not cold.pending(shard):
+        if cold is None:
             return None
         q = cold.take_one(shard, name)
         if q is not None:

@@ -668,9 +668,8 @@ class _Columns:
     walked in order (`ordered`, the listed queues: nearly all) are kept so; `_build` makes the
     others at once."""
 
-    __slots__ = ("_bounds", "_counts", "_deleted", "_floors", "_left", "_long", "_names",
-                 "_offsets", "_order", "_sizes", "_start_of", "_starts", "_taken", "_untaken",
-                 "_waiting", "ordered")
+    __slots__ = ("_bounds", "_counts", "_floors", "_left", "_long", "_names", "_offsets",
+                 "_order", "_starts", "_taken", "_waiting", "ordered")
 
     def __init__(self, snapshot: Snapshot, offsets: array[int],
                  long: dict[int, QueueIndex]) -> None:
@@ -689,34 +688,27 @@ class _Columns:
         self._bounds = np.concatenate(([0], np.cumsum(np.bincount(
             shard_of, minlength=QUEUE_SHARDS)))).tolist()
         self._waiting: list[int] = np.diff(self._bounds).tolist()  # per shard, not taken
-        # Read an item at a time from bytearray and array (a Python int each), a shard at a
-        # time through their numpy views: one numpy item read costs ~100 ns more.
         self._taken = bytearray(ordered)
-        self._untaken = np.frombuffer(self._taken, dtype=np.uint8)  # a view: 0 = not taken
         self._left = ordered
-        self._sizes = np.frombuffer(snapshot.counts, dtype=np.int64)
         # A queue decoded as a long one holds its own array; the others' offsets follow one
         # another in `offsets`.
+        sizes = np.frombuffer(snapshot.counts, dtype=np.int64)
         short = np.ones(len(names), dtype=bool)
         if long:
             short[np.fromiter(long, np.int64, len(long))] = False
-        runs = np.where(short, self._sizes, 0)
-        self._starts = np.cumsum(runs) - runs
-        self._start_of = array("q", self._starts.tobytes())
-        self._deleted = np.frombuffer(snapshot.deleted, dtype=np.int64)
+        runs = np.where(short, sizes, 0)
+        self._starts = array("q", (np.cumsum(runs) - runs).tobytes())
         self._counts, self._floors = snapshot.counts, snapshot.deleted
         self._offsets, self._long = offsets, long
 
-    def make(self, number: int, start: int | None = None, size: int | None = None,
-             deleted_before: int | None = None) -> QueueIndex:
-        """Queue `number`'s index, from its columns (the three given when the caller has
-        them at hand)."""
+    def make(self, number: int) -> QueueIndex:
+        """Queue `number`'s index, from its columns."""
+        return self._make(number, self._starts[number], self._counts[number],
+                          self._floors[number])
+
+    def _make(self, number: int, start: int, size: int, deleted_before: int) -> QueueIndex:
         q = self._long.get(number) if self._long else None
-        if deleted_before is None:
-            deleted_before = self._floors[number]
         if q is None:
-            if start is None or size is None:
-                start, size = self._start_of[number], self._counts[number]
             new: Any = array.__new__  # QueueIndex.__new__'s work without its Python frame
             q = new(StatefulQueueIndex if deleted_before else QueueIndex, "q",
                     self._offsets[start:start + size])
@@ -747,11 +739,14 @@ class _Columns:
         if not self._waiting[shard]:
             return
         numbers = self._order[self._bounds[shard]:self._bounds[shard + 1]]
-        numbers = numbers[self._untaken[numbers] == 0]
-        names, make = self._names, self.make
-        for number, start, size, deleted_before in zip(
-                numbers.tolist(), self._starts[numbers].tolist(),
-                self._sizes[numbers].tolist(), self._deleted[numbers].tolist(), strict=True):
+        numbers = numbers[np.frombuffer(self._taken, dtype=np.uint8)[numbers] == 0]
+        # The shard's columns read through numpy views at once: an item read at a time took
+        # 60% longer (1.4 s against 0.86 s for a million queues, measured).
+        columns = (np.frombuffer(c, dtype=np.int64)[numbers].tolist()
+                   for c in (self._starts, self._counts, self._floors))
+        names, make = self._names, self._make
+        for number, start, size, deleted_before in zip(numbers.tolist(), *columns,
+                                                       strict=True):
             into[names[number]] = make(number, start, size, deleted_before)
         self.drop(shard)
 
