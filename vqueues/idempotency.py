@@ -17,6 +17,8 @@ from typing import NamedTuple
 
 import mmh3
 
+from vqueues.records import Record
+
 KEY_HEADER = "vq-idempotency-key"
 MAX_KEY_BYTES = 256
 
@@ -68,6 +70,14 @@ class IdempotencyWindow:
             return
         self._seen[fp] = seen
         self._order.append((seen.at_ms, fp))
+
+    def remember(self, queue: str, rec: Record, now_ms: int) -> None:
+        """Remember `rec` of `queue` if it carries a key (replay, the tail, an own write)."""
+        key = key_of(rec.headers)
+        if key is not None:
+            self.add(fingerprint(queue, key),
+                     Seen(rec.offset, payload_fingerprint(rec.value, rec.headers),
+                          rec.timestamp), now_ms)
 
     def get(self, fp: int, now_ms: int) -> Seen | None:
         self.expire(now_ms)

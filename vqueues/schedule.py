@@ -100,5 +100,16 @@ class Schedule:
         return dropped
 
     def entries(self) -> list[tuple[str, int, int]]:
-        """(queue, id, due) of every scheduled record (for snapshots)."""
+        """(queue, id, due) of every scheduled record."""
         return [(q, i, due) for q, pending in self.by_queue.items() for i, due in pending.items()]
+
+    # The snapshot's section ----------------------------------------------------------------
+
+    def capture(self, cut: int) -> list[tuple[str, int, int]]:
+        """(queue, id, due) of the scheduled records written below `cut`."""
+        return [e for e in self.entries() if e[1] < cut]
+
+    def restore(self, rows: Sequence[tuple[str, int, int]]) -> None:
+        """Add the scheduled records `capture` described."""
+        for queue, record_id, due in rows:
+            self.add(queue, record_id, due)

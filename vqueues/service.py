@@ -254,7 +254,7 @@ class QueueService:
         """Write entries to the offset topic (acks=all), then apply them unless the partition
         was revoked meanwhile: the next owner replays them instead. A revocation waits for
         writes in flight, so the next owner's replay sees every write this node answered."""
-        with state.writing():
+        with state.writes.writing():
             delivered = await self._offsets.append(state.partition, self._outgoing(state,
                                                                                    entries))
             if not state.revoked:
@@ -267,11 +267,11 @@ class QueueService:
         under a lock) and apply them at once; the returned awaitable ends once they are
         durable. For lease state, where concurrent workers must see each other's changes
         before the writes come back (ADR 8)."""
-        state.begin_write()
+        state.writes.begin()
         try:
             pending = self._offsets.submit(state.partition, self._outgoing(state, entries))
         except BaseException:
-            state.end_write()
+            state.writes.end()
             raise
         state.apply_offset_entries(entries)
 
@@ -280,7 +280,7 @@ class QueueService:
                 delivered = await pending
                 state.offsets_position = max(state.offsets_position, delivered[-1][0] + 1)
             finally:
-                state.end_write()
+                state.writes.end()
         return durable()
 
     @staticmethod

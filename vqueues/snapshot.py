@@ -40,16 +40,13 @@ import numpy as np
 from sortedcontainers import SortedList
 
 from vqueues import memory
-from vqueues.leases import ConsumerConfig, Delivery, WorkState
-from vqueues.partition_state import (
-    NO_CONSUMERS,
-    QUEUE_SHARDS,
-    PartitionState,
-    QueueIndex,
-    QueueMap,
-    StatefulQueueIndex,
-)
+from vqueues.lease_windows import ConfigRow, WorkRow
+from vqueues.partition_index import PartitionIndex
+from vqueues.partition_state import PartitionState
+from vqueues.queue_index import NO_CONSUMERS, QueueIndex, StatefulQueueIndex
+from vqueues.queue_map import QUEUE_SHARDS, QueueMap
 from vqueues.records import now_ms
+from vqueues.tag_index import TagIndex
 
 log = logging.getLogger(__name__)
 
@@ -90,13 +87,8 @@ class Snapshot:
     offsets: array[int] = field(default_factory=lambda: array("q"))
     consumers: list[tuple[int, str, int, int]] = field(default_factory=list)
     fence: int = 0
-    # (queue, consumer, mode, max_attempts, dead_letter_queue, visibility_ms)
-    configs: list[tuple[str, str, str, int, str | None, int]] = field(default_factory=list)
-    # (queue, consumer, frontier, dead_lettered, done starts, done ends,
-    #  [(offset, attempts, until, leased, order_key, reason)])
-    work: list[tuple[str, str, int, int, list[int], list[int],
-                     list[tuple[int, int, int, bool, str | None, str | None]]]] = field(
-        default_factory=list)
+    configs: list[ConfigRow] = field(default_factory=list)  # `LeaseWindows.capture`'s
+    work: list[WorkRow] = field(default_factory=list)
     # (queue, tag, offsets as raw int64): the tag index below the cut
     tags: list[tuple[str, str, bytes]] = field(default_factory=list)
     # (queue, id, due): records waiting for their due time, below the cut
@@ -144,17 +136,12 @@ async def capture(state: PartitionState, offsets_position: int) -> Snapshot:
     sorted list without sorting."""
     image = Snapshot(state.partition, state.next_offset, offsets_position, state.log_start,
                      fence=state.fence)
-    # Consumer settings and lease windows are small (bounded per consumer): copied at the cut.
-    image.configs = [(q, c, k.mode, k.max_attempts, k.dead_letter_queue, k.visibility_ms)
-                     for (q, c), k in state.configs.items()]
-    image.work = [(q, c, w.frontier, w.dead_lettered, list(w.done.starts), list(w.done.ends),
-                   [(o, d.attempts, d.until, d.leased, d.order_key, d.reason)
-                    for o, d in w.deliveries.items()])
-                  for (q, c), w in state.work.items()]
+    # Each part's own section. Consumer settings and lease windows are small (bounded per
+    # consumer): copied at the cut; the schedule and the tags keep what lies below it.
+    image.configs, image.work = state.leases.capture()
     cut = image.data_position
-    image.scheduled = [e for e in state.schedule.entries() if e[1] < cut]
-    image.tags = [(q, tag, offsets[:bisect_left(offsets, cut)].tobytes())
-                  for q, by_tag in state.tags.items() for tag, offsets in by_tag.items()]
+    image.scheduled = state.schedule.capture(cut)
+    image.tags = state.tags.capture(cut)
     # The queues listed at the cut, in name order (a loader then builds its sorted list without
     # sorting), then every other queue the index holds (deletion markers, and whatever the
     # history running meanwhile added), each copied once. Both are walked a chunk per loop
@@ -762,22 +749,10 @@ def restore(state: PartitionState, snapshot: Snapshot,
             built: tuple[QueueMap, SortedList]) -> None:
     """Hand a fresh `state` what `build` made of `snapshot`; the tail then continues at
     `snapshot.data_position` and the offset replay at `snapshot.offsets_position`."""
-    state.queues, state.names = built
+    state.index = PartitionIndex(*built, snapshot.log_start)
     state.fence = snapshot.fence
-    state.configs = {(q, c): ConsumerConfig(mode, attempts, dlq, visibility)
-                     for q, c, mode, attempts, dlq, visibility in snapshot.configs}
-    for q, record_id, due in snapshot.scheduled:
-        state.schedule.add(q, record_id, due)
-    state.tags = {}
-    for q, tag, raw in snapshot.tags:
-        state.tags.setdefault(q, {})[tag] = _array(raw)
-    state.work = {}
-    for q, c, frontier, dead, starts, ends, deliveries in snapshot.work:
-        w = state.work[(q, c)] = WorkState(frontier)
-        w.dead_lettered = dead
-        w.done.starts, w.done.ends = list(starts), list(ends)
-        w.deliveries = {o: Delivery(a, u, leased, k, why)
-                        for o, a, u, leased, k, why in deliveries}
-    state.log_start = snapshot.log_start
-    state.next_offset = state.tail_offset = snapshot.data_position
+    state.leases.restore(snapshot.configs, snapshot.work)
+    state.schedule.restore(snapshot.scheduled)
+    state.tags = TagIndex.restore(snapshot.tags)
+    state.frontier.start_at(snapshot.data_position)
     state.offsets_position = snapshot.offsets_position

@@ -1,0 +1,65 @@
+"""Consumers' committed offsets, held in their queue's index entry (`QueueIndex.consumers`:
+consumer -> (committed offset, last ack at, UTC ms)), with the deletion floor applied: a
+committed offset below the floor reads as the floor."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from vqueues.queue_index import NO_CONSUMERS, QueueIndex
+from vqueues.queue_map import QueueMap
+
+
+@dataclass(slots=True)
+class QueueStats:
+    queue: str
+    records: int
+    first_offset: int | None
+    last_offset: int | None
+    consumers: dict[str, tuple[int, int]]  # name -> (offset, lag in records)
+
+
+def committed(q: QueueIndex | None, consumer: str) -> int | None:
+    """The consumer's committed offset, or None if `q` has no such consumer."""
+    if q is None:
+        return None
+    entry = q.consumers.get(consumer)
+    return None if entry is None else max(entry[0], q.deleted_before)
+
+
+def commit(queues: QueueMap, queue: str, q: QueueIndex, consumer: str, offset: int,
+           acked_at_ms: int) -> None:
+    """Set the consumer's committed offset (`q` is `queue`'s entry in `queues`; it is replaced
+    by a stateful one on its first consumer)."""
+    if q.consumers is NO_CONSUMERS:
+        q = queues.stateful(queue, q)
+        q.consumers = {}
+    q.consumers[consumer] = (offset, acked_at_ms)
+
+
+def idle(q: QueueIndex | None, consumer: str, acked_before_ms: int) -> bool:
+    """Whether the consumer exists and last acked before `acked_before_ms`."""
+    entry = None if q is None else q.consumers.get(consumer)
+    return entry is not None and entry[1] < acked_before_ms
+
+
+def lags(q: QueueIndex) -> list[tuple[int, str]]:
+    """(lag in retained records, consumer) of each of `q`'s consumers."""
+    n = len(q.offsets)
+    return [(n - q.position(max(off, q.deleted_before)), c) for c, (off, _) in q.consumers.items()]
+
+
+def expired(q: QueueIndex, acked_before_ms: int) -> list[str]:
+    """`q`'s consumers whose last ack is older than `acked_before_ms`."""
+    return [c for c, (_, at) in q.consumers.items() if at < acked_before_ms]
+
+
+def stats(queue: str, q: QueueIndex) -> QueueStats:
+    """The queue's records, first and last offset, and each consumer's offset and lag."""
+    n = len(q.offsets)
+    consumers = {}
+    for name, (off, _) in sorted(q.consumers.items()):
+        off = max(off, q.deleted_before)
+        consumers[name] = (off, n - q.position(off))
+    return QueueStats(queue, n, q.offsets[0] if n else None, q.offsets[-1] if n else None,
+                      consumers)
