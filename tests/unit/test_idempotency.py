@@ -17,6 +17,7 @@ from vqueues.idempotency import (
     fingerprint,
     payload_fingerprint,
 )
+from vqueues.records import Record
 from vqueues.settings import Settings
 
 pytestmark = pytest.mark.unit
@@ -114,3 +115,15 @@ def test_what_the_window_costs_per_key():
     tracemalloc.stop()
     assert 200 < per_key < 400, per_key
     assert sys.getsizeof(fingerprint("q", b"k")) <= 44
+
+
+def test_a_window_remembers_a_keyed_record_once_and_ignores_one_without_a_key():
+    window = IdempotencyWindow(60_000)
+    now = int(time.time() * 1000)
+    first = Record(5, now, b"v", ((KEY_HEADER, b"k"),))
+    window.remember("q", first, now)
+    window.remember("q", Record(9, now, b"other", ((KEY_HEADER, b"k"),)), now)
+    window.remember("q", Record(7, now, b"v", ()), now)
+    seen = window.get(fingerprint("q", b"k"), now)
+    assert len(window) == 1 and seen is not None and seen.offset == 5
+    assert seen.payload == payload_fingerprint(b"v", first.headers)

@@ -135,3 +135,16 @@ def test_the_schedule_hands_out_due_records_once_in_due_order():
     assert sch.drop_below(None, 6) == 1 and len(sch) == 1
     assert control_of([(DELIVER_AT_HEADER, b"12")]) == ("at", 12)
     assert control_of([(DELIVER_AT_HEADER, b"x")]) is None
+
+
+def test_the_schedules_snapshot_section_keeps_the_records_written_below_the_cut():
+    schedule = Schedule()
+    schedule.add("q", 3, 1_000)
+    schedule.add("q", 8, 500)
+    schedule.add("r", 4, 2_000)
+    rows = schedule.capture(5)
+    assert sorted(rows) == [("q", 3, 1_000), ("r", 4, 2_000)]
+    fresh = Schedule()
+    fresh.restore(rows)
+    assert fresh.by_queue == {"q": {3: 1_000}, "r": {4: 2_000}}
+    assert [(due, i) for due, i, _ in fresh.take_due(5_000)] == [(1_000, 3), (2_000, 4)]

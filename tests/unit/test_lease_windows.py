@@ -1,0 +1,96 @@
+"""Consumer settings and lease windows as the offset topic's entries make them."""
+
+from array import array
+
+from vqueues.lease_windows import LeaseWindows
+from vqueues.leases import CURSOR, LEASE
+from vqueues.records import ConsumerConfigured, DeliveryCleared, DeliveryUpdated
+
+OFFSETS = array("q", [2, 4, 6, 8])
+
+
+def configured(mode, queue="q", consumer="w"):
+    return ConsumerConfigured(queue, consumer, mode, 5, None, 30_000)
+
+
+def test_a_lease_consumer_starts_its_window_at_its_committed_offset():
+    w = LeaseWindows()
+    w.configured(configured(LEASE), committed=4)
+    assert w.configs[("q", "w")].mode == LEASE and w.work[("q", "w")].frontier == 4
+    w.configured(configured(LEASE), committed=8)  # settings again: the window stays
+    assert w.work[("q", "w")].frontier == 4
+    w.configured(configured(CURSOR), committed=4)
+    assert ("q", "w") not in w.work and w.configs[("q", "w")].mode == CURSOR
+
+
+def test_deliveries_are_leased_completed_and_cleared():
+    w = LeaseWindows()
+    w.configured(configured(LEASE), committed=2)
+    w.delivery_updated(DeliveryUpdated("q", "w", 4, 1, 99, True, False, "k", None), 2,
+                       lambda q: OFFSETS)
+    work = w.work[("q", "w")]
+    assert work.deliveries[4].attempts == 1 and work.deliveries[4].order_key == "k"
+    assert work.frontier == 5
+    w.delivery_updated(DeliveryUpdated("q", "w", 4, 0, 0, False, True), 2, lambda q: OFFSETS)
+    assert 4 not in work.deliveries and 4 in work.done
+    w.delivery_updated(DeliveryUpdated("q", "w", 6, 1, 99, True, False), 2, lambda q: OFFSETS)
+    w.delivery_cleared(DeliveryCleared("q", "w", 6))
+    assert 6 not in work.deliveries
+
+
+def test_an_update_below_the_committed_offset_is_settled_already():
+    w = LeaseWindows()
+    w.configured(configured(LEASE), committed=6)
+
+    def never(queue):
+        raise AssertionError("offsets asked for")
+
+    w.delivery_updated(DeliveryUpdated("q", "w", 4, 0, 0, False, True), 6, never)
+    assert not w.work[("q", "w")].deliveries and 4 not in w.work[("q", "w")].done
+
+
+def test_an_ack_moves_the_low_water_mark_and_settles_below_it():
+    w = LeaseWindows()
+    w.configured(configured(LEASE), committed=2)
+    w.delivery_updated(DeliveryUpdated("q", "w", 2, 1, 99, True, False), 2, lambda q: OFFSETS)
+    w.acked("q", "w", 6, dead_lettered=3)
+    work = w.work[("q", "w")]
+    assert work.frontier == 6 and not work.deliveries and work.dead_lettered == 3
+    w.acked("q", "other", 6, 0)  # a cursor consumer: nothing here
+
+
+def test_a_deleted_queue_or_consumer_leaves_nothing_behind():
+    w = LeaseWindows()
+    for queue, consumer in (("q", "a"), ("q", "b"), ("r", "a")):
+        w.configured(configured(LEASE, queue, consumer), committed=0)
+    w.forget("q", "a")
+    assert set(w.configs) == set(w.work) == {("q", "b"), ("r", "a")}
+    w.drop_queue("q")
+    assert set(w.configs) == set(w.work) == {("r", "a")}
+
+
+def test_tombstones_cover_every_delivery_key_and_the_window():
+    w = LeaseWindows()
+    assert w.tombstones("q", "w", OFFSETS, 0) == []
+    w.configured(configured(LEASE), committed=2)
+    w.delivery_updated(DeliveryUpdated("q", "w", 6, 1, 99, True, False), 2, lambda q: OFFSETS)
+    assert [e.offset for e in w.tombstones("q", "w", OFFSETS, 2)] == [2, 4, 6]
+    assert [e.offset for e in w.tombstones("q", "w", None, 2)] == [6]
+
+
+def test_its_snapshot_section_restores_the_same_windows():
+    w = LeaseWindows()
+    w.configured(configured(LEASE), committed=2)
+    w.delivery_updated(DeliveryUpdated("q", "w", 4, 2, 99, False, False, "k", "why"), 2,
+                       lambda q: OFFSETS)
+    w.delivery_updated(DeliveryUpdated("q", "w", 6, 0, 0, False, True), 2, lambda q: OFFSETS)
+    w.acked("q", "w", 2, 1)
+    configs, work = w.capture()
+    fresh = LeaseWindows()
+    fresh.restore(configs, work)
+    assert fresh.configs == w.configs
+    a, b = fresh.work[("q", "w")], w.work[("q", "w")]
+    assert (a.frontier, a.dead_lettered, list(a.done.ranges())) == \
+        (b.frontier, b.dead_lettered, list(b.done.ranges()))
+    d = a.deliveries[4]
+    assert (d.attempts, d.until, d.leased, d.order_key, d.reason) == (2, 99, False, "k", "why")
