@@ -14,6 +14,7 @@ import msgspec
 from vqueues import __version__
 from vqueues.api import params
 from vqueues.api.codec import LeasePage, ReadPage
+from vqueues.consumer_configs import MAX_ATTEMPTS_LIMIT
 from vqueues.errors import REGISTRY
 from vqueues.names import MAX_NAME_BYTES
 from vqueues.results import (
@@ -30,7 +31,7 @@ from vqueues.results import (
 )
 from vqueues.settings import MIN_VISIBILITY_MS, Settings
 from vqueues.tags import MAX_TAG_BYTES, MAX_TAGS
-from vqueues.work_service import MAX_ATTEMPTS_LIMIT, MAX_REASON_CHARS
+from vqueues.work_service import MAX_REASON_CHARS
 
 _ANSWERS = (EnqueueResult, ReadPage, AckResult, ConsumerDeletion, QueueInfo, QueueDeletion,
             QueueList, PartitionsInfo, ConsumerSettings, LeasePage, SettleResult,

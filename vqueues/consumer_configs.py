@@ -1,0 +1,129 @@
+"""Consumer settings: the rules of `PUT`/`GET .../consumers/{consumer}` (mode, attempts, dead-letter
+queue, visibility), and a first lease making a consumer a lease consumer (docs/work-queues.md).
+
+Settings are offset-topic entries (`ConsumerConfigured`), applied by the partition's lease
+windows (`lease_windows.LeaseWindows`) and written through the queue service under the
+consumer's lock.
+"""
+
+from __future__ import annotations
+
+from vqueues.errors import BadRequest, Conflict, NotFound
+from vqueues.leases import CURSOR, LEASE, ConsumerConfig, WorkState
+from vqueues.names import validate_name
+from vqueues.partition_state import PartitionState
+from vqueues.records import ConsumerAcked, ConsumerConfigured, OffsetEntry, now_ms
+from vqueues.results import ConsumerSettings
+from vqueues.service import QueueService
+from vqueues.settings import MIN_VISIBILITY_MS, Settings
+
+MAX_ATTEMPTS_LIMIT = 1000
+
+
+class ConsumerConfigs:
+    """Checks and writes consumers' settings; the defaults come from the node's settings."""
+
+    def __init__(self, settings: Settings, queues: QueueService) -> None:
+        self.settings = settings
+        self.queues = queues
+
+    def defaults(self) -> ConsumerConfig:
+        s = self.settings
+        return ConsumerConfig(LEASE, s.default_max_attempts, None, s.default_visibility_ms)
+
+    def of(self, state: PartitionState, queue: str, consumer: str) -> ConsumerConfig:
+        """The consumer's settings, or the defaults."""
+        return state.configs.get((queue, consumer)) or self.defaults()
+
+    def check_visibility(self, visibility_ms: int, name: str = "visibility_ms") -> int:
+        hi = self.settings.max_visibility_ms
+        if isinstance(visibility_ms, bool) or not isinstance(visibility_ms, int) or \
+                not MIN_VISIBILITY_MS <= visibility_ms <= hi:
+            raise BadRequest("limit_out_of_range", f"{name} must be an integer between "
+                             f"{MIN_VISIBILITY_MS} and {hi}", parameter=name,
+                             min=MIN_VISIBILITY_MS, max=hi)
+        return visibility_ms
+
+    async def configure(self, queue: str, consumer: str, mode: str | None,
+                        max_attempts: int | None, dead_letter_queue: str | bool | None,
+                        visibility_ms: int | None) -> ConsumerSettings:
+        """Set a consumer's settings (absent ones keep their value, or the defaults).
+        `dead_letter_queue` False means "not given"; None clears it."""
+        if mode is not None and mode not in (CURSOR, LEASE):
+            raise BadRequest("invalid_parameter", "mode must be cursor or lease")
+        if max_attempts is not None and (isinstance(max_attempts, bool) or not isinstance(
+                max_attempts, int) or not 1 <= max_attempts <= MAX_ATTEMPTS_LIMIT):
+            raise BadRequest("limit_out_of_range", "max_attempts must be an integer between 1 "
+                             f"and {MAX_ATTEMPTS_LIMIT}", parameter="max_attempts", min=1,
+                             max=MAX_ATTEMPTS_LIMIT)
+        if visibility_ms is not None:
+            self.check_visibility(visibility_ms)
+        if isinstance(dead_letter_queue, str):
+            validate_name(dead_letter_queue, "dead_letter_queue")
+            if dead_letter_queue == queue:
+                raise BadRequest("invalid_parameter",
+                                 "a queue cannot be its own dead-letter queue")
+        p = self.queues.partition_of(queue)
+        async with self.queues.locks.hold(("c", queue, consumer)):
+            state = self.queues.ownership.require(p)
+            old = state.configs.get((queue, consumer))
+            if old is None:
+                old = self.defaults()
+                if mode is None and state.committed(queue, consumer) is not None:
+                    old = ConsumerConfig(CURSOR, old.max_attempts, None, old.visibility_ms)
+            new = ConsumerConfig(
+                mode or old.mode,
+                old.max_attempts if max_attempts is None else max_attempts,
+                old.dead_letter_queue if dead_letter_queue is False else
+                (dead_letter_queue if isinstance(dead_letter_queue, str) else None),
+                old.visibility_ms if visibility_ms is None else visibility_ms)
+            entries: list[OffsetEntry] = []
+            committed = state.committed(queue, consumer)
+            if committed is None:
+                committed = state.first_offset(queue)
+                entries.append(ConsumerAcked(queue, consumer, committed, now_ms()))
+            if new.mode == CURSOR:
+                entries += state.window_tombstones(queue, consumer)
+            entries.append(ConsumerConfigured(queue, consumer, new.mode, new.max_attempts,
+                                              new.dead_letter_queue, new.visibility_ms))
+            await self.queues.write_entries(state, entries)
+        return ConsumerSettings(queue, consumer, new.mode, new.max_attempts,
+                                new.dead_letter_queue, new.visibility_ms, committed)
+
+    def settings_of(self, queue: str, consumer: str) -> ConsumerSettings:
+        """What `GET .../consumers/{consumer}` answers; 404 for a consumer that does not exist."""
+        state = self.queues.ownership.require(self.queues.partition_of(queue))
+        committed = state.committed(queue, consumer)
+        config = state.configs.get((queue, consumer))
+        if config is None:
+            if committed is None:
+                raise NotFound("consumer_not_found",
+                               f"queue {queue!r} has no consumer {consumer!r}")
+            d = self.defaults()
+            config = ConsumerConfig(CURSOR, d.max_attempts, None, d.visibility_ms)
+        return ConsumerSettings(queue, consumer, config.mode, config.max_attempts,
+                                config.dead_letter_queue, config.visibility_ms, committed)
+
+    async def lease_consumer(self, state: PartitionState, queue: str, consumer: str
+                             ) -> tuple[WorkState, ConsumerConfig]:
+        """The consumer's window and settings; a first lease makes it a lease consumer that
+        starts at its committed offset, or at the queue's first retained record. Called under
+        the consumer's lock."""
+        config = state.configs.get((queue, consumer))
+        if config is not None and config.mode != LEASE:
+            raise Conflict("consumer_mode_mismatch", f"consumer {consumer!r} is a cursor "
+                           "consumer: read and ack, or set its mode to lease", mode=config.mode)
+        if config is None:
+            config = self.defaults()
+            entries: list[OffsetEntry] = []
+            if state.committed(queue, consumer) is None:
+                entries.append(ConsumerAcked(queue, consumer, state.first_offset(queue),
+                                             now_ms()))
+            entries.append(ConsumerConfigured(queue, consumer, LEASE, config.max_attempts, None,
+                                              config.visibility_ms))
+            await self.queues.write_entries(state, entries)
+        work = state.work.get((queue, consumer))
+        if work is None:  # revoked meanwhile (the write was not applied)
+            self.queues.ownership.require(state.partition)
+            raise Conflict("consumer_mode_mismatch", "the consumer changed meanwhile; retry")
+        return work, config
