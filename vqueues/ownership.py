@@ -1,11 +1,12 @@
 """Which partitions this node serves, and their lifecycle: assign -> replay -> ready -> revoke.
 
 `Ownership` is the group listener: it receives the group thread's events, hands them to the
-event loop, and keeps one `PartitionState` per owned partition. On assignment it reads the
-partition's latest snapshot (if any) and tells the group to read the data partition from the
-snapshot's position (or its beginning); while the snapshot is built into the index off the loop,
-the group's first fetch and the read of the same-numbered offset partition (consumers,
-deletions) are under way. The partition serves once both reached the end seen at assignment.
+event loop (`GroupInbox`), and keeps one `PartitionState` per owned partition. On assignment it
+reads the partition's latest snapshot (if any) and tells the group to read the data partition
+from the snapshot's position (or its beginning); while the snapshot is built into the index off
+the loop (`SnapshotRestore`), the group's first fetch and the read of the same-numbered offset
+partition (consumers, deletions: `OffsetReplay`) are under way. The partition serves once both
+reached the end seen at assignment and its fence is written.
 """
 
 from __future__ import annotations
@@ -15,9 +16,7 @@ import concurrent.futures
 import contextlib
 import functools
 import gc
-import itertools
 import logging
-import threading
 import time
 from collections.abc import Callable, Container, Coroutine, Sequence
 from typing import Any
@@ -26,30 +25,21 @@ from vqueues import memory, snapshot
 from vqueues.cache import RecordCache
 from vqueues.cluster_map import ClusterMap, encode_claim, encode_release
 from vqueues.errors import Unavailable, WrongNode
+from vqueues.group_inbox import GroupInbox
 from vqueues.hashing import partition_for
 from vqueues.metrics import Metrics
+from vqueues.offset_replay import OffsetReplay
 from vqueues.partition_state import PartitionState
-from vqueues.records import (
-    OffsetEntry,
-    OwnerFenced,
-    Record,
-    decode_offset_entry,
-    encode_offset_entry,
-    generation_header,
-    generation_of,
-)
+from vqueues.records import Record
+from vqueues.snapshot_restore import SnapshotRestore
 from vqueues.storage import Consumed, Log, OffsetLog
 
 log = logging.getLogger(__name__)
 
-# Offset-topic entries applied per loop turn during a replay.
-REPLAY_CHUNK = 5000
-# Data records applied per loop turn, and batches of them waiting at most (backpressure).
+# Data records applied per loop turn (batches of them waiting at most: `GroupInbox`).
 APPLY_SLICE = 500
-MAX_PENDING_BATCHES = 16
 # The group thread waits this long for snapshots to load before reading from the beginning.
 SNAPSHOT_LOAD_TIMEOUT_S = 120.0
-WARM_WAIT_S = 0.05  # how often a restored partition's warming looks whether it serves yet
 # A revoked partition's index is freed this long after the revocation (requests that still
 # hold its state answer wrong_node by then; a read's fetch of old records takes well under).
 DISMANTLE_AFTER_S = 5.0
@@ -100,48 +90,19 @@ class Ownership:
         self.draining = False
         self.states: dict[int, PartitionState] = {}
         self.failure: str | None = None
-        self._offset_log = offset_log
-        self._snapshot_log = snapshot_log
-        self.snapshot_ids: dict[int, dict[str, int]] = {}  # partition -> its latest manifest
-        self._assigned_at: dict[int, float] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         self.joined = False
-        self._loop_thread = threading.get_ident()  # built on the loop's thread
-        self._inbox: asyncio.Queue[tuple[Callable[[], None], bool]] = asyncio.Queue()
-        # Assignments whose snapshots are being built: the group's events wait for them.
-        self._restoring: set[asyncio.Future[None]] = set()
-        self._room = threading.BoundedSemaphore(MAX_PENDING_BATCHES)
-        self._spawn(self._apply_events())
+        self._inbox = GroupInbox(loop)
+        self._offsets = OffsetReplay(offset_log)
+        self._snapshots = SnapshotRestore(snapshot_log, self._spawn, self._on_failed)
+        self.snapshot_ids = self._snapshots.snapshot_ids  # partition -> its latest manifest
+        self._assigned_at: dict[int, float] = {}
+        self._spawn(self._inbox.run())
 
     # Thread side: called by the group thread ---------------------------------------------------
 
     def _post(self, event: Callable[[], None], batch: bool = False) -> None:
-        """Hand a group event to the loop, in order. A batch of records waits (blocking the
-        group thread) while MAX_PENDING_BATCHES are not applied yet: a replay never piles up
-        more than that in memory, and the loop is never handed more than it can take."""
-        if batch and threading.get_ident() != self._loop_thread:
-            while not self._room.acquire(timeout=1.0):
-                if self.loop.is_closed():
-                    return
-        else:
-            batch = False
-        self.loop.call_soon_threadsafe(self._inbox.put_nowait, (event, batch))
-
-    async def _apply_events(self) -> None:
-        """Apply the group's events one by one, yielding to the loop between them (and within
-        a large batch), so requests are served while a partition replays."""
-        while True:
-            event, batch = await self._inbox.get()
-            while self._restoring:  # the tail's records come after the snapshot they follow
-                await asyncio.wait(self._restoring)
-            try:
-                event()
-            except Exception:
-                log.exception("group_event_failed")
-            finally:
-                if batch:
-                    self._room.release()
-            await asyncio.sleep(0)
+        self._inbox.post(event, batch)
 
     def assigned(self, partitions: Sequence[int]) -> dict[int, int]:
         """Take the partitions; block until their snapshots are read and return where the
@@ -232,13 +193,12 @@ class Ownership:
         states = {p: self.states[p] for p in partitions}
         found: dict[int, snapshot.Snapshot] = {}
         read_ms: dict[int, float] = {}
-        restoring: asyncio.Future[None] = self.loop.create_future()
-        self._restoring.add(restoring)
+        restoring = self._inbox.hold()
         try:
             try:
                 for p, state in states.items():
                     started = time.monotonic()
-                    image = await self._read_latest(p, state)
+                    image = await self._snapshots.latest(p, state, self._read_snapshot)
                     if image is not None:
                         found[p] = image
                         read_ms[p] = (time.monotonic() - started) * 1000
@@ -247,82 +207,19 @@ class Ownership:
                     starts.set_result({p: image.data_position for p, image in found.items()})
             if starts.cancelled():
                 found = {}  # the group gave up waiting and reads from the beginning
-            reading = self.loop.create_task(self._read_offsets(
+            reading = self.loop.create_task(self._offsets.read(
                 states, {p: image.offsets_position for p, image in found.items()}))
             for p, image in found.items():
-                if not await self._restore(p, states[p], image, read_ms[p]):
+                if not await self._snapshots.restore(p, states[p], image, read_ms[p]):
                     del states[p]  # never served: its records below the position are missing
         finally:
-            self._restoring.discard(restoring)
-            restoring.set_result(None)
-        await self._replay_offsets(states, await reading)
-
-    async def _read_latest(self, p: int, state: PartitionState) -> snapshot.Snapshot | None:
-        """Partition p's latest complete snapshot, or None (no snapshot log, none yet, or one
-        that is unusable: logged)."""
-        if self._snapshot_log is None:
-            return None
-        try:
-            found = await asyncio.to_thread(self._read_snapshot, p)
-        except snapshot.SnapshotError as exc:
-            log.warning("snapshot_ignored", extra={"partition": p, "error": str(exc)})
-            return None
-        except Exception as exc:
-            log.warning("snapshot_unreadable", extra={"partition": p, "error": repr(exc)})
-            return None
-        return None if state.revoked else found
-
-    async def _restore(self, p: int, state: PartitionState, found: snapshot.Snapshot,
-                       read_ms: float) -> bool:
-        """Fill `state` from `found`, built off the loop; False if it could not be built. The
-        group already reads from the snapshot's position, so such a partition must not serve
-        (its records below that position would be missing): the node reports the failure.
-        `latest` checked every column already: only a lack of memory should get here."""
-        started = time.monotonic()
-        try:
-            built = await asyncio.to_thread(snapshot.build, found)
-        except Exception as exc:
-            log.exception("snapshot_build_failed", extra={"partition": p})
-            self._on_failed(f"partition {p}: its snapshot could not be built: {exc!r}")
-            return False
-        build_ms = (time.monotonic() - started) * 1000
-        if state.revoked:
-            return True
-        # No await from here to the restore: the tail's records (applied on this loop once
-        # `_restoring` is done) can only come after it.
-        snapshot.restore(state, found, built)
-        self._spawn(self._warm(state))
-        log.info("snapshot_loaded", extra={
-            "partition": p, "queues": len(found.names), "records": found.records,
-            "data_position": found.data_position, "offsets_position": found.offsets_position,
-            "read_ms": round(read_ms), "build_ms": round(build_ms),
-            "load_ms": round(read_ms + build_ms)})
-        return True
-
-    async def _warm(self, state: PartitionState) -> None:
-        """Once a restored partition serves, build its queues still in the snapshot's columns
-        a shard per loop turn (`QueueMap.warm_next`), so the columns are freed; the replay
-        and requests meanwhile build the queues they touch. Not before it serves: the turns
-        slowed the replay of the records after the snapshot (100,000 of them: by 0.8 s,
-        measured)."""
-        while not state.ready.is_set() and not state.revoked:
-            await asyncio.sleep(WARM_WAIT_S)
-        started, queues = time.monotonic(), state.queues
-        cold = queues.cold
-        while not state.revoked and queues is state.queues and queues.warm_next():
-            await asyncio.sleep(0)
-        log.info("snapshot_warmed", extra={
-            "partition": state.partition, "queues": cold, "revoked": state.revoked,
-            "ms": round((time.monotonic() - started) * 1000)})
+            self._inbox.release(restoring)
+        await self._offsets.replay(states, await reading, lambda: self._generation,
+                                   self._log_if_ready)
 
     def _read_snapshot(self, p: int) -> snapshot.Snapshot | None:
-        assert self._snapshot_log is not None
-        entries, _end = self._snapshot_log.read_to_end([p])[p]
-        records = [(k, v) for k, v, _ in entries]
-        manifest = snapshot.manifest_of(records, p)
-        if manifest is not None:
-            self.snapshot_ids[p] = manifest
-        return snapshot.latest(p, records)
+        """Partition p's latest complete snapshot (blocking; `SnapshotRestore.read`)."""
+        return self._snapshots.read(p)
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = self.loop.create_task(coro)
@@ -340,76 +237,6 @@ class Ownership:
                 log.warning("assignment_write_failed", extra={"attempt": attempt,
                                                               "error": str(exc)})
                 await asyncio.sleep(0.2 * attempt)
-
-    async def _read_offsets(self, states: dict[int, PartitionState], starts: dict[int, int]
-                            ) -> dict[int, tuple[list[tuple[int, OffsetEntry]], int]]:
-        """The offset partitions' entries from `starts` (or their beginning) to their end,
-        read and decoded off the loop, retried until read or every partition is revoked."""
-        partitions = list(states)
-        attempt = 0
-        while True:
-            attempt += 1
-            try:
-                return await asyncio.to_thread(self._read_entries, partitions, starts)
-            except Exception as exc:
-                log.warning("offset_replay_failed", extra={"partitions": partitions,
-                                                           "attempt": attempt, "error": str(exc)})
-                await asyncio.sleep(min(5.0, 0.2 * attempt))
-                if all(s.revoked for s in states.values()):
-                    return {}
-
-    async def _replay_offsets(self, states: dict[int, PartitionState],
-                              entries: dict[int, tuple[list[tuple[int, OffsetEntry]], int]]
-                              ) -> None:
-        """Apply the offset entries read on the loop, in chunks (no long stall); then fence
-        and serve each partition once its data is replayed too."""
-        for p, state in states.items():
-            if state.revoked:
-                continue
-            todo, end = entries.get(p, ([], 0))
-            for i in range(0, len(todo), REPLAY_CHUNK):
-                if state.revoked:
-                    break
-                state.apply_logged(todo[i:i + REPLAY_CHUNK])
-                await asyncio.sleep(0)
-            if not state.revoked:
-                state.offsets_position = max(state.offsets_position, end)
-                if state.fenced_entries:
-                    log.warning("fenced_entries_ignored", extra={
-                        "partition": p, "entries": state.fenced_entries})
-                await self._fence(state)
-                if state.revoked:
-                    continue
-                state.mark_offsets_replayed()
-                self._log_if_ready(state)
-
-    async def _fence(self, state: PartitionState) -> None:
-        """Write this owner's fence to the offset partition before serving: from here on,
-        entries of an older owner (a zombie that lost the partition but still writes) are
-        ignored by every replay, and every write of ours carries the new generation."""
-        generation = max(state.fence + 1, self._generation)
-        key, value = encode_offset_entry(OwnerFenced(generation))
-        for attempt in itertools.count(1):
-            try:
-                delivered = await self._offset_log.append(
-                    state.partition, [(key, value, generation_header(generation))])
-                break
-            except Exception as exc:
-                log.warning("fence_write_failed", extra={"partition": state.partition,
-                                                         "attempt": attempt, "error": str(exc)})
-                await asyncio.sleep(min(5.0, 0.2 * attempt))
-                if state.revoked:
-                    return
-        state.fence = state.generation = generation
-        state.offsets_position = max(state.offsets_position, delivered[-1][0] + 1)
-
-    def _read_entries(self, partitions: list[int], starts: dict[int, int]
-                      ) -> dict[int, tuple[list[tuple[int, OffsetEntry]], int]]:
-        out: dict[int, tuple[list[tuple[int, OffsetEntry]], int]] = {}
-        for p, (records, end) in self._offset_log.read_to_end(partitions, starts).items():
-            decoded = ((generation_of(h), decode_offset_entry(k, v)) for k, v, h in records)
-            out[p] = ([(g, e) for g, e in decoded if e is not None], end)
-        return out
 
     async def _release_memory(self) -> None:
         await asyncio.to_thread(memory.release_free_memory)
