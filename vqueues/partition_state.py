@@ -5,9 +5,12 @@ records from the beginning, or from a snapshot on) and then kept current by the 
 on the event loop only: the Kafka threads hand it batches, it never blocks, and it wakes
 waiting readers. Each kind of state is a part of its own, named after it:
 
-- the queue index: `queues` (`queue_map.QueueMap` of `queue_index.QueueIndex`: a queue's
-  offsets, its consumers' committed offsets and its deletion floor), `names` (listed queues, in
-  order) and `log_start`; committed offsets are read and set through `committed_offsets`;
+- `index` (`partition_index.PartitionIndex`), the queue index: `queues`
+  (`queue_map.QueueMap` of `queue_index.QueueIndex`: a queue's offsets, its consumers'
+  committed offsets and its deletion floor), `names` (listed queues, in order) and
+  `log_start`, with deletion floors and retention; committed offsets through
+  `committed_offsets`;
+- `frontier` (`frontier.Frontier`): the order records are indexed in;
 - `tags` (`tag_index.TagIndex`), `schedule` (`schedule.Schedule`), `idempotency`
   (`idempotency.IdempotencyWindow`): what records' headers ask the index to remember;
 - `leases` (`lease_windows.LeaseWindows`): consumer settings and lease windows;
