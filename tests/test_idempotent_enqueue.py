@@ -77,3 +77,64 @@ def test_the_window_expires_as_configured(bootstrap):
         assert later["offsets"][0] > first["offsets"][0]
     finally:
         node.terminate()
+
+
+SNAPSHOT_EVERY_S = {"VQ_SNAPSHOT_INTERVAL_S": "1", "VQ_SNAPSHOT_MIN_RECORDS": "1"}
+
+
+def test_a_key_survives_a_restart_that_loads_a_snapshot_taken_after_it(bootstrap):
+    """The reproduction of issue 32: a key written, a snapshot taken, the node restarted in
+    place (SIGTERM, start again): the same key and payload answer the first offset."""
+    from tests.test_snapshots import events, wait_for
+
+    t = create_topics(bootstrap, partitions=1)
+    q = qname("snap-key")
+    body = {"records": [{"value": "once", "idempotency_key": "order-9"}]}
+    node = NodeProcess(t, extra_env=SNAPSHOT_EVERY_S).start()
+    try:
+        status, first = http("POST", f"{node.url}/v1/queues/{q}/records", body)
+        assert status == 200
+        http("POST", f"{node.url}/v1/queues/{q}/records", {"records": [{"value": "later"}]})
+        wait_for(lambda: any(e["data_position"] > first["offsets"][0]
+                             for e in events(node, "snapshot_written")))
+        node.terminate()
+        node.start()
+        loaded = events(node, "snapshot_loaded")
+        assert loaded and loaded[-1]["data_position"] > first["offsets"][0]
+        assert loaded[-1]["keys"] == 1  # the window came with the snapshot
+        status, again = http("POST", f"{node.url}/v1/queues/{q}/records", body)
+        assert status == 200 and again["offsets"] == first["offsets"]
+        _, info = http("GET", f"{node.url}/v1/queues/{q}")
+        assert info["records"] == 2
+    finally:
+        node.terminate()
+
+
+def test_keyed_scheduled_retries_compare_the_schedule_as_given(node):
+    q = qname("sched-key")
+    url = f"{node.url}/v1/queues/{q}/records"
+    at = {"value": "v", "idempotency_key": "at", "deliver_at": int(time.time() * 1000) + 300}
+    delay = {"value": "v", "idempotency_key": "delay", "delay_ms": 300}
+    _, first_at = http("POST", url, {"records": [at]})
+    _, first_delay = http("POST", url, {"records": [delay]})
+    for _ in range(2):  # before the due time, and after it (the records were delivered)
+        assert http("POST", url, {"records": [at]}) == (200, first_at)
+        assert http("POST", url, {"records": [delay]}) == (200, first_delay)
+        time.sleep(0.8)
+    _, page = http("GET", f"{url}?offset=0&limit=100")
+    assert [r["value"] for r in page["records"]] == ["v", "v"]  # each delivered once
+    status, refused = http("POST", url, {"records": [{**delay, "delay_ms": 301}]})
+    assert status == 409 and refused["error"]["first_offset"] == first_delay["offsets"][0]
+
+
+def test_a_key_repeated_in_one_request_with_another_payload_writes_nothing(node):
+    q = qname("in-request")
+    status, body = http("POST", f"{node.url}/v1/queues/{q}/records", {"records": [
+        {"value": "e", "idempotency_key": "k5"}, {"value": "plain"},
+        {"value": "f", "idempotency_key": "k5"}]})
+    assert status == 409
+    assert body["error"]["code"] == "idempotency_key_reused" and not body["error"]["retriable"]
+    assert (body["error"]["index"], body["error"]["first_index"]) == (2, 0)
+    assert body["error"]["first_offset"] is None
+    status, _ = http("GET", f"{node.url}/v1/queues/{q}")
+    assert status == 404  # nothing of the request was written

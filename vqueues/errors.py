@@ -57,8 +57,8 @@ REGISTRY: dict[str, ErrorSpec] = {
     "lease_expired": _e(409, False, "a token's lease is not current: it expired and the record "
                                     "was leased again, was completed, or never existed"),
     "idempotency_key_reused": _e(409, False, "a record's idempotency key was seen for this queue "
-                                             "within the window with a different payload; "
-                                             "`first_offset` names the first record"),
+                                             "within the window, or earlier in the request, "
+                                             "with a different payload; nothing was written"),
     "consumer_mode_mismatch": _e(409, False, "a lease call on a cursor consumer, or an ack on a "
                                              "lease consumer (see its `mode`)"),
     # 413: too big.

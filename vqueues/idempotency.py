@@ -3,14 +3,19 @@
 A record may carry an idempotency key in the `vq-idempotency-key` header. Within
 `idempotency_window_ms` a second enqueue of the same key to the same queue writes nothing and
 answers the first record's offset. The window holds fixed-size fingerprints, not the keys: a
-128-bit murmur3 (mmh3) of queue and key, and a 64-bit murmur3 of the payload (value and the
-other headers) to tell a true retry from a key reused for something else. The key travels in
-the record, so whoever indexes the record (the writer at its acknowledgement, the tail, a new
-owner's replay) puts it in the window: dedup survives a change of owner.
+128-bit murmur3 (mmh3) of queue and key, and a 64-bit murmur3 of the payload to tell a true
+retry from a key reused for something else. The payload is what the user sent: value, headers
+and tags, and a schedule as given (`deliver_at` or `delay_ms`), never the due time the node
+derives from it; a keyed scheduled record carries that fingerprint in its
+`vq-idempotency-payload` header, any other keyed record is compared by its value and headers.
+The key travels in the record, so whoever indexes the record (the writer at its
+acknowledgement, the tail, a new owner's replay) puts it in the window, and snapshots carry the
+window (ADR 9): dedup survives a change of owner.
 """
 
 from __future__ import annotations
 
+from array import array
 from collections import deque
 from collections.abc import Iterator, Sequence
 from typing import NamedTuple
@@ -20,7 +25,9 @@ import mmh3
 from vqueues.records import Record
 
 KEY_HEADER = "vq-idempotency-key"
+PAYLOAD_HEADER = "vq-idempotency-payload"  # a keyed scheduled record's payload, as sent
 MAX_KEY_BYTES = 256
+CAPTURE_STEP = 20_000  # keys copied into a snapshot per loop turn
 
 
 class Seen(NamedTuple):
@@ -46,9 +53,58 @@ def payload_fingerprint(value: bytes | None, headers: Sequence[tuple[str, bytes 
                         ) -> int:
     """64-bit fingerprint of what a record says: its value and headers, the key aside."""
     h = mmh3.hash64(b"\x01" + value if value is not None else b"\x00", signed=False)[0]
-    for name, v in sorted((n, v or b"") for n, v in headers if n != KEY_HEADER):
+    for name, v in sorted((n, v or b"") for n, v in headers
+                          if n != KEY_HEADER and n != PAYLOAD_HEADER):
         h = mmh3.hash64(name.encode() + b"\x00" + v, seed=h & 0xFFFFFFFF, signed=False)[0] ^ h
     return h
+
+
+def sent_fingerprint(value: bytes | None, headers: Sequence[tuple[str, bytes | None]],
+                     schedule: tuple[str, int] | None) -> int:
+    """The payload fingerprint of what a user sent: value and headers (tags included), and the
+    schedule as given (("deliver_at", due) or ("delay_ms", delay)), not the due time derived
+    from it."""
+    h = payload_fingerprint(value, headers)
+    if schedule is None:
+        return h
+    name, number = schedule
+    return mmh3.hash64(f"\x02{name}={number}".encode(), seed=h & 0xFFFFFFFF,
+                       signed=False)[0] ^ h
+
+
+def payload_header(fingerprint: int) -> tuple[str, bytes]:
+    """The `vq-idempotency-payload` header carrying a sent payload's fingerprint."""
+    return PAYLOAD_HEADER, b"%016x" % fingerprint
+
+
+def payload_of(value: bytes | None, headers: Sequence[tuple[str, bytes | None]]) -> int:
+    """A keyed record's payload fingerprint: the one its `vq-idempotency-payload` header
+    carries, else its value and headers' (a record a Kafka producer wrote)."""
+    for name, v in headers:
+        if name == PAYLOAD_HEADER and v:
+            try:
+                return int(v, 16)
+            except ValueError:
+                break
+    return payload_fingerprint(value, headers)
+
+
+class KeySection(NamedTuple):
+    """The window's part of a snapshot, as columns in arrival order: 128-bit fingerprints
+    (16 bytes each, little-endian), record offsets, payload fingerprints, record timestamps."""
+
+    fingerprints: bytes
+    offsets: bytes  # int64
+    payloads: bytes  # uint64
+    at_ms: bytes  # int64
+
+    @classmethod
+    def empty(cls) -> KeySection:
+        return cls(b"", b"", b"", b"")
+
+    @property
+    def keys(self) -> int:
+        return len(self.fingerprints) // 16
 
 
 class IdempotencyWindow:
@@ -76,8 +132,8 @@ class IdempotencyWindow:
         key = key_of(rec.headers)
         if key is not None:
             self.add(fingerprint(queue, key),
-                     Seen(rec.offset, payload_fingerprint(rec.value, rec.headers),
-                          rec.timestamp), now_ms)
+                     Seen(rec.offset, payload_of(rec.value, rec.headers), rec.timestamp),
+                     now_ms)
 
     def get(self, fp: int, now_ms: int) -> Seen | None:
         self.expire(now_ms)
@@ -101,3 +157,40 @@ class IdempotencyWindow:
             for _ in range(min(len(seen), step)):
                 seen.popitem()
             yield
+
+    # The snapshot's section ----------------------------------------------------------------
+
+    def capture(self, cut: int) -> Iterator[KeySection | None]:
+        """The keys of records below `cut`, in arrival order: the order is copied now (the
+        cut), then read CAPTURE_STEP keys per step (the caller yields the loop between steps,
+        None); the last step yields the section."""
+        order, seen = list(self._order), self._seen
+        fps = bytearray()
+        offsets, payloads, at_ms = array("q"), array("Q"), array("q")
+        for i in range(0, len(order), CAPTURE_STEP):
+            for at, fp in order[i:i + CAPTURE_STEP]:
+                entry = seen.get(fp)
+                if entry is not None and entry.at_ms == at and entry.offset < cut:
+                    fps += fp.to_bytes(16, "little")
+                    offsets.append(entry.offset)
+                    payloads.append(entry.payload)
+                    at_ms.append(at)
+            yield None
+        yield KeySection(bytes(fps), offsets.tobytes(), payloads.tobytes(), at_ms.tobytes())
+
+    @classmethod
+    def restore(cls, window_ms: int, section: KeySection, now_ms: int) -> IdempotencyWindow:
+        """A window holding the keys `capture` described that are still inside it (blocking
+        for many keys: off the loop)."""
+        window = cls(window_ms)
+        offsets, payloads, at_ms = array("q"), array("Q"), array("q")
+        offsets.frombytes(section.offsets)
+        payloads.frombytes(section.payloads)
+        at_ms.frombytes(section.at_ms)
+        if not len(offsets) == len(payloads) == len(at_ms) == section.keys:
+            raise ValueError("the key section's columns do not agree")
+        raw = section.fingerprints
+        for i in range(len(offsets)):
+            window.add(int.from_bytes(raw[16 * i:16 * i + 16], "little"),
+                       Seen(offsets[i], payloads[i], at_ms[i]), now_ms)
+        return window

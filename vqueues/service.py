@@ -17,7 +17,7 @@ from vqueues import memory
 from vqueues.cache import RecordCache
 from vqueues.errors import BadRequest, Conflict, NotFound
 from vqueues.hashing import partition_for
-from vqueues.idempotency import fingerprint, key_of, payload_fingerprint
+from vqueues.idempotency import fingerprint, key_of, payload_of
 from vqueues.leases import CURSOR, LEASE
 from vqueues.locks import KeyedLocks
 from vqueues.ownership import Ownership
@@ -113,9 +113,10 @@ class QueueService:
     async def _enqueue_once(self, queue: str, records: Sequence[NewRecord],
                             keys: list[bytes | None]) -> EnqueueResult:
         """Enqueue records some of which carry idempotency keys: a key already in the window
-        answers its first offset and writes nothing; its payload must match (409 otherwise).
-        The keys are locked (in order) from the check to the indexing of the write, so two
-        requests with one key never both write."""
+        answers its first offset and writes nothing; its payload must match, and a key repeated
+        in the request must repeat its payload (409 otherwise, and nothing is written). The
+        keys are locked (in order) from the check to the indexing of the write, so two requests
+        with one key never both write."""
         p = self.partition_of(queue)
         fps = {k: fingerprint(queue, k) for k in keys if k is not None}
         async with contextlib.AsyncExitStack() as stack:
@@ -124,24 +125,31 @@ class QueueService:
             state = self.ownership.require(p)
             now = now_ms()
             offsets: list[int | None] = [None] * len(records)
-            first_in_batch: dict[bytes, int] = {}
+            first_in_batch: dict[bytes, tuple[int, int]] = {}  # key -> (index, payload)
             todo: list[int] = []
             for i, (key, (value, headers)) in enumerate(zip(keys, records, strict=True)):
                 if key is None:
                     todo.append(i)
                     continue
+                payload = payload_of(value, headers)
                 seen = state.idempotency.get(fps[key], now)
                 if seen is not None:
-                    if seen.payload != payload_fingerprint(value, headers):
+                    if seen.payload != payload:
                         raise Conflict("idempotency_key_reused",
                                        f"records[{i}]: idempotency key seen at offset "
                                        f"{seen.offset} with another payload",
                                        first_offset=seen.offset, index=i)
                     offsets[i] = seen.offset
                 elif key in first_in_batch:
-                    continue  # the same as an earlier record of this request: filled below
+                    first, first_payload = first_in_batch[key]
+                    if payload != first_payload:
+                        raise Conflict("idempotency_key_reused",
+                                       f"records[{i}]: idempotency key already given to "
+                                       f"records[{first}] of this request with another payload",
+                                       first_offset=None, first_index=first, index=i)
+                    # the same as an earlier record of this request: filled below
                 else:
-                    first_in_batch[key] = i
+                    first_in_batch[key] = (i, payload)
                     todo.append(i)
             if todo:
                 written = await self.append_records(queue, [records[i] for i in todo], state)
@@ -150,7 +158,7 @@ class QueueService:
                     offsets[i] = off
             for i, key in enumerate(keys):
                 if offsets[i] is None and key is not None:
-                    offsets[i] = offsets[first_in_batch[key]]
+                    offsets[i] = offsets[first_in_batch[key][0]]
         return EnqueueResult(p, [int(o) for o in offsets if o is not None])
 
     async def append_records(self, queue: str, records: Sequence[NewRecord],

@@ -11,7 +11,13 @@ import msgspec
 from aiohttp import web
 
 from vqueues.errors import BadRequest, PayloadTooLarge
-from vqueues.idempotency import KEY_HEADER, MAX_KEY_BYTES
+from vqueues.idempotency import (
+    KEY_HEADER,
+    MAX_KEY_BYTES,
+    PAYLOAD_HEADER,
+    payload_header,
+    sent_fingerprint,
+)
 from vqueues.records import Record, now_ms
 from vqueues.results import LeasedRecord
 from vqueues.schedule import CANCEL_HEADER, DELIVER_AT_HEADER, FROM_HEADER
@@ -110,16 +116,24 @@ class _InRecord(msgspec.Struct, forbid_unknown_fields=True):
     delay_ms: int | None = None
 
 
-def _record_headers(headers: dict[str, str], tags: Any, deliver_at: Any, delay_ms: Any,
-                    key: Any, i: int, settings: Settings) -> list[tuple[str, bytes]]:
+def _record_headers(value: bytes | None, headers: dict[str, str], tags: Any, deliver_at: Any,
+                    delay_ms: Any, key: Any, i: int, settings: Settings
+                    ) -> list[tuple[str, bytes]]:
     """A record's Kafka headers: the user's, then its tags, due time and idempotency key, which
-    travel as headers (both decoding paths use this one)."""
+    travel as headers (both decoding paths use this one). A keyed scheduled record also
+    carries the fingerprint of what was sent (the schedule as given, not the due time derived
+    from it), so that a retry compares the same thing before and after its due time."""
     out = [(k, v.encode("utf-8")) for k, v in headers.items()]
     if tags is not None:
         out = _with_tags(out, tags, i)
-    if deliver_at is not None or delay_ms is not None:
-        out = _with_schedule(out, deliver_at, delay_ms, i, settings)
-    return _with_key(out, key, i)
+    if deliver_at is None and delay_ms is None:
+        return _with_key(out, key, i)
+    sent = out
+    out = _with_key(_with_schedule(out, deliver_at, delay_ms, i, settings), key, i)
+    if key is None:
+        return out
+    schedule = ("deliver_at", deliver_at) if deliver_at is not None else ("delay_ms", delay_ms)
+    return [*out, payload_header(sent_fingerprint(value, sent, schedule))]
 
 
 def _with_schedule(headers: list[tuple[str, bytes]], deliver_at: Any, delay_ms: Any, i: int,
@@ -178,7 +192,8 @@ def _with_key(headers: list[tuple[str, bytes]], key: Any, i: int) -> list[tuple[
     if len(raw) > MAX_KEY_BYTES:
         raise BadRequest("invalid_record", f"records[{i}].idempotency_key is over "
                          f"{MAX_KEY_BYTES} bytes", max=MAX_KEY_BYTES)
-    return [(k, v) for k, v in headers if k != KEY_HEADER] + [(KEY_HEADER, raw)]
+    return [(k, v) for k, v in headers if k not in (KEY_HEADER, PAYLOAD_HEADER)] + [
+        (KEY_HEADER, raw)]
 
 
 class _EnqueueBody(msgspec.Struct):
@@ -213,7 +228,7 @@ def decode_enqueue(raw: bytes, settings: Settings) -> list[NewRecord]:
                                   f"at most {limit}", max=limit)
         if (item.headers or item.tags is not None or item.deliver_at is not None
                 or item.delay_ms is not None or item.idempotency_key is not None):
-            out.append((data, _record_headers(item.headers, item.tags, item.deliver_at,
+            out.append((data, _record_headers(data, item.headers, item.tags, item.deliver_at,
                                               item.delay_ms, item.idempotency_key, i, settings)))
         else:  # most records carry nothing but a value
             out.append((data, []))
@@ -248,9 +263,9 @@ def decode_records(body: dict[str, Any], settings: Settings) -> list[NewRecord]:
                 isinstance(k, str) and isinstance(v, str) for k, v in headers.items()):
             raise BadRequest("invalid_record",
                              f"records[{i}].headers must map strings to strings")
-        out.append((value, _record_headers(headers, item.get("tags"), item.get("deliver_at"),
-                                           item.get("delay_ms"), item.get("idempotency_key"), i,
-                                           settings)))
+        out.append((value, _record_headers(value, headers, item.get("tags"),
+                                           item.get("deliver_at"), item.get("delay_ms"),
+                                           item.get("idempotency_key"), i, settings)))
     return out
 
 

@@ -90,8 +90,10 @@ def _request_schemas(s: Settings) -> dict[str, Any]:
                                           "type": "string", "minLength": 1,
                                           "description": "at most 256 UTF-8 bytes; a repeat "
                                           "within idempotency_window_ms "
-                                          f"({s.idempotency_window_ms} ms) answers the first "
-                                          "offset and writes nothing"}}}}}},
+                                          f"({s.idempotency_window_ms} ms) with the same "
+                                          "value, headers, tags and schedule as given answers "
+                                          "the first offset and writes nothing; with another "
+                                          "payload, 409 idempotency_key_reused"}}}}}},
         "AckRequest": {"type": "object", "required": ["offset"], "properties": {
             "offset": {"type": "integer", "minimum": 0},
             "allow_rewind": {"type": "boolean", "default": False}}},
