@@ -40,6 +40,7 @@ import numpy as np
 from sortedcontainers import SortedList
 
 from vqueues import memory
+from vqueues.idempotency import IdempotencyWindow, KeySection
 from vqueues.lease_windows import ConfigRow, WorkRow
 from vqueues.partition_index import PartitionIndex
 from vqueues.partition_state import PartitionState
@@ -50,9 +51,11 @@ from vqueues.tag_index import TagIndex
 
 log = logging.getLogger(__name__)
 
-FORMAT_VERSION = 4
-# Format 2 has no lease state; formats 2 and 3 hold the offsets raw, format 4 delta-encoded.
-READABLE_VERSIONS = (2, 3, 4)
+FORMAT_VERSION = 5
+# Format 2 has no lease state; formats 2 and 3 hold the offsets raw, formats 4 and 5
+# delta-encoded; format 5 adds the idempotency window (before it, a restored window starts
+# empty).
+READABLE_VERSIONS = (2, 3, 4, 5)
 # The narrowest of these that holds every gap: (type, largest value).
 _GAP_TYPES: tuple[tuple[str, int], ...] = (
     ("<u1", 2**8 - 1), ("<u2", 2**16 - 1), ("<u4", 2**32 - 1), ("<i8", 2**63 - 1))
@@ -93,6 +96,8 @@ class Snapshot:
     tags: list[tuple[str, str, bytes]] = field(default_factory=list)
     # (queue, id, due): records waiting for their due time, below the cut
     scheduled: list[tuple[str, int, int]] = field(default_factory=list)
+    # The idempotency window's keys of records below the cut (format 5)
+    keys: KeySection = field(default_factory=KeySection.empty)
     # A loaded snapshot keeps its offsets encoded (`encode_offsets`), and `offsets` empty, until
     # `build` decodes them straight into the queues.
     column: bytes | memoryview | None = None
@@ -142,6 +147,7 @@ async def capture(state: PartitionState, offsets_position: int) -> Snapshot:
     cut = image.data_position
     image.scheduled = state.schedule.capture(cut)
     image.tags = state.tags.capture(cut)
+    keys = state.idempotency.capture(cut)  # the window's order is copied here, at the cut
     # The queues listed at the cut, in name order (a loader then builds its sorted list without
     # sorting), then every other queue the index holds (deletion markers, and whatever the
     # history running meanwhile added), each copied once. Both are walked a chunk per loop
@@ -170,6 +176,10 @@ async def capture(state: PartitionState, offsets_position: int) -> Snapshot:
         for i in range(0, len(rest), CAPTURE_CHUNK):
             await _copy(state, image, rest[i:i + CAPTURE_CHUNK], turn)
             await turn.next()
+        await turn.next()
+    for section in keys:
+        if section is not None:
+            image.keys = section
         await turn.next()
     return image
 
@@ -273,7 +283,7 @@ def encode(snapshot: Snapshot, snapshot_id: int) -> tuple[list[tuple[bytes, byte
         meta += [_bin(len(column) * column.itemsize), column.tobytes()]
     meta += [msgspec.msgpack.encode(snapshot.consumers),
              msgspec.msgpack.encode([snapshot.fence, snapshot.configs, snapshot.work,
-                                     snapshot.tags, snapshot.scheduled])]
+                                     snapshot.tags, snapshot.scheduled, list(snapshot.keys)])]
     body = _deflate(chain(
         (sum(map(len, meta)).to_bytes(8, "little"), *meta),
         encode_offset_parts(snapshot.offset_parts(), snapshot.counts)))
@@ -284,7 +294,8 @@ def encode(snapshot: Snapshot, snapshot_id: int) -> tuple[list[tuple[bytes, byte
         "v": FORMAT_VERSION, "id": snapshot_id, "chunks": len(parts),
         "sha256": hashlib.sha256(body).hexdigest(), "data_position": snapshot.data_position,
         "offsets_position": snapshot.offsets_position, "log_start": snapshot.log_start,
-        "queues": len(snapshot.names), "records": snapshot.records, "ts": now_ms(),
+        "queues": len(snapshot.names), "records": snapshot.records,
+        "keys": snapshot.keys.keys, "ts": now_ms(),
     }, separators=(",", ":")).encode()
     return chunks, manifest
 
@@ -564,6 +575,7 @@ def latest(partition: int, records: Iterable[Sequence[Any]]
         fence, configs, work, *rest = more[0] if more else (0, [], [])
         tags = rest[0] if rest else []
         scheduled = rest[1] if len(rest) > 1 else []
+        keys = KeySection(*map(bytes, rest[2])) if len(rest) > 2 else KeySection.empty()
         counts = _array(counts)
         raw = data[8 + size:]
         column: memoryview | None = None
@@ -579,7 +591,7 @@ def latest(partition: int, records: Iterable[Sequence[Any]]
                          [(int(i), str(c), int(o), int(a)) for i, c, o, a in consumers],
                          int(fence), [tuple(x) for x in configs],
                          [tuple(x) for x in work], [tuple(x) for x in tags],
-                         [tuple(x) for x in scheduled], column)
+                         [tuple(x) for x in scheduled], keys, column)
         if not len(image.names) == len(image.counts) == len(image.deleted) or \
                 (column is None and sum(image.counts) != len(image.offsets)):
             raise SnapshotError(f"snapshot {sid}: its columns do not agree")
@@ -745,10 +757,15 @@ class _Columns:
         self._left -= count
 
 
-def restore(state: PartitionState, snapshot: Snapshot,
-            built: tuple[QueueMap, SortedList]) -> None:
-    """Hand a fresh `state` what `build` made of `snapshot`; the tail then continues at
-    `snapshot.data_position` and the offset replay at `snapshot.offsets_position`."""
+def restore(state: PartitionState, snapshot: Snapshot, built: tuple[QueueMap, SortedList],
+            window: IdempotencyWindow | None = None) -> None:
+    """Hand a fresh `state` what `build` made of `snapshot`, and the idempotency `window`
+    restored from it (made here if not given: `IdempotencyWindow.restore` off the loop for
+    many keys); the tail then continues at `snapshot.data_position` and the offset replay at
+    `snapshot.offsets_position`."""
+    if window is None:
+        window = IdempotencyWindow.restore(state.idempotency.window_ms, snapshot.keys, now_ms())
+    state.idempotency = window
     state.index = PartitionIndex(*built, snapshot.log_start)
     state.fence = snapshot.fence
     state.leases.restore(snapshot.configs, snapshot.work)

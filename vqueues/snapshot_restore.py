@@ -11,7 +11,9 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from vqueues import snapshot
+from vqueues.idempotency import IdempotencyWindow
 from vqueues.partition_state import PartitionState
+from vqueues.records import now_ms
 from vqueues.storage import OffsetLog
 
 log = logging.getLogger(__name__)
@@ -67,6 +69,8 @@ class SnapshotRestore:
         started = time.monotonic()
         try:
             built = await asyncio.to_thread(snapshot.build, found)
+            window = await asyncio.to_thread(IdempotencyWindow.restore,
+                                             state.idempotency.window_ms, found.keys, now_ms())
         except Exception as exc:
             log.exception("snapshot_build_failed", extra={"partition": p})
             self._fail(f"partition {p}: its snapshot could not be built: {exc!r}")
@@ -76,10 +80,11 @@ class SnapshotRestore:
             return True
         # No await from here to the restore: the tail's records (applied on the loop once the
         # inbox is released) can only come after it.
-        snapshot.restore(state, found, built)
+        snapshot.restore(state, found, built, window)
         self._spawn(self.warm(state))
         log.info("snapshot_loaded", extra={
             "partition": p, "queues": len(found.names), "records": found.records,
+            "keys": len(window),
             "data_position": found.data_position, "offsets_position": found.offsets_position,
             "read_ms": round(read_ms), "build_ms": round(build_ms),
             "load_ms": round(read_ms + build_ms)})
