@@ -162,9 +162,13 @@ class IdempotencyWindow:
 
     def capture(self, cut: int) -> Iterator[KeySection | None]:
         """The keys of records below `cut`, in arrival order: the order is copied now (the
-        cut), then read CAPTURE_STEP keys per step (the caller yields the loop between steps,
-        None); the last step yields the section."""
-        order, seen = list(self._order), self._seen
+        cut; one C-level copy), then read CAPTURE_STEP keys per step (the caller yields the
+        loop between steps, None); the last step yields the section."""
+        return self._capture(list(self._order), cut)
+
+    def _capture(self, order: list[tuple[int, int]], cut: int
+                 ) -> Iterator[KeySection | None]:
+        seen = self._seen
         fps = bytearray()
         offsets, payloads, at_ms = array("q"), array("Q"), array("q")
         for i in range(0, len(order), CAPTURE_STEP):
