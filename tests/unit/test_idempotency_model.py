@@ -96,15 +96,20 @@ class KeyModel:
 
 
 class Requests:
-    """Random keyed enqueue requests in the API's JSON shape, often sent again unchanged."""
+    """Random keyed enqueue requests in the API's JSON shape: often sent again unchanged, keys
+    often sent again with their first record in another request, new keys all along."""
 
     def __init__(self, rng: random.Random, now_ms) -> None:
         self.rng, self.now_ms = rng, now_ms
         self.sent: list[tuple[str, list[dict]]] = []
         self.due: dict[str, int] = {}  # key -> the deliver_at it was first sent with
+        self.first: dict[tuple[str, str], dict] = {}  # (queue, key) -> the record first sent
 
-    def record(self, key: str) -> dict:
+    def record(self, key: str, queue: str = "") -> dict:
         rng = self.rng
+        known = self.first.get((queue, key))
+        if known is not None and rng.random() < 0.6:
+            return dict(known)  # the same record again, in another request
         record: dict = {"value": rng.choice(["a", "b"]), "idempotency_key": key}
         if rng.random() < 0.2:
             record["headers"] = {"h": rng.choice(["1", "2"])}
@@ -123,10 +128,13 @@ class Requests:
         if self.sent and rng.random() < 0.4:
             return rng.choice(self.sent)  # a retry, as sent
         queue = rng.choice(QUEUES)
-        keys = [f"k{rng.randrange(8)}" for _ in range(rng.randint(1, 4))]
-        records = [self.record(k) for k in keys]
+        pool = 8 + len(self.sent) // 4  # new keys keep coming
+        keys = [f"k{rng.randrange(pool)}" for _ in range(rng.randint(1, 4))]
+        records = [self.record(k, queue) for k in keys]
         if rng.random() < 0.2:  # a key repeated within the request, as sent or not
             records.append(dict(records[0]) if rng.random() < 0.5 else self.record(keys[0]))
+        for record in records:
+            self.first.setdefault((queue, record["idempotency_key"]), record)
         self.sent.append((queue, records))
         return queue, records
 
