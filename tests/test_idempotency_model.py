@@ -45,8 +45,17 @@ class Cluster:
     def live(self) -> list[NodeProcess]:
         return [n for n in self.nodes if n.process is not None]
 
-    def settle(self) -> None:
-        self.owners = wait_settled(self.nodes, PARTITIONS)
+    def settle(self, timeout_s: float = 120.0) -> None:
+        """Every partition owned once, and every live node joined with its partitions ready
+        (`wait_settled` alone lets a node that has not joined yet pass: a fault then, in the
+        middle of its join, left the embedded broker's group without an assignment)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            self.owners = wait_settled(self.nodes, PARTITIONS)
+            if all(http("GET", f"{n.url}/readyz", timeout_s=5)[0] == 200 for n in self.live()):
+                return
+            assert time.monotonic() < deadline, "a node did not join"
+            time.sleep(0.2)
 
     def send(self, queue: str, records: list[dict], timeout_s: float = 90.0) -> dict:
         """The answer that settles the request: 200, or a 4xx that is not retriable."""
