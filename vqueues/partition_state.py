@@ -27,7 +27,8 @@ import asyncio
 import contextlib
 from array import array
 from collections import deque
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Coroutine, Iterable, Iterator, Sequence
+from typing import Any
 
 from sortedcontainers import SortedList
 
@@ -421,9 +422,11 @@ class PartitionState:
         """Wake every parked reader (shutdown: they answer with what they have)."""
         self.waiters.wake_all()
 
-    async def wait_for_records(self, queue: str, timeout_s: float) -> None:
-        """Return when a record of `queue` is indexed, the partition is revoked, or on timeout."""
-        await self.waiters.records(queue, timeout_s)
+    def wait_for_records(self, queue: str, timeout_s: float) -> Coroutine[Any, Any, None]:
+        """Return when a record of `queue` is indexed, the partition is revoked, or on timeout.
+        The waiters' coroutine itself, not one awaiting it: every collection scans what a
+        parked reader holds (docs/api.md, Limits: long polls)."""
+        return self.waiters.records(queue, timeout_s)
 
     def parked_readers(self, queue: str) -> int:
         """How many reads of `queue` wait for a record (long polls)."""
