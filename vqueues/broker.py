@@ -35,6 +35,19 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
+def stop_process(process: subprocess.Popen[bytes], timeout_s: float) -> None:
+    """SIGTERM a process by PID (waking it first if it was paused), SIGKILL after `timeout_s`."""
+    if process.poll() is not None:
+        return
+    process.send_signal(signal.SIGCONT)  # a paused process cannot act on SIGTERM
+    process.send_signal(signal.SIGTERM)
+    try:
+        process.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
 class EmbeddedBroker:
     """Starts tansu on a loopback port, health-checked with a metadata request."""
 
@@ -86,13 +99,7 @@ class EmbeddedBroker:
     def stop(self, timeout_s: float = 10.0) -> None:
         if self.process is None:
             return
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        stop_process(self.process, timeout_s)
         log.info("broker_stopped", extra={"pid": self.process.pid})
         self.process = None
 

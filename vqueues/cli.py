@@ -1,4 +1,4 @@
-"""The `vqueues` command: serve, dev, topics create, pipeline run, and the admin commands
+"""The `vqueues` command: serve, dev, kafka, topics create, pipeline run, and the admin commands
 (queues, consumers, cluster: vqueues/admin.py).
 
 The dev supervisor is in vqueues/dev.py."""
@@ -11,7 +11,9 @@ import logging
 import os
 import signal
 import sys
+import threading
 from collections.abc import Sequence
+from pathlib import Path
 
 # numpy asks the kernel for transparent huge pages for every array of 4 MB or more; in a node
 # that is a snapshot's short-lived temporaries, and a huge page the kernel must first compact
@@ -46,7 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve = sub.add_parser("serve", help="run a node against an existing Kafka/Redpanda")
     Settings.add_arguments(serve)
 
-    dev = sub.add_parser("dev", help="the embedded broker plus N nodes on loopback")
+    dev = sub.add_parser("dev", help="the embedded broker (or --kafka) plus N nodes on loopback")
     dev.add_argument("--nodes", type=_at_least_one, default=1, help="number of nodes [default 1]")
     dev.add_argument("--partitions", type=_at_least_one, default=topics.DEFAULT_PARTITIONS,
                      help=f"data topic partitions [default {topics.DEFAULT_PARTITIONS}]")
@@ -55,6 +57,18 @@ def build_parser() -> argparse.ArgumentParser:
     dev.add_argument("--broker-port", type=int, default=None,
                      help="embedded broker port [default: a free one]")
     dev.add_argument("--log-format", choices=("json", "text"), default="text")
+    dev.add_argument("--kafka", action="store_true",
+                     help="run on a local three-broker Apache Kafka cluster instead of the "
+                     "embedded broker (needs Java 17+ and Maven)")
+
+    kafka = sub.add_parser("kafka", help="a local Apache Kafka cluster (KRaft) on loopback")
+    kafka.add_argument("--brokers", type=_at_least_one, default=3,
+                       help="combined broker+controller processes [default 3]")
+    kafka.add_argument("--folder", default=None,
+                       help="an empty folder for the data and logs, kept after the stop "
+                       "[default: a temporary one, removed]")
+    kafka.add_argument("--fetch-only", action="store_true",
+                       help="only fetch Kafka's jars into the cache and print where they are")
 
     tp = sub.add_parser("topics", help="topic administration")
     tsub = tp.add_subparsers(dest="topics_command", required=True)
@@ -139,6 +153,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _serve(args)
     if args.command == "dev":
         return _dev(args)
+    if args.command == "kafka":
+        return _kafka(args)
     if args.command == "pipeline":
         logs.setup("info", "text")
         return run_pipeline(args)
@@ -211,7 +227,39 @@ def _topics_create(args: argparse.Namespace) -> int:
 
 def _dev(args: argparse.Namespace) -> int:
     from vqueues.dev import run_dev
+    from vqueues.maven import JarsUnavailable
 
     logs.setup("info", args.log_format)
-    return run_dev(nodes=args.nodes, partitions=args.partitions, http_port=args.http_port,
-                   broker_port=args.broker_port, log_format=args.log_format)
+    try:
+        return run_dev(nodes=args.nodes, partitions=args.partitions, http_port=args.http_port,
+                       broker_port=args.broker_port, log_format=args.log_format,
+                       kafka=args.kafka)
+    except JarsUnavailable as exc:
+        print(f"vqueues: {exc}", file=sys.stderr)
+        return 3
+
+
+def _kafka(args: argparse.Namespace) -> int:
+    """Run a local Kafka cluster until SIGINT/SIGTERM, then stop every process it started."""
+    from vqueues.kafka.local_cluster import KAFKA_VERSION, POM, LocalKafkaCluster
+    from vqueues.maven import JarsUnavailable, fetch_jars
+    logs.setup("info", "text")
+    try:
+        if args.fetch_only:
+            print(fetch_jars(POM), flush=True)
+            return 0
+        stopping = threading.Event()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, lambda *_: stopping.set())
+        folder = Path(args.folder) if args.folder else None
+        with LocalKafkaCluster(args.brokers, folder=folder) as cluster:
+            print(f"Apache Kafka {KAFKA_VERSION}: {cluster.size} brokers at {cluster.bootstrap}",
+                  f"  data in {cluster.folder}", "Press Ctrl-C to stop.", sep="\n", flush=True)
+            while not stopping.wait(0.5):
+                if not all(p.running for p in cluster.processes):
+                    print("vqueues: a Kafka process exited; stopping", file=sys.stderr)
+                    return 1
+        return 0
+    except JarsUnavailable as exc:
+        print(f"vqueues: {exc}", file=sys.stderr)
+        return 3

@@ -1,4 +1,5 @@
-"""`vqueues dev`: the embedded broker plus N nodes on loopback, supervised until Ctrl-C."""
+"""`vqueues dev`: a broker plus N nodes on loopback, supervised until Ctrl-C. The broker is the
+embedded one, or with `--kafka` a local three-broker Apache Kafka cluster."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from vqueues.broker import EmbeddedBroker
 from vqueues.hashing import partition_for
 from vqueues.kafka import client_config
 from vqueues.kafka.admin import Admin
+from vqueues.kafka.local_cluster import KAFKA_VERSION, LocalKafkaCluster
 
 log = logging.getLogger("vqueues.dev")
 
@@ -56,12 +58,13 @@ def _wait_ready(urls: list[str], nodes: list[subprocess.Popen[bytes]],
     return False
 
 
-def _banner(urls: list[str], bootstrap: str, partitions: int) -> str:
+def _banner(urls: list[str], bootstrap: str, partitions: int,
+            broker_name: str = "the embedded broker") -> str:
     demo = partition_for("demo", partitions)
     owner = next((u for u in urls if demo in _get_json(f"{u}/v1/partitions")[1].get("owned", [])),
                  urls[0])
     json_h = "-H 'Content-Type: application/json'"
-    lines = [f"vqueues is running on the embedded broker at {bootstrap}",
+    lines = [f"vqueues is running on {broker_name} at {bootstrap}",
              *(f"  node {i}: {u}" for i, u in enumerate(urls)),
              "",
              "Try it (queue 'demo' lives on " + owner + "):",
@@ -78,9 +81,9 @@ def _banner(urls: list[str], bootstrap: str, partitions: int) -> str:
 
 
 def run_dev(nodes: int, partitions: int, http_port: int, broker_port: int | None,
-            log_format: str) -> int:
+            log_format: str, kafka: bool = False) -> int:
     """Start the broker and the nodes, print the banner, supervise until a signal; then stop
-    every process it started."""
+    every process it started. With `kafka`, the broker is a local Apache Kafka cluster."""
     stopping = False
 
     def on_signal(signum: int, frame: object) -> None:
@@ -89,13 +92,20 @@ def run_dev(nodes: int, partitions: int, http_port: int, broker_port: int | None
 
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
-    broker = EmbeddedBroker(broker_port).start()
+    broker: EmbeddedBroker | LocalKafkaCluster
+    if kafka:
+        broker = LocalKafkaCluster().start()
+        broker_name = f"Apache Kafka {KAFKA_VERSION} ({broker.size} brokers)"
+    else:
+        broker = EmbeddedBroker(broker_port).start()
+        broker_name = "the embedded broker"
     nodes_wanted = nodes
     procs: list[subprocess.Popen[bytes]] = []
     try:
+        # On Kafka, the cluster's default replication (3, min.insync.replicas 2).
         topics.create(Admin(client_config(broker.bootstrap)), topics.specs(
-            "vq-data", "vq-offsets", "vq-assignments", partitions, replication_factor=1,
-            snapshot_topic="vq-snapshots"))
+            "vq-data", "vq-offsets", "vq-assignments", partitions,
+            replication_factor=-1 if kafka else 1, snapshot_topic="vq-snapshots"))
         for i in range(nodes_wanted):
             env = {**DEV_ENV, **os.environ, "VQ_BOOTSTRAP": broker.bootstrap,
                    "VQ_HTTP_PORT": str(http_port + i), "VQ_NODE_ID": f"node-{i}",
@@ -104,7 +114,7 @@ def run_dev(nodes: int, partitions: int, http_port: int, broker_port: int | None
         urls = [f"http://127.0.0.1:{http_port + i}" for i in range(nodes_wanted)]
         if _wait_ready(urls, procs, lambda: stopping):
             log.info("dev_cluster_ready", extra={"bootstrap": broker.bootstrap, "nodes": urls})
-            print(_banner(urls, broker.bootstrap, partitions), flush=True)
+            print(_banner(urls, broker.bootstrap, partitions, broker_name), flush=True)
         while not stopping:
             for n in procs:
                 if n.poll() is not None:
