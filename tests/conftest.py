@@ -1,8 +1,12 @@
-"""Fixtures: the Kafka-compatible broker every test runs against, topics and nodes.
+"""Fixtures: the Kafka-compatible brokers tests run against, topics and nodes.
 
-The broker is, in order of preference: an external Kafka/Redpanda named by VQ_TEST_BOOTSTRAP;
+`bootstrap` is, in order of preference: an external Kafka/Redpanda named by VQ_TEST_BOOTSTRAP;
 Redpanda started by testcontainers where a Docker engine answers (VQ_TEST_REDPANDA=0 turns that
 off, =1 insists on it); otherwise the embedded broker (tansu) on a free loopback port.
+
+`kafka_bootstrap` is real Apache Kafka: VQ_TEST_KAFKA_BOOTSTRAP, else a local three-broker cluster
+(vqueues/kafka/local_cluster.py) started once per session, the first time a test asks for it.
+A test marked `both_brokers` runs twice: on `bootstrap` and on that Kafka cluster.
 """
 
 from __future__ import annotations
@@ -17,8 +21,17 @@ import pytest
 
 from tests.support import NodeProcess, Topics, create_topics
 from vqueues.broker import EmbeddedBroker
+from vqueues.kafka.local_cluster import LocalKafkaCluster
+from vqueues.maven import JarsUnavailable
 
 UNIT_DIR = Path(__file__).parent / "unit"
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """A test marked `both_brokers` runs on the default broker and on real Kafka."""
+    if (metafunc.definition.get_closest_marker("both_brokers")
+            and "bootstrap" in metafunc.fixturenames):
+        metafunc.parametrize("broker", ["default", "kafka"], indirect=True, scope="module")
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -75,7 +88,7 @@ def broker_kind() -> str:
 
 
 @pytest.fixture(scope="session")
-def bootstrap(broker_kind: str) -> Iterator[str]:
+def default_bootstrap(broker_kind: str) -> Iterator[str]:
     external = os.environ.get("VQ_TEST_BOOTSTRAP")
     if external:
         yield external
@@ -91,12 +104,37 @@ def bootstrap(broker_kind: str) -> Iterator[str]:
 
 
 @pytest.fixture(scope="session")
-def real_kafka(broker_kind: str) -> None:
-    """Skips a test that needs real Kafka semantics on the embedded broker."""
-    if broker_kind == "embedded":
-        pytest.skip("needs real Kafka/Redpanda semantics the embedded broker (tansu) lacks "
-                    "(delete_records, retention); set VQ_TEST_BOOTSTRAP or run where Docker "
-                    "is available to run it")
+def kafka_cluster() -> Iterator[LocalKafkaCluster | None]:
+    """The session's local Kafka cluster (None when VQ_TEST_KAFKA_BOOTSTRAP names one)."""
+    if os.environ.get("VQ_TEST_KAFKA_BOOTSTRAP"):
+        yield None
+        return
+    try:
+        cluster = LocalKafkaCluster().start()
+    except JarsUnavailable as exc:
+        pytest.skip(f"needs real Apache Kafka: {exc}")
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap(kafka_cluster: LocalKafkaCluster | None) -> str:
+    """Real Apache Kafka (three brokers, replication 3, min.insync.replicas 2)."""
+    return kafka_cluster.bootstrap if kafka_cluster else os.environ["VQ_TEST_KAFKA_BOOTSTRAP"]
+
+
+@pytest.fixture(scope="module")
+def broker(request: pytest.FixtureRequest) -> str:
+    """Which broker `bootstrap` is: "default" (see the module's docstring) or "kafka"."""
+    return str(getattr(request, "param", "default"))
+
+
+@pytest.fixture(scope="module")
+def bootstrap(broker: str, request: pytest.FixtureRequest) -> str:
+    return str(request.getfixturevalue("kafka_bootstrap" if broker == "kafka"
+                                       else "default_bootstrap"))
 
 
 @pytest.fixture(scope="module")

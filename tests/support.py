@@ -58,10 +58,17 @@ class Topics:
                 "VQ_SNAPSHOT_TOPIC": self.snapshots, "VQ_GROUP_ID": f"{self.prefix}-nodes"}
 
 
-def create_topics(bootstrap: str, partitions: int = 16, prefix: str | None = None) -> Topics:
+def create_topics(bootstrap: str, partitions: int = 16, prefix: str | None = None,
+                  configs: dict[str, dict[str, str]] | None = None) -> Topics:
+    """vqueues' four topics; `configs` adds topic settings by role ("data", "offsets", ...)."""
     t = Topics(bootstrap, prefix or f"t{uuid.uuid4().hex[:10]}", partitions)
-    Admin({"bootstrap.servers": bootstrap}).create(
-        topics.specs(t.data, t.offsets, t.assignments, partitions, snapshot_topic=t.snapshots))
+    specs = topics.specs(t.data, t.offsets, t.assignments, partitions, snapshot_topic=t.snapshots)
+    for role, extra in (configs or {}).items():
+        name = getattr(t, role)
+        for spec in specs:
+            if spec.name == name:
+                spec.config.update(extra)
+    Admin({"bootstrap.servers": bootstrap}).create(specs)
     return t
 
 
@@ -193,8 +200,10 @@ def start_cluster(t: Topics, count: int, env: dict[int, dict[str, str]] | None =
 
 def wait_settled(nodes: list[NodeProcess], partitions: int, timeout_s: float = 90.0,
                  ca_file: str | None = None) -> dict[int, str]:
-    """Wait until the live nodes own every partition exactly once, all ready, and every
-    node's cluster map agrees; returns partition -> owner URL."""
+    """Wait until the live nodes own every partition exactly once, all ready, every node owns
+    some (when there are enough partitions: every node has joined the group; on Kafka the first
+    node can own everything before the others join) and every node's cluster map agrees;
+    returns partition -> owner URL."""
     deadline = time.monotonic() + timeout_s
     live = [n for n in nodes if n.process is not None]
     last: Any = None
@@ -214,7 +223,8 @@ def wait_settled(nodes: list[NodeProcess], partitions: int, timeout_s: float = 9
                 owned[p] = n.url
             maps.append({int(p): o["url"] for p, o in body["owners"].items()})
         last = (owned, maps)
-        if ok and len(owned) == partitions and all(m == owned for m in maps):
+        everyone = partitions < len(live) or set(owned.values()) == {n.url for n in live}
+        if ok and len(owned) == partitions and everyone and all(m == owned for m in maps):
             return owned
         time.sleep(0.1)
     raise TimeoutError(f"cluster did not settle: {last}")

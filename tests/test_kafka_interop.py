@@ -4,6 +4,7 @@ import time
 import uuid
 from urllib.parse import quote
 
+import pytest
 from confluent_kafka import Producer
 
 from tests.support import http
@@ -29,6 +30,7 @@ def read_until(node, queue, count, timeout_s=15.0):
             return body["records"]
 
 
+@pytest.mark.both_brokers
 def test_a_plain_kafka_producers_records_are_served_as_the_queues_records(bootstrap, topics,
                                                                           node):
     q = f"interop/{uuid.uuid4().hex[:6]}-ü"

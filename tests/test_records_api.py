@@ -5,6 +5,8 @@ import base64
 import time
 import uuid
 
+import pytest
+
 from vqueues.hashing import partition_for
 
 
@@ -26,6 +28,7 @@ async def read(client, node, queue, **params):
         return await r.json()
 
 
+@pytest.mark.both_brokers
 async def test_enqueued_records_are_read_back_in_order_with_headers(client, node, topics):
     q = qname()
     body = await enqueue(client, node, q, "one", "two", "three", headers={"trace": "t-1"})
@@ -81,6 +84,7 @@ async def test_an_empty_read_still_returns_next_offset(client, node):
     assert got["records"] == [] and got["next_offset"] == offsets[0] + 1
 
 
+@pytest.mark.both_brokers
 async def test_a_read_starts_at_the_consumers_committed_offset(client, node):
     q = qname()
     offsets = (await enqueue(client, node, q, "a", "b", "c"))["offsets"]
@@ -94,6 +98,7 @@ async def test_a_read_starts_at_the_consumers_committed_offset(client, node):
     assert [r["value"] for r in got["records"]] == ["a", "b", "c"]
 
 
+@pytest.mark.both_brokers
 async def test_a_long_poll_returns_as_soon_as_a_record_arrives(client, node):
     q = qname()
     start = (await read(client, node, q))["next_offset"]

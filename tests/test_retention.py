@@ -1,16 +1,17 @@
-"""Records removed from Kafka (retention, delete_records) are skipped by reads."""
+"""Records removed from Kafka (retention, delete_records) are skipped by reads: on real Kafka,
+since the embedded broker removes nothing."""
 
 import time
 
-import pytest
 from confluent_kafka import TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from tests.support import NodeProcess, create_topics, http, kafka_records
 
 
-@pytest.mark.usefixtures("real_kafka")
-def test_records_below_the_log_start_are_skipped_and_next_offset_moves_past_them(bootstrap):
+def test_records_below_the_log_start_are_skipped_and_next_offset_moves_past_them(
+        kafka_bootstrap):
+    bootstrap = kafka_bootstrap  # delete_records: the embedded broker does not remove records
     t = create_topics(bootstrap, partitions=1)
     # A tiny cache, so reads of old records go to Kafka.
     node = NodeProcess(t, extra_env={"VQ_CACHE_MAX_BYTES": "1000"}).start()
@@ -31,8 +32,8 @@ def test_records_below_the_log_start_are_skipped_and_next_offset_moves_past_them
         node.terminate()
 
 
-@pytest.mark.usefixtures("real_kafka")
-def test_the_index_follows_the_log_start_and_empty_queues_leave_the_listing(bootstrap):
+def test_the_index_follows_the_log_start_and_empty_queues_leave_the_listing(kafka_bootstrap):
+    bootstrap = kafka_bootstrap
     t = create_topics(bootstrap, partitions=1)
     node = NodeProcess(t, extra_env={"VQ_RETENTION_CHECK_S": "1"}).start()
     try:

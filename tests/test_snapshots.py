@@ -6,6 +6,7 @@ import json
 import time
 import uuid
 
+import pytest
 from confluent_kafka import Producer
 
 from tests.support import LOGS, NodeProcess, create_topics, http
@@ -46,6 +47,7 @@ def observe(node, queues):
     return out
 
 
+@pytest.mark.both_brokers
 def test_a_successor_loads_the_snapshot_and_replays_only_the_rest(bootstrap):
     t = create_topics(bootstrap, partitions=2)
     # Four queues in each partition: with eight random names, all of them fell in one partition

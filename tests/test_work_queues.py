@@ -8,6 +8,7 @@ import uuid
 from collections import Counter, defaultdict
 
 import aiohttp
+import pytest
 from vqueues_client import AsyncClient, Worker
 
 from tests.support import NodeProcess, create_topics, http
@@ -24,6 +25,7 @@ async def fill(vq: AsyncClient, queue: str, values: list[str], key: str | None =
         await vq.enqueue(queue, [NewRecord(v, headers) for v in values[i:i + 500]])
 
 
+@pytest.mark.both_brokers
 async def test_eight_workers_complete_twenty_thousand_records_over_fifty_queues_once(node):
     queues = [qname(f"wq{i}") for i in range(50)]
     seen: Counter[tuple[str, str]] = Counter()
@@ -58,6 +60,7 @@ async def test_eight_workers_complete_twenty_thousand_records_over_fifty_queues_
             assert pool["offset"] == info["last_offset"] + 1
 
 
+@pytest.mark.both_brokers
 async def test_a_worker_that_stops_mid_lease_has_its_records_redelivered_to_another(node):
     q = qname("stuck")
     async with AsyncClient(node.url) as vq:
@@ -231,6 +234,7 @@ def test_consumer_settings_are_kept_and_shown(node):
     assert http("GET", f"{node.url}/v1/queues/{q}/consumers/nobody")[0] == 404
 
 
+@pytest.mark.both_brokers
 def test_a_sigkilled_node_loses_no_completion_and_regresses_no_attempt(bootstrap):
     t = create_topics(bootstrap, partitions=4)
     q = "killed-jobs"

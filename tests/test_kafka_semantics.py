@@ -1,0 +1,151 @@
+"""What only real Kafka does, and vqueues relies on: compaction of the offset and snapshot topics,
+time retention trimming the index, and latest-offset look-ups under batching producers.
+
+The embedded broker compacts and removes nothing (docs/embedded-broker.md), so these run on the
+local Apache Kafka cluster (`kafka_bootstrap`). Topics here get settings that make Kafka roll and
+clean segments within seconds; the broker's cleaner backs off 1 s (vqueues/kafka/local_cluster.py).
+"""
+
+import json
+import time
+import uuid
+
+from confluent_kafka import Producer
+
+from tests.support import NodeProcess, create_topics, http, kafka_records
+from tests.test_snapshots import SNAPSHOT_FAST, events, observe
+
+# Roll a segment every 200 ms and clean it at once; drop tombstones 1 s after cleaning.
+COMPACT_FAST = {"segment.ms": "200", "min.cleanable.dirty.ratio": "0.01",
+                "min.compaction.lag.ms": "0", "delete.retention.ms": "1000"}
+
+
+def test_the_offset_topic_compacts_and_a_successor_keeps_every_consumer(kafka_bootstrap):
+    t = create_topics(kafka_bootstrap, partitions=1, configs={"offsets": COMPACT_FAST})
+    node = NodeProcess(t).start()
+    try:
+        offsets = http("POST", f"{node.url}/v1/queues/q/records",
+                       {"records": [{"value": f"v{i}"} for i in range(10)]})[1]["offsets"]
+        for consumer in ("kept", "gone"):
+            assert http("POST", f"{node.url}/v1/queues/q/consumers/{consumer}/ack",
+                        {"offset": offsets[0] + 1})[0] == 200
+        assert http("DELETE", f"{node.url}/v1/queues/q/consumers/gone")[0] == 200
+        written = 0
+        deadline = time.monotonic() + 60
+        while True:
+            # Every ack writes the consumer's key again; compaction keeps the last one.
+            offsets = http("POST", f"{node.url}/v1/queues/q/records",
+                           {"records": [{"value": "more"}] * 10})[1]["offsets"]
+            for offset in offsets:
+                assert http("POST", f"{node.url}/v1/queues/q/consumers/kept/ack",
+                            {"offset": offset + 1})[0] == 200
+                written += 1
+            records = kafka_records(kafka_bootstrap, t.offsets)
+            if len(records) < written // 2:
+                break
+            assert time.monotonic() < deadline, f"no compaction: {len(records)} of {written}"
+            time.sleep(0.5)
+        kept = [k for k, value, _, _ in records.values() if "kept" in k and value is not None]
+        assert len(kept) < written // 2
+    finally:
+        node.terminate()
+    successor = NodeProcess(t).start()
+    try:
+        status, info = http("GET", f"{successor.url}/v1/queues/q")
+        assert status == 200
+        assert [(c["consumer"], c["offset"]) for c in info["consumers"]] == [
+            ("kept", offsets[-1] + 1)]
+        assert http("GET", f"{successor.url}/v1/queues/q/consumers/gone")[0] == 404
+    finally:
+        successor.terminate()
+
+
+def _snapshot_ids(bootstrap: str, topic: str) -> set[int]:
+    """The ids of the snapshots whose chunks are still in the topic."""
+    out = set()
+    for key, value, _, _ in kafka_records(bootstrap, topic).values():
+        parts = json.loads(key)
+        if parts[0] == "c" and value is not None:
+            out.add(parts[2])
+    return out
+
+
+def test_the_snapshot_topic_compacts_to_the_latest_snapshot_which_a_successor_loads(
+        kafka_bootstrap):
+    t = create_topics(kafka_bootstrap, partitions=1, configs={"snapshots": COMPACT_FAST})
+    node = NodeProcess(t, extra_env=SNAPSHOT_FAST).start()
+    queues = [f"s{i}" for i in range(4)]
+    try:
+        seen: set[int] = set()
+        deadline = time.monotonic() + 90
+        while True:
+            for q in queues:
+                assert http("POST", f"{node.url}/v1/queues/{q}/records",
+                            {"records": [{"value": f"{q}-{k}"} for k in range(5)]})[0] == 200
+            seen |= {e["id"] for e in events(node, "snapshot_written")}
+            present = _snapshot_ids(kafka_bootstrap, t.snapshots)
+            # Several snapshots written, and older ones' chunks removed by compaction.
+            if len(seen) >= 3 and len(present) <= 2:
+                break
+            assert time.monotonic() < deadline, f"written {seen}, still present {present}"
+            time.sleep(1)
+        before = observe(node, queues)
+    finally:
+        assert node.kill() == -9
+    # What the compacted topic kept is enough for a successor: the latest snapshot, then the rest.
+    successor = NodeProcess(t).start()
+    try:
+        assert [e["partition"] for e in events(successor, "snapshot_loaded")] == [0]
+        assert observe(successor, queues) == before
+    finally:
+        successor.terminate()
+
+
+def test_time_retention_trims_the_index_and_empties_the_listing(kafka_bootstrap):
+    # Records older than 3 s are deleted a segment at a time (segments roll every 500 ms).
+    t = create_topics(kafka_bootstrap, partitions=1,
+                      configs={"data": {"retention.ms": "3000", "segment.ms": "500"}})
+    node = NodeProcess(t, extra_env={"VQ_RETENTION_CHECK_S": "1"}).start()
+    try:
+        assert http("POST", f"{node.url}/v1/queues/old/records",
+                    {"records": [{"value": "a"}, {"value": "b"}]})[0] == 200
+        assert http("GET", f"{node.url}/v1/queues")[1]["queues"] == ["old"]
+        deadline = time.monotonic() + 60
+        while http("GET", f"{node.url}/v1/queues/old")[0] != 404:
+            assert time.monotonic() < deadline, "the queue outlived its records"
+            # A new record rolls the segment, so the old one can be deleted.
+            assert http("POST", f"{node.url}/v1/queues/new/records",
+                        {"records": [{"value": "c"}]})[0] == 200
+            time.sleep(0.5)
+        assert "old" not in http("GET", f"{node.url}/v1/queues")[1]["queues"]
+        page = http("GET", f"{node.url}/v1/queues/new/records?offset=0&limit=1000")[1]
+        assert page["records"] and page["records"][0]["offset"] > 1
+    finally:
+        node.terminate()
+
+
+def test_a_successor_indexes_every_record_a_batching_producer_wrote(kafka_bootstrap):
+    """The embedded broker answers latest-offset look-ups wrongly when producers batch (ADR 3);
+    Kafka answers them right, and replay must end exactly at the end of the log."""
+    t = create_topics(kafka_bootstrap, partitions=4)
+    node = NodeProcess(t).start()
+    node.terminate()
+    producer = Producer({"bootstrap.servers": kafka_bootstrap, "partitioner": "murmur2",
+                         "linger.ms": 50, "batch.num.messages": 500})
+    queues = [f"b{uuid.uuid4().hex[:6]}-{i}" for i in range(20)]
+    for i in range(5000):
+        # Keyed by queue name, as vqueues writes: Kafka's partitioner places it.
+        producer.produce(t.data, key=queues[i % 20].encode(), value=f"v{i}".encode())
+        if i % 1000 == 999:
+            producer.poll(0)
+    assert producer.flush(30) == 0
+    del producer
+    successor = NodeProcess(t).start()
+    try:
+        counts = {q: http("GET", f"{successor.url}/v1/queues/{q}")[1]["records"]
+                  for q in queues}
+        assert counts == {q: 250 for q in queues}
+        last = http("GET", f"{successor.url}/v1/queues/{queues[-1]}/records?offset=0&limit=1000")
+        assert [r["value"] for r in last[1]["records"]][-1] == "v4999"
+    finally:
+        successor.terminate()
