@@ -2,8 +2,12 @@
 """Records per second through the vqueues Spark source into the Parquet archive, against a plain
 confluent-kafka consumer reading the same records, in one run on the same broker.
 
+With --broker kafka the run is on a local three-broker Apache Kafka cluster, and Spark's own
+Kafka source (spark-sql-kafka-0-10, fetched by Maven) reads the same topic into the same archive
+as a row beside ours. (On the embedded broker Spark's source reads wrong end offsets: ADR 3.)
+
 Usage: .venv/bin/python scripts/bench_pipeline.py [--records 2000000] [--partitions 16]
-       [--queues 1000,1000000]
+       [--queues 1000,1000000] [--broker kafka]
 
 Every streaming query pays a fixed start-up of about 2 s on these machines (Spark starts Python
 runners for the source and the sink), whatever its size; 2,000,000 records per topic make the
@@ -27,10 +31,12 @@ sys.path.insert(0, str(ROOT))
 
 from vqueues.broker import EmbeddedBroker  # noqa: E402
 from vqueues.kafka.admin import Admin, TopicSpec  # noqa: E402
+from vqueues.kafka.local_cluster import KAFKA_VERSION, LocalKafkaCluster  # noqa: E402
 from vqueues.pipeline.jobs import (  # noqa: E402
     PipelineOptions,
     read_stream,
     run,
+    spark_kafka_jars,
     spark_session,
 )
 
@@ -94,13 +100,18 @@ def main() -> None:
     ap.add_argument("--queues", default="1000,1000000",
                     help="comma-separated queue counts, each a topic of --records records")
     ap.add_argument("--master", default="local[2]")
+    ap.add_argument("--broker", choices=("embedded", "kafka"), default="embedded",
+                    help="kafka: a local three-broker Apache Kafka cluster, and Spark's own "
+                    "Kafka source beside ours (needs Java and Maven)")
     args = ap.parse_args()
     counts = [int(x) for x in args.queues.split(",")]
-    broker = EmbeddedBroker().start()
+    kafka = args.broker == "kafka"
+    broker: EmbeddedBroker | LocalKafkaCluster = (
+        LocalKafkaCluster() if kafka else EmbeddedBroker()).start()
     results = []
     try:
         admin = Admin({"bootstrap.servers": broker.bootstrap})
-        spark = spark_session(args.master)
+        spark = spark_session(args.master, jars=spark_kafka_jars() if kafka else ())
         spark.sparkContext.setLogLevel("ERROR")
         with tempfile.TemporaryDirectory() as tmp:
             # Warm the JVM and the Python workers on a small topic first: the first query of a
@@ -111,6 +122,11 @@ def main() -> None:
             timed(spark, PipelineOptions(bootstrap=broker.bootstrap, topic=warm,
                                          output=f"{tmp}/warm", checkpoint=f"{tmp}/ckpt-warm",
                                          jobs=("archive",)), None)
+            if kafka:
+                timed(spark, PipelineOptions(bootstrap=broker.bootstrap, topic=warm,
+                                             source="kafka", output=f"{tmp}/kwarm",
+                                             checkpoint=f"{tmp}/kckpt-warm",
+                                             jobs=("archive",)), None)
             for queues in counts:
                 topic = f"benchpipe-{uuid.uuid4().hex[:6]}"
                 admin.create([TopicSpec(topic, args.partitions)])
@@ -125,26 +141,42 @@ def main() -> None:
                 archived = spark.read.parquet(f"{tmp}/out-{queues}/archive").count()
                 files = len(list(Path(f"{tmp}/out-{queues}/archive").rglob("*.parquet")))
                 assert archived == args.records, (archived, args.records)
+                theirs: list[tuple[str, tuple[float, float]]] = []
+                if kafka:
+                    theirs.append(("Spark's Kafka source -> no-op sink", timed(
+                        spark, PipelineOptions(
+                            bootstrap=broker.bootstrap, topic=topic, source="kafka",
+                            output=f"{tmp}/knone-{queues}",
+                            checkpoint=f"{tmp}/kckpt-noop-{queues}"), "noop")))
+                    out = f"{tmp}/kout-{queues}"
+                    wall_batch = timed(spark, PipelineOptions(
+                        bootstrap=broker.bootstrap, topic=topic, source="kafka", output=out,
+                        checkpoint=f"{tmp}/kckpt-{queues}", jobs=("archive",)), None)
+                    assert spark.read.parquet(f"{out}/archive").count() == args.records
+                    kfiles = len(list(Path(f"{out}/archive").rglob("*.parquet")))
+                    theirs.append((f"Spark's Kafka source -> Parquet archive ({kfiles} files; "
+                                   "bucket by a Python UDF)", wall_batch))
                 # The plain consumer again, after Spark: the faster of its two reads counts.
                 raw = max(raw, plain_read(broker.bootstrap, topic, args.partitions, args.records))
-                results.append((queues, raw, source, archive, files))
+                results.append((queues, raw, source, archive, files, theirs))
         spark.stop()
     finally:
         broker.stop()
     n = args.records
     print(f"# vqueues pipeline bench, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: "
           f"{n:,} records of 100 B per topic, {args.partitions} partitions, Spark {args.master}, "
-          "embedded broker, archive layout date/bucket (64 buckets)")
+          + (f"Apache Kafka {KAFKA_VERSION}, 3 brokers (replication 3)" if kafka
+             else "embedded broker") + ", archive layout date/bucket (64 buckets)")
     print("| queues | path | records/s, whole query | ratio | records/s, batch execution | "
           "ratio |")
     print("|---|---|---|---|---|---|")
-    for queues, raw, source, archive, files in results:
+    for queues, raw, source, archive, files, theirs in results:
         print(f"| {queues:,} | plain confluent-kafka consumer, 1 thread (read only; the faster "
               f"of a read before and one after) | {raw:,.0f} "
               "| 1.00 | | |")
         for label, (wall, batch) in (("vqueues source -> no-op sink", source),
                                      (f"vqueues source -> Parquet archive ({files} files)",
-                                      archive)):
+                                      archive), *theirs):
             print(f"| {queues:,} | {label} | {n / wall:,.0f} | {n / wall / raw:.2f} | "
                   f"{n / batch:,.0f} | {n / batch / raw:.2f} |")
     print("(whole query: availableNow from start to termination, warm session; batch "

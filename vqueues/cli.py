@@ -100,8 +100,8 @@ def add_pipeline_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--output", required=True, help="directory for archive/ and metrics/")
     p.add_argument("--checkpoint", required=True, help="directory for the Spark checkpoints")
     p.add_argument("--source", choices=("vqueues", "kafka"), default="vqueues",
-                   help="vqueues: our Python source (default); kafka: Spark's Kafka connector, "
-                        "where its jar is on the classpath")
+                   help="vqueues: our Python source (default); kafka: Spark's Kafka connector "
+                        "(a local master fetches it with Maven; spark-submit needs --packages)")
     p.add_argument("--trigger", default="available-now",
                    help="available-now (default: process what is there, then stop) or a "
                         "processing-time interval such as '30 seconds'")
@@ -124,7 +124,8 @@ def add_pipeline_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run_pipeline(args: argparse.Namespace, master_default: str | None = "local[*]") -> int:
-    from vqueues.pipeline.jobs import PipelineOptions, run, spark_session
+    from vqueues.maven import JarsUnavailable
+    from vqueues.pipeline.jobs import PipelineOptions, run, spark_kafka_jars, spark_session
 
     if not args.bootstrap:
         print("vqueues pipeline: --bootstrap (or VQ_BOOTSTRAP) is required", file=sys.stderr)
@@ -139,7 +140,16 @@ def run_pipeline(args: argparse.Namespace, master_default: str | None = "local[*
         archive_writers=args.archive_writers,
         jobs=tuple(j.strip() for j in args.jobs.split(",") if j.strip()),
         kafka_options=kafka_options)
-    spark = spark_session(args.master or master_default)
+    master = args.master or master_default
+    jars: list[str] = []
+    if args.source == "kafka" and master and master.startswith("local"):
+        # A local Spark gets the connector from Maven; spark-submit takes --packages instead.
+        try:
+            jars = spark_kafka_jars()
+        except JarsUnavailable as exc:
+            print(f"vqueues pipeline: --source kafka: {exc}", file=sys.stderr)
+            return 3
+    spark = spark_session(master, jars=jars)
     try:
         run(spark, opts)
     finally:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -75,11 +76,26 @@ class PipelineOptions:
     kafka_options: dict[str, str] = field(default_factory=dict)
 
 
-def spark_session(master: str | None = None, app_name: str = "vqueues-pipeline") -> Any:
-    """A SparkSession; a local master binds to loopback and uses this interpreter."""
+SPARK_KAFKA_POM = Path(__file__).with_name("spark-kafka.pom.xml")
+
+
+def spark_kafka_jars() -> list[str]:
+    """Spark's Kafka connector and what it needs beyond pyspark, fetched by Maven on first use
+    (raises `vqueues.maven.JarsUnavailable` without Java or Maven)."""
+    from vqueues.maven import fetch_jars
+
+    return sorted(str(p) for p in fetch_jars(SPARK_KAFKA_POM).glob("*.jar"))
+
+
+def spark_session(master: str | None = None, app_name: str = "vqueues-pipeline",
+                  jars: Sequence[str] = ()) -> Any:
+    """A SparkSession; a local master binds to loopback and uses this interpreter. `jars` go
+    on its classpath (`spark.jars`), e.g. `spark_kafka_jars()` for Spark's Kafka source."""
     from pyspark.sql import SparkSession
 
     builder = SparkSession.builder.appName(app_name).config("spark.sql.session.timeZone", "UTC")
+    if jars:
+        builder = builder.config("spark.jars", ",".join(jars))
     if master is not None:
         builder = builder.master(master)
     if master is None or master.startswith("local"):

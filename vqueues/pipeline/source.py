@@ -24,6 +24,11 @@ use Spark's Kafka source names, so switching to `format("kafka")` is a one-word 
 
 Offsets are {"<partition>": next offset} (JSON keys are strings). End offsets are found by
 consuming to EOF, so they are right on Kafka and on the embedded broker alike.
+
+Options of Spark's Kafka source that would change which records are read, and that this source
+cannot honour, are refused by name (`REFUSED`) rather than ignored; options that only tune
+Spark's own consumer are accepted and have no effect (`IGNORED`). docs/pipeline.md has the table,
+checked against Spark's connector by tests/test_pipeline.py.
 """
 
 from __future__ import annotations
@@ -51,6 +56,23 @@ SOURCE_NAME = "vqueues-kafka"
 SCHEMA = ("key binary, value binary, topic string, partition int, offset long, "
           "timestamp timestamp, timestampType int, "
           "headers array<struct<key: string, value: binary>>, queue string")
+# Spark's Kafka source options this source refuses (lower case, as Spark passes them): why.
+REFUSED = {
+    "subscribepattern": "one data topic per vqueues cluster: use subscribe, and queues to narrow",
+    "assign": "use subscribe with startingOffsets/endingOffsets per partition",
+    "startingtimestamp": "start by offset (startingOffsets)",
+    "startingoffsetsbytimestamp": "start by offset (startingOffsets)",
+    "startingoffsetsbytimestampstrategy": "start by offset (startingOffsets)",
+    "endingtimestamp": "end by offset (endingOffsets)",
+    "endingoffsetsbytimestamp": "end by offset (endingOffsets)",
+    "minoffsetspertrigger": "a micro-batch takes what is available, up to maxOffsetsPerTrigger",
+    "maxtriggerdelay": "a micro-batch takes what is available, up to maxOffsetsPerTrigger",
+    "maxrecordsperpartition": "tasks are split at 250,000 records; use minPartitions",
+}
+# Accepted with no effect: they tune Spark's own consumer (librdkafka retries by itself), or
+# name a group nothing is committed to (offsets live in the checkpoint).
+IGNORED = {"fetchoffset.numretries", "fetchoffset.retryintervalms", "kafkaconsumer.polltimeoutms",
+           "groupidprefix", "kafka.group.id", "includeheaders"}
 # A Spark task reads at most this many records; larger ranges are split.
 MAX_RECORDS_PER_TASK = 250_000
 
@@ -180,7 +202,10 @@ class VQueuesKafkaSource(DataSource):
     def __init__(self, options: dict[str, str]) -> None:
         super().__init__(options)
         opts = {k.lower(): v for k, v in options.items()}  # Spark lower-cases keys
-        self.conf = _kafka_conf(opts)
+        for name in opts.keys() & REFUSED.keys():
+            raise ValueError(f"{SOURCE_NAME}: option {name} is not supported: {REFUSED[name]} "
+                             "(docs/pipeline.md)")
+        self.conf = _kafka_conf({k: v for k, v in opts.items() if k not in IGNORED})
         self.topic = opts.get("subscribe") or opts.get("topic") or ""
         if not self.topic or "," in self.topic:
             raise ValueError(f"{SOURCE_NAME}: option subscribe must name exactly one topic")
