@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -68,3 +69,15 @@ def test_dev_prints_working_curl_lines_and_stops_cleanly_on_ctrl_c(tmp_path):
     # Every process it started is gone (same session, started by it).
     left = subprocess.run(["pgrep", "-s", str(proc.pid)], capture_output=True, text=True)
     assert left.stdout.strip() == ""
+
+
+def test_vqueues_kafka_and_dev_kafka_exit_3_with_the_reason_where_java_is_missing(tmp_path):
+    """Without Java the Kafka options say so and change nothing: no folder, no process."""
+    env = {"PATH": str(Path(sys.executable).parent), "JAVA_HOME": str(tmp_path / "no-jdk"),
+           "VQ_KAFKA_CACHE": str(tmp_path)}
+    for args in (["kafka"], ["dev", "--kafka"]):
+        run = subprocess.run([sys.executable, "-m", "vqueues", *args], env=env,
+                             capture_output=True, text=True, timeout=60)
+        assert run.returncode == 3, run.stderr
+        assert "needs Java 17+" in run.stderr
+    assert list(tmp_path.iterdir()) == []

@@ -123,7 +123,7 @@ class LocalKafkaCluster:
                                 for k in ("min.insync.replicas", "transaction.state.log.min.isr",
                                           "share.coordinator.state.topic.min.isr")})
         self._own_folder = folder is None
-        self.folder = folder or Path(tempfile.mkdtemp(prefix="vq-kafka-"))
+        self.folder = folder or Path()  # a temporary one is made by start()
         self.processes: list[KafkaProcess] = []
         self._java = ""
         self._libs = Path()
@@ -136,6 +136,8 @@ class LocalKafkaCluster:
         """Fetch the jars if needed, format and start every process, wait until all answer."""
         self._java = java("the local Kafka cluster")
         self._libs = fetch_jars(POM)
+        if self._own_folder:
+            self.folder = Path(tempfile.mkdtemp(prefix="vq-kafka-"))
         if not self._own_folder and any(self.folder.glob("kafka-*")):
             raise RuntimeError(f"{self.folder} already holds a cluster's data: give an empty "
                                "folder")
@@ -297,7 +299,7 @@ class LocalKafkaCluster:
                     p.process.send_signal(signal.SIGTERM)
         for p in self.processes:
             self.stop_broker(p.node_id)
-        if self._own_folder:
+        if self._own_folder and self.processes:
             shutil.rmtree(self.folder, ignore_errors=True)
         log.info("kafka_cluster_stopped", extra={"folder": str(self.folder)})
 
