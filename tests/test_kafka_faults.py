@@ -14,7 +14,7 @@ import asyncio
 import itertools
 import signal
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 
 import aiohttp
@@ -29,11 +29,19 @@ CURSOR, WORK = "fault-cursor", "fault-work"
 
 
 @pytest.fixture
-def cluster(kafka_cluster: LocalKafkaCluster | None) -> LocalKafkaCluster:
+def cluster(kafka_cluster: LocalKafkaCluster | None) -> Iterator[LocalKafkaCluster]:
     if kafka_cluster is None:
         pytest.skip("the fault tests signal the local cluster's brokers; VQ_TEST_KAFKA_BOOTSTRAP "
                     "names an external one")
-    return kafka_cluster
+    yield kafka_cluster
+    # Whatever the test did or where it failed, the next tests get every broker back, in sync.
+    for p in kafka_cluster.processes:
+        if p.running:
+            kafka_cluster.signal(p.node_id, signal.SIGCONT)
+        else:
+            kafka_cluster.start_broker(p.node_id, wait=False)
+    kafka_cluster.wait_ready(90)
+    kafka_cluster.wait_in_sync(90)
 
 
 @dataclass
