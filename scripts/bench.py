@@ -20,8 +20,11 @@ queues x 2 records (100,000), one node's replay time, enqueue throughput spread 
 them, and the embedded broker's CPU under that load and idle (the node's tail alone).
 --baseline CHECKOUT runs an older vqueues package (a git worktree) as "before", alternating
 with this one in the same run, and reports both.
+--broker kafka then runs all of it again on a local three-broker Apache Kafka cluster (the raw
+client on that cluster is its floor) and Kafka's share groups on it (ShareConsumerPerformance)
+as the anchor for lease -> complete.
 Usage: .venv/bin/python scripts/bench.py [--seconds 5] [--concurrency 16] [--cluster 3]
-       [--baseline /tmp/old --rounds 3]
+       [--baseline /tmp/old --rounds 3] [--broker kafka]
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ from vqueues import topics as vq_topics  # noqa: E402
 from vqueues.broker import EmbeddedBroker, free_port  # noqa: E402
 from vqueues.hashing import partition_for  # noqa: E402
 from vqueues.kafka.admin import Admin, TopicSpec  # noqa: E402
+from vqueues.kafka.local_cluster import KAFKA_VERSION, LocalKafkaCluster  # noqa: E402
 
 VALUE = "x" * 100
 # A pause before each request, as a reader parked on a quiet queue sees: every process and
@@ -597,6 +601,51 @@ async def measure_many_queues(args: argparse.Namespace, bootstrap: str, broker_p
         stop_nodes(procs)
 
 
+def share_group_run(cluster: LocalKafkaCluster, topic: str, records: int, threads: int
+                    ) -> dict[str, float]:
+    """Kafka's own ShareConsumerPerformance over `records` already in `topic`: each poll
+    acknowledges the previous poll's records (implicit acknowledgement), as lease -> complete."""
+    group = f"{topic}-share"
+    # A share group starts at the latest offset unless told otherwise (KIP-932).
+    cfg = cluster.tool("org.apache.kafka.tools.ConfigCommand", "--bootstrap-server",
+                       cluster.bootstrap, "--alter", "--entity-type", "groups",
+                       "--entity-name", group, "--add-config", "share.auto.offset.reset=earliest")
+    if cfg.returncode != 0:
+        raise RuntimeError(f"setting the share group's reset failed: {cfg.stdout}{cfg.stderr}")
+    t0 = time.perf_counter()
+    run = cluster.tool("org.apache.kafka.tools.ShareConsumerPerformance", "--bootstrap-server",
+                       cluster.bootstrap, "--topic", topic, "--group", group, "--num-records",
+                       str(records), "--threads", str(threads), "--timeout", "30000")
+    wall = time.perf_counter() - t0
+    lines = [ln for ln in run.stdout.splitlines() if ln.strip()]
+    if run.returncode != 0 or len(lines) < 2:
+        raise RuntimeError(f"ShareConsumerPerformance failed: {run.stdout}{run.stderr}")
+    header = [h.strip() for h in lines[0].split(",")]
+    row = dict(zip(header, (v.strip() for v in lines[-1].split(",")), strict=False))
+    return {"rate": float(row["nMsg.sec"]), "records": float(row["data.consumed.in.nMsg"]),
+            "wall_s": wall}
+
+
+async def measure_share_groups(args: argparse.Namespace, cluster: LocalKafkaCluster
+                               ) -> list[str]:
+    """Kafka share groups (KIP-932) on the same cluster: the anchor for work queues."""
+    topic = f"bench{uuid.uuid4().hex[:6]}-share"
+    Admin({"bootstrap.servers": cluster.bootstrap}).create([TopicSpec(topic, args.partitions)])
+    produce = await asyncio.to_thread(
+        cluster.tool, "org.apache.kafka.tools.ProducerPerformance", "--topic", topic,
+        "--num-records", str(args.share_records), "--record-size", "100", "--throughput", "-1",
+        "--producer-props", f"bootstrap.servers={cluster.bootstrap}", "acks=all")
+    if produce.returncode != 0:
+        raise RuntimeError(f"ProducerPerformance failed: {produce.stdout}{produce.stderr}")
+    res = await asyncio.to_thread(share_group_run, cluster, topic, args.share_records,
+                                  args.share_threads)
+    return [f"Kafka share groups (KIP-932), Kafka {KAFKA_VERSION}'s ShareConsumerPerformance: "
+            f"{res['records']:,.0f} records of 100 B on {args.partitions} partitions, "
+            f"{args.share_threads} share consumers, each poll (up to 500 records) "
+            f"acknowledging the last: {res['rate']:,.0f} rec/s (tool's own figure; "
+            f"{res['wall_s']:.1f} s with its JVM start)"]
+
+
 async def measure_raw(args: argparse.Namespace, bootstrap: str) -> dict[str, float]:
     topic = f"bench{uuid.uuid4().hex[:6]}-raw"
     Admin({"bootstrap.servers": bootstrap}).create([TopicSpec(topic, args.partitions)])
@@ -631,40 +680,55 @@ ROWS = [("throughput", "enqueue throughput, batches of 100 x 100 B, 10 queues", 
 
 
 async def run(args: argparse.Namespace) -> None:
-    broker = None
-    bootstrap = args.bootstrap
-    if not bootstrap:
-        broker = EmbeddedBroker().start()
-        bootstrap = broker.bootstrap
-    pid = broker.process.pid if broker and broker.process else None
-    many: dict[str, dict[str, float]] = {}
+    if args.bootstrap:
+        print("\n".join(await measure_broker(args, args.bootstrap, args.bootstrap, None)))
+        return
+    broker = EmbeddedBroker().start()
     try:
-        raw = await measure_raw(args, bootstrap)
-        if args.baseline:
-            # Before and after in one run: old and new nodes alternate, medians reported.
-            rounds: dict[str, list[dict[str, float]]] = {"before": [], "1 node": []}
-            many_rounds: dict[str, list[dict[str, float]]] = {"before": [], "1 node": []}
-            for _ in range(args.rounds):
-                for name, code in (("before", args.baseline), ("1 node", None)):
-                    rounds[name].append(await measure_vqueues(args, bootstrap, 1, code))
-                    if args.many_queues:
-                        many_rounds[name].append(
-                            await measure_many_queues(args, bootstrap, pid, code))
-            modes = {name: median_of(r) for name, r in rounds.items()}
-            many = {name: median_of(r) for name, r in many_rounds.items() if r}
-        else:
-            modes = {"1 node": await measure_vqueues(args, bootstrap, 1)}
-            if args.cluster:
-                modes[f"{args.cluster} nodes"] = await measure_vqueues(args, bootstrap,
-                                                                       args.cluster)
-            if args.many_queues:
-                many["1 node"] = await measure_many_queues(args, bootstrap, pid)
+        pid = broker.process.pid if broker.process else None
+        lines = await measure_broker(args, broker.bootstrap, "embedded tansu", pid)
     finally:
-        if broker:
-            broker.stop()
+        broker.stop()
+    if args.broker == "kafka":
+        # The same workloads on real Kafka in the same run, then Kafka's share groups.
+        cluster = await asyncio.to_thread(LocalKafkaCluster().start)
+        try:
+            lines += ["", *await measure_broker(
+                args, cluster.bootstrap, f"Apache Kafka {KAFKA_VERSION}, {cluster.size} brokers "
+                "(replication 3, min.insync.replicas 2)", None)]
+            lines += ["", *await measure_share_groups(args, cluster)]
+        finally:
+            await asyncio.to_thread(cluster.stop)
+    print("\n".join(lines))
+
+
+async def measure_broker(args: argparse.Namespace, bootstrap: str, label: str,
+                         pid: int | None) -> list[str]:
+    """Every measure on one broker: raw client, one node, the cluster, many queues."""
+    many: dict[str, dict[str, float]] = {}
+    raw = await measure_raw(args, bootstrap)
+    if args.baseline:
+        # Before and after in one run: old and new nodes alternate, medians reported.
+        rounds: dict[str, list[dict[str, float]]] = {"before": [], "1 node": []}
+        many_rounds: dict[str, list[dict[str, float]]] = {"before": [], "1 node": []}
+        for _ in range(args.rounds):
+            for name, code in (("before", args.baseline), ("1 node", None)):
+                rounds[name].append(await measure_vqueues(args, bootstrap, 1, code))
+                if args.many_queues:
+                    many_rounds[name].append(
+                        await measure_many_queues(args, bootstrap, pid, code))
+        modes = {name: median_of(r) for name, r in rounds.items()}
+        many = {name: median_of(r) for name, r in many_rounds.items() if r}
+    else:
+        modes = {"1 node": await measure_vqueues(args, bootstrap, 1)}
+        if args.cluster:
+            modes[f"{args.cluster} nodes"] = await measure_vqueues(args, bootstrap,
+                                                                   args.cluster)
+        if args.many_queues:
+            many["1 node"] = await measure_many_queues(args, bootstrap, pid)
     head = " | ".join(f"vqueues {m} | ratio" for m in modes)
     lines = [f"# vqueues bench, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: "
-             f"{args.partitions} partitions, broker {'embedded tansu' if broker else bootstrap}, "
+             f"{args.partitions} partitions, broker {label}, "
              f"tail fetch wait {args.fetch_wait_ms} ms"
              + (f" (before: {FETCH_WAIT_MS[1]} ms)" if args.baseline else ""),
              f"| measure | raw confluent-kafka | {head} |",
@@ -716,13 +780,20 @@ async def run(args: argparse.Namespace) -> None:
     if args.baseline:
         lines.append(f"(before = the vqueues package at {args.baseline}; before and after "
                      f"alternate, {args.rounds} rounds each, medians)")
-    print("\n".join(lines))
+    return lines
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--bootstrap", help="an existing Kafka/Redpanda (default: embedded broker)")
+    ap.add_argument("--broker", choices=("embedded", "kafka"), default="embedded",
+                    help="kafka: also a local three-broker Apache Kafka cluster in the same run, "
+                    "beside the embedded broker, with Kafka share groups (needs Java and Maven)")
+    ap.add_argument("--share-records", type=int, default=200_000,
+                    help="records the share-group run consumes (--broker kafka)")
+    ap.add_argument("--share-threads", type=int, default=4,
+                    help="share consumers in the share-group run (--broker kafka)")
     ap.add_argument("--cluster", type=int, default=3,
                     help="also measure a cluster of this many nodes (0: single node only)")
     ap.add_argument("--partitions", type=int, default=16)

@@ -116,7 +116,7 @@ def kafka_cluster() -> Iterator[LocalKafkaCluster | None]:
     try:
         yield cluster
     finally:
-        cluster.stop()
+        cluster.stop(kill=True)  # its data goes with it: no controlled shutdown needed
 
 
 @pytest.fixture(scope="session")

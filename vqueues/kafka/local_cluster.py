@@ -52,6 +52,7 @@ BROKER_CONFIG = {
     "num.partitions": "1",
     "auto.create.topics.enable": "false",
     "group.initial.rebalance.delay.ms": "0",
+    "group.min.session.timeout.ms": "1000",
     "broker.session.timeout.ms": "6000",
     "broker.heartbeat.interval.ms": "1000",
     "log.retention.check.interval.ms": "2000",
@@ -290,8 +291,12 @@ class LocalKafkaCluster:
                                "-Dlog4j2.level=WARN", main_class, *args],
                               capture_output=True, text=True, timeout=timeout_s, check=False)
 
-    def stop(self) -> None:
-        """Stop every process by PID, then remove the data if the folder was temporary."""
+    def stop(self, kill: bool = False) -> None:
+        """Stop every process by PID, then remove the data if the folder was temporary. `kill`
+        skips the brokers' controlled shutdown (seconds), for data about to be removed."""
+        for p in self.processes:
+            if kill:
+                self.signal(p.node_id, signal.SIGKILL)
         for p in self.processes:
             if p.process is not None and p.process.poll() is None:
                 with contextlib.suppress(ProcessLookupError):
