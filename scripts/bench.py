@@ -376,7 +376,7 @@ async def vq_lease_throughput(s: aiohttp.ClientSession, route, seconds: float, w
     """Lease -> complete with `workers` workers over `queues` prefilled queues, `batch` records
     per lease: records completed per second."""
     names = [f"lw-{uuid.uuid4().hex[:6]}-{i}" for i in range(queues)]
-    per_queue = 6000
+    per_queue = 6000 if batch <= 10 else 20_000  # enough not to run dry in the window
     body = json.dumps({"records": [{"value": VALUE}] * 500})
     for q in names:
         for _ in range(per_queue // 500):
@@ -525,6 +525,8 @@ async def measure_vqueues(args: argparse.Namespace, bootstrap: str, nodes: int,
             if code is None:  # work queues: this checkout only (older ones have no leases)
                 out["lease_throughput"] = await vq_lease_throughput(
                     s, route, args.seconds, args.concurrency)
+                out["lease_throughput_100"] = await vq_lease_throughput(
+                    s, route, args.seconds, args.concurrency, batch=100)
                 samples["lease_e2e"] = await vq_lease_e2e(s, route("le2e-1"), "le2e-1",
                                                           args.samples)
                 out["keyed_throughput"] = await vq_shaped_throughput(
@@ -617,11 +619,12 @@ def share_group_run(cluster: LocalKafkaCluster, topic: str, records: int, thread
                        cluster.bootstrap, "--topic", topic, "--group", group, "--num-records",
                        str(records), "--threads", str(threads), "--timeout", "30000")
     wall = time.perf_counter() - t0
-    lines = [ln for ln in run.stdout.splitlines() if ln.strip()]
-    if run.returncode != 0 or len(lines) < 2:
+    lines = run.stdout.splitlines()
+    head = next((i for i, ln in enumerate(lines) if "nMsg.sec" in ln), None)
+    if run.returncode != 0 or head is None or head + 1 >= len(lines):
         raise RuntimeError(f"ShareConsumerPerformance failed: {run.stdout}{run.stderr}")
-    header = [h.strip() for h in lines[0].split(",")]
-    row = dict(zip(header, (v.strip() for v in lines[-1].split(",")), strict=False))
+    header = [h.strip() for h in lines[head].split(",")]
+    row = dict(zip(header, (v.strip() for v in lines[head + 1].split(",")), strict=False))
     return {"rate": float(row["nMsg.sec"]), "records": float(row["data.consumed.in.nMsg"]),
             "wall_s": wall}
 
@@ -756,7 +759,8 @@ async def measure_broker(args: argparse.Namespace, bootstrap: str, label: str,
         if "lease_throughput" in res:
             lines.append(
                 f"work queues, {name}: lease -> complete {res['lease_throughput']:,.0f} rec/s "
-                f"({args.concurrency} workers, 10 records per lease, over 10 queues; cursor "
+                f"at 10 records per lease, {res.get('lease_throughput_100', 0):,.0f} at 100 "
+                f"({args.concurrency} workers over 10 queues; cursor "
                 f"enqueue above: {res['throughput']:,.0f}); enqueue -> long-polling lease "
                 f"p50 {res['lease_e2e_p50']:.2f} ms, p99 {res['lease_e2e_p99']:.2f} ms "
                 f"(cursor read: p50 {res['e2e_p50']:.2f} ms, p99 {res['e2e_p99']:.2f} ms)")
