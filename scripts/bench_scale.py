@@ -58,6 +58,7 @@ sys.path.insert(0, str(ROOT))
 from vqueues import topics as vq_topics  # noqa: E402
 from vqueues.broker import EmbeddedBroker, free_port  # noqa: E402
 from vqueues.kafka.admin import Admin  # noqa: E402
+from vqueues.kafka.local_cluster import KAFKA_VERSION, LocalKafkaCluster  # noqa: E402
 
 DEV_ENV = {"VQ_SESSION_TIMEOUT_MS": "6000", "VQ_HEARTBEAT_INTERVAL_MS": "500",
            "VQ_LOG_LEVEL": "info", "VQ_LOG_FORMAT": "json"}
@@ -492,13 +493,19 @@ async def long_polls(bootstrap: str, seconds: float, readers: int) -> dict[str, 
 
 
 async def run(args: argparse.Namespace) -> None:
-    broker = None
+    broker: EmbeddedBroker | LocalKafkaCluster | None = None
     bootstrap = args.bootstrap
+    label = bootstrap
     if not bootstrap:
-        broker = EmbeddedBroker().start()
+        if args.broker == "kafka":
+            broker = await asyncio.to_thread(LocalKafkaCluster().start)
+            label = f"Apache Kafka {KAFKA_VERSION}, 3 brokers (replication 3)"
+        else:
+            broker = EmbeddedBroker().start()
+            label = "embedded tansu"
         bootstrap = broker.bootstrap
     lines = [f"# vqueues bench_scale, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
-             f"broker {'embedded tansu' if broker else bootstrap}, one partition"
+             f"broker {label}, one partition"
              + (f"; takeovers replay {args.after_snapshot:,} records written after the "
                 "snapshot" if args.after_snapshot else "")]
     try:
@@ -613,6 +620,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--bootstrap", help="an existing Kafka/Redpanda (default: embedded broker)")
+    ap.add_argument("--broker", choices=("embedded", "kafka"), default="embedded",
+                    help="kafka: a local three-broker Apache Kafka cluster (needs Java, Maven)")
     ap.add_argument("--records", default="1000000,4000000,8000000")
     ap.add_argument("--queues", default="10,1000000")
     ap.add_argument("--sustain-s", type=float, default=60.0)
