@@ -69,6 +69,7 @@ class Load:
     url: str
     acked: dict[str, set[str]] = field(default_factory=lambda: {CURSOR: set(), WORK: set()})
     completed: set[str] = field(default_factory=set)
+    maybe_completed: set[str] = field(default_factory=set)
     committed: int = 0
     loops: dict[str, Loop] = field(default_factory=dict)
     stopping: bool = False
@@ -115,10 +116,17 @@ class Load:
             got = await self.call(s, loop, "POST", f"/v1/queues/{WORK}/consumers/w/lease",
                                   {"max_records": 20, "visibility_ms": 5000, "wait_ms": 200})
             records = list(got["records"]) if got else []  # type: ignore[call-overload]
-            if records and await self.call(
-                    s, loop, "POST", f"/v1/queues/{WORK}/consumers/w/complete",
-                    {"tokens": [r["token"] for r in records]}) is not None:
-                self.completed.update(r["value"] for r in records)
+            if not records:
+                continue
+            values = {r["value"] for r in records}
+            errors = len(loop.errors)
+            if await self.call(s, loop, "POST", f"/v1/queues/{WORK}/consumers/w/complete",
+                               {"tokens": [r["token"] for r in records]}) is not None:
+                self.completed |= values
+            elif len(loop.errors) == errors or loop.errors[-1][0] != 409:
+                # No answer, or a broker error: the completion may have been written before
+                # the answer was lost. Only a 409 (stale lease) says nothing was completed.
+                self.maybe_completed |= values
 
     def outage(self, since: float) -> float:
         return max(loop.longest_gap(since) for loop in self.loops.values())
@@ -177,9 +185,10 @@ def check_nothing_lost(t, load: Load) -> None:
             assert not lost, f"{len(lost)} acked records of {q} lost, e.g. {sorted(lost)[:3]}"
         info = http("GET", f"{successor.url}/v1/queues/{CURSOR}/consumers/r")[1]
         assert info["offset"] >= load.committed
-        # Drain the work queue: what comes back was never completed, and nothing acked is lost.
+        # Drain the work queue: what comes back was never completed, and nothing acked is lost
+        # (a record whose completion went unanswered may be done or may come back).
         redelivered: set[str] = set()
-        pending = load.acked[WORK] - load.completed
+        pending = load.acked[WORK] - load.completed - load.maybe_completed
         deadline = time.monotonic() + 40
         while pending - redelivered:
             assert time.monotonic() < deadline, f"{len(pending - redelivered)} records never came"
@@ -207,7 +216,8 @@ def start_node(bootstrap: str):
 def report(name: str, load: Load, began: float) -> None:
     counts = {q: len(v) for q, v in load.acked.items()}
     print(f"\n{name}: node could not serve for {load.outage(began):.1f} s (longest gap between "
-          f"successes, any call); acked {counts}, completed {len(load.completed)}, committed "
+          f"successes, any call); acked {counts}, completed {len(load.completed)} (and "
+          f"{len(load.maybe_completed)} unanswered), committed "
           f"offset {load.committed}; failed answers "
           f"{ {lp.name: (len(lp.errors), lp.timeouts) for lp in load.loops.values()} }")
 
