@@ -10,7 +10,6 @@ process is started here and stopped here by PID.
 from __future__ import annotations
 
 import base64
-import contextlib
 import logging
 import re
 import shutil
@@ -294,14 +293,13 @@ class LocalKafkaCluster:
     def stop(self, kill: bool = False) -> None:
         """Stop every process by PID, then remove the data if the folder was temporary. `kill`
         skips the brokers' controlled shutdown (seconds), for data about to be removed."""
+        # Signal all first, so the brokers shut down side by side; then wait for each.
         for p in self.processes:
             if kill:
                 self.signal(p.node_id, signal.SIGKILL)
-        for p in self.processes:
-            if p.process is not None and p.process.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    p.process.send_signal(signal.SIGCONT)
-                    p.process.send_signal(signal.SIGTERM)
+            elif p.running:
+                self.signal(p.node_id, signal.SIGCONT)
+                self.signal(p.node_id, signal.SIGTERM)
         for p in self.processes:
             self.stop_broker(p.node_id)
         if self._own_folder and self.processes:

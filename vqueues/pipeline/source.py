@@ -202,9 +202,9 @@ class VQueuesKafkaSource(DataSource):
     def __init__(self, options: dict[str, str]) -> None:
         super().__init__(options)
         opts = {k.lower(): v for k, v in options.items()}  # Spark lower-cases keys
-        for name in opts.keys() & REFUSED.keys():
-            raise ValueError(f"{SOURCE_NAME}: option {name} is not supported: {REFUSED[name]} "
-                             "(docs/pipeline.md)")
+        if refused := sorted(opts.keys() & REFUSED.keys()):
+            raise ValueError(f"{SOURCE_NAME}: option {refused[0]} is not supported: "
+                             f"{REFUSED[refused[0]]} (docs/pipeline.md)")
         self.conf = _kafka_conf({k: v for k, v in opts.items() if k not in IGNORED})
         self.topic = opts.get("subscribe") or opts.get("topic") or ""
         if not self.topic or "," in self.topic:
