@@ -14,6 +14,7 @@ from confluent_kafka import Producer
 
 from tests.support import NodeProcess, create_topics, http, kafka_records
 from tests.test_snapshots import SNAPSHOT_FAST, events, observe
+from vqueues.window_writes import CHECKPOINT_EVERY
 
 # Roll a segment every 200 ms and clean it at once; drop tombstones 1 s after cleaning.
 COMPACT_FAST = {"segment.ms": "200", "min.cleanable.dirty.ratio": "0.01",
@@ -147,5 +148,54 @@ def test_a_successor_indexes_every_record_a_batching_producer_wrote(kafka_bootst
         assert counts == {q: 250 for q in queues}
         last = http("GET", f"{successor.url}/v1/queues/{queues[-1]}/records?offset=0&limit=1000")
         assert [r["value"] for r in last[1]["records"]][-1] == "v4999"
+    finally:
+        successor.terminate()
+
+
+def test_lease_state_compacts_to_a_checkpoint_and_the_writes_since(kafka_bootstrap):
+    """Each lease or settle call writes one window delta; checkpoints supersede them (ADR 12),
+    so compaction keeps a lease consumer to a checkpoint and the deltas since, and what it
+    keeps is the state a successor answers from."""
+    t = create_topics(kafka_bootstrap, partitions=1, configs={"offsets": COMPACT_FAST})
+    node = NodeProcess(t).start()
+    base = f"{node.url}/v1/queues/jobs"
+    try:
+        assert http("POST", f"{base}/records",
+                    {"records": [{"value": f"v{i}"} for i in range(3)]})[0] == 200
+        held = http("POST", f"{base}/consumers/w/lease",
+                    {"max_records": 1, "visibility_ms": 600_000})[1]["records"][0]
+        later = http("POST", f"{base}/consumers/w/lease", {"max_records": 1})[1]["records"][0]
+        assert http("POST", f"{base}/consumers/w/retry",
+                    {"tokens": [later["token"]], "delay_ms": 600_000})[0] == 200
+        writes, live = 3, []
+        deadline = time.monotonic() + 90
+        while True:
+            for _ in range(20):
+                assert http("POST", f"{base}/records",
+                            {"records": [{"value": "more"}] * 5})[0] == 200
+                got = http("POST", f"{base}/consumers/w/lease", {"max_records": 5})[1]
+                assert http("POST", f"{base}/consumers/w/complete",
+                            {"tokens": [r["token"] for r in got["records"]]})[0] == 200
+                writes += 2
+            records = kafka_records(kafka_bootstrap, t.offsets)
+            live = [k for k, value, _, _ in records.values()
+                    if json.loads(k)[0] in ("w", "W") and value is not None]
+            if writes > 4 * CHECKPOINT_EVERY and len(live) <= CHECKPOINT_EVERY + 2:
+                break
+            assert time.monotonic() < deadline, f"{len(live)} window keys live of {writes}"
+            time.sleep(0.5)
+        before = http("GET", base)[1]["consumers"]
+        assert (before[0]["in_flight"], before[0]["delayed"]) == (1, 1)
+        assert before[0]["offset"] == held["offset"]
+    finally:
+        assert node.kill() == -9
+    successor = NodeProcess(t).start()
+    base = f"{successor.url}/v1/queues/jobs"
+    try:
+        status, info = http("GET", base)
+        assert status == 200 and info["consumers"] == before
+        # The lease granted before all that compaction is still current.
+        status, done = http("POST", f"{base}/consumers/w/complete", {"tokens": [held["token"]]})
+        assert status == 200 and done["done"] == [held["token"]]
     finally:
         successor.terminate()

@@ -142,6 +142,24 @@ async def test_a_poison_record_lands_in_the_dead_letter_queue_after_max_attempts
         assert (info["consumers"][0]["dead_lettered"], info["consumers"][0]["lag"]) == (1, 0)
 
 
+async def test_a_last_attempt_whose_lease_expires_is_dead_lettered_then(node):
+    """Nobody leases again: the expiry itself sends the record to the dead letters."""
+    q, dlq = qname("expiring"), qname("expiring-dlq")
+    async with AsyncClient(node.url) as vq:
+        await vq.configure_consumer(q, "w", mode="lease", max_attempts=1, dead_letter_queue=dlq)
+        await fill(vq, q, ["slow"])
+        leased = await vq.lease(q, "w", visibility_ms=300)
+        assert [r.text for r in leased] == ["slow"]
+        started = time.monotonic()
+        page = await vq.read(dlq, wait_ms=10_000)
+        assert [r.text for r in page.records] == ["slow"]
+        assert page.records[0].headers["vq-dlq-reason"] == "lease expired"
+        # Due 300 ms after the lease; a tick (20 ms) and a write later, not at a next lease.
+        assert time.monotonic() - started < 5
+        info = await vq.queue_info(q)
+        assert info is not None and info["consumers"][0]["dead_lettered"] == 1
+
+
 async def test_per_key_order_holds_under_eight_workers(node):
     q = qname("keyed")
     async with AsyncClient(node.url) as vq:

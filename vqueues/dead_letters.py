@@ -9,7 +9,7 @@ from vqueues.leases import ConsumerConfig
 from vqueues.partition_state import PartitionState
 from vqueues.records import now_ms
 from vqueues.service import QueueService
-from vqueues.settlement import settle
+from vqueues.window_writes import WindowWrite
 
 # A dead-lettering in progress holds its records this long (in memory only: a crash redoes it).
 DEAD_LETTER_HOLD_MS = 60_000
@@ -29,10 +29,10 @@ class DeadLetters:
         work = state.work[(queue, consumer)]
         offsets = sorted(reasons)
         hold = now_ms() + DEAD_LETTER_HOLD_MS
-        for off in offsets:  # nobody leases them meanwhile
+        for off in offsets:  # nobody leases them meanwhile (in memory only)
             d = work.deliveries.get(off)
             if d is not None:
-                d.until, d.leased = hold, True
+                work.put(off, True, hold, d.attempts, d.grant, d.reason, now_ms())
         records = await self.queues.resolve(state.partition, offsets)
         dlq = config.dead_letter_queue
         if dlq and records:
@@ -50,6 +50,9 @@ class DeadLetters:
             target = ownership.states.get(self.queues.partition_of(dlq))
             await self.queues.append_records(
                 dlq, out, target if target is not None and target.ready.is_set() else None)
-        entries = settle(state, queue, consumer, work, offsets, dead=len(offsets))
-        await self.queues.submit_entries(state, entries)
+        if state.revoked or state.work.get((queue, consumer)) is not work:
+            return  # the partition or the consumer went meanwhile
+        write = WindowWrite(state, queue, consumer, work)
+        write.finish(offsets, dead=len(offsets))
+        await self.queues.submit_entries(state, write.entries(), applied=True)
         self.queues.metrics.records_dead_lettered.inc(len(offsets))

@@ -11,10 +11,16 @@ most the consumer's window limit of records; beyond it, leasing waits. Pure stat
 
 from __future__ import annotations
 
+import re
+import secrets
 from array import array
-from bisect import bisect_left, bisect_right
+from bisect import bisect_left, bisect_right, insort
 from collections.abc import Iterator
 from dataclasses import dataclass
+from heapq import heapify, heappop, heappush
+from itertools import islice
+
+from sortedcontainers import SortedList
 
 CURSOR = "cursor"
 LEASE = "lease"
@@ -38,15 +44,16 @@ class ConsumerConfig:
 class Delivery:
     """One record of the window that is not done and was looked at."""
 
-    __slots__ = ("attempts", "leased", "order_key", "reason", "until")
+    __slots__ = ("attempts", "grant", "leased", "order_key", "reason", "until")
 
     def __init__(self, attempts: int, until: int, leased: bool, order_key: str | None,
-                 reason: str | None = None) -> None:
+                 reason: str | None = None, grant: int = 0) -> None:
         self.attempts = attempts  # deliveries so far (0: never delivered)
         self.until = until  # leased: the deadline; waiting: not available before (UTC ms)
         self.leased = leased
         self.order_key = order_key
         self.reason = reason
+        self.grant = grant  # the lease call that made the last delivery (0: none, or ADR 8's)
 
     def available(self, now: int) -> bool:
         return self.until <= now
@@ -110,6 +117,11 @@ class DoneRanges:
     def ranges(self) -> Iterator[tuple[int, int]]:
         return zip(self.starts, self.ends, strict=True)
 
+    def end_of_run(self, offset: int) -> int:
+        """The end of the done range holding `offset`, or `offset` if it is not done."""
+        i = bisect_right(self.starts, offset) - 1
+        return self.ends[i] if i >= 0 and offset < self.ends[i] else offset
+
     def count(self, queue_offsets: array[int]) -> int:
         """How many of the queue's records are done."""
         return sum(bisect_left(queue_offsets, e) - bisect_left(queue_offsets, s)
@@ -118,36 +130,71 @@ class DoneRanges:
 
 class WorkState:
     """A lease consumer's window on one queue (its low-water mark lives with the queue's
-    consumers, as any consumer's committed offset does)."""
+    consumers, as any consumer's committed offset does), and what its window writes left in
+    the offset topic (ADR 12).
 
-    __slots__ = ("dead_lettered", "deliveries", "done", "frontier")
+    Once `ensure_index` has run, the window is indexed for leasing: `ready` holds the records
+    a lease may take now, lowest first (available, and first of their ordering key); `timers`
+    when a lease expires or a retry falls due; `by_key` each ordering key's records not done.
+    A lease then takes the first of `ready` instead of walking the window. Replay leaves the
+    index unbuilt (and ordering keys unknown: `needs_keys`); the first lease builds it."""
+
+    __slots__ = ("_by_key", "_exhausted", "_ready", "_timers", "dead_lettered", "deliveries",
+                 "deltas_since", "done", "frontier", "indexed", "legacy", "log_keys",
+                 "max_attempts", "needs_keys", "seq")
 
     def __init__(self, frontier: int) -> None:
         self.frontier = frontier
         self.deliveries: dict[int, Delivery] = {}
         self.done = DoneRanges()
         self.dead_lettered = 0
+        self.seq = 0  # the number of the last window write
+        self.deltas_since = 0  # window writes since the last checkpoint
+        # Window keys live in the offset topic, (generation, seq; None for a checkpoint),
+        # each superseded by the next checkpoint (which writes their tombstones).
+        self.log_keys: dict[tuple[int, int | None], None] = {}
+        self.legacy = False  # ADR 8's per-record keys may be live in the offset topic
+        self.needs_keys = False  # some deliveries came from replay: ordering keys unknown
+        self.indexed = False
+        self.max_attempts = 0  # as of the last `ensure_index` / `advance`
+        self._ready: SortedList = SortedList()
+        self._timers: list[tuple[int, int]] = []  # heap of (until, offset); stale ones skipped
+        self._by_key: dict[str, list[int]] = {}
+        self._exhausted: set[int] = set()
+
+    # The window --------------------------------------------------------------------------------
 
     def window(self, queue_offsets: array[int], committed: int) -> array[int]:
         """The queue's records in the window: from the low-water mark to the frontier."""
         return queue_offsets[bisect_left(queue_offsets, committed):
                              bisect_left(queue_offsets, self.frontier)]
 
+    def window_size(self, queue_offsets: array[int], committed: int) -> int:
+        """How many of the queue's records the window holds (done ones included)."""
+        return max(0, bisect_left(queue_offsets, self.frontier)
+                   - bisect_left(queue_offsets, committed))
+
     def low_water(self, queue_offsets: array[int], committed: int) -> int:
         """Where the low-water mark belongs: the first record of the window that is not done,
-        or the frontier when all are."""
-        for off in self.window(queue_offsets, committed):
-            if off not in self.done:
+        or the frontier when all are. Jumps over done ranges, never walks them."""
+        i = bisect_left(queue_offsets, committed)
+        end = bisect_left(queue_offsets, self.frontier)
+        while i < end:
+            off = queue_offsets[i]
+            run_end = self.done.end_of_run(off)
+            if run_end == off:
                 return off
+            i = bisect_left(queue_offsets, run_end, i + 1, end)
         return max(committed, self.frontier)
 
     def settle_below(self, committed: int) -> list[int]:
-        """The low-water mark moved to `committed`: drop what lies below it; return the offsets
-        whose deliveries were dropped (their entries get tombstones)."""
+        """The low-water mark moved to `committed` from outside the window's own writes (an
+        ADR 8 entry, a settings change): drop what lies below it; return the offsets whose
+        deliveries were dropped."""
         self.done.drop_below(committed)
         gone = [o for o in self.deliveries if o < committed]
         for o in gone:
-            del self.deliveries[o]
+            self.drop(o)
         return gone
 
     def counts(self, queue_offsets: array[int], committed: int, now: int
@@ -167,20 +214,163 @@ class WorkState:
 
     def next_change(self, now: int) -> int | None:
         """The earliest time a lease expires or a retry falls due (UTC ms), if any."""
-        times = [d.until for d in self.deliveries.values() if d.until > now]
-        return min(times) if times else None
+        if not self.indexed:
+            times = [d.until for d in self.deliveries.values() if d.until > now]
+            return min(times) if times else None
+        timers, deliveries = self._timers, self.deliveries
+        while timers:
+            until, off = timers[0]
+            d = deliveries.get(off)
+            if d is not None and d.until == until:
+                return until
+            heappop(timers)
+        return None
+
+    # Changes: the window's own writes and their replay make them ---------------------------
+
+    def put(self, offset: int, leased: bool, until: int, attempts: int, grant: int,
+            reason: str | None, now: int) -> None:
+        """The record is leased until `until`, or waits for a retry until then."""
+        d = self.deliveries.get(offset)
+        if d is None:  # replayed: its ordering key is read back from the record later
+            d = self.deliveries[offset] = Delivery(attempts, until, leased, None, reason, grant)
+            self.needs_keys = True
+            self.indexed = False
+        else:
+            d.attempts, d.until, d.leased, d.reason, d.grant = (attempts, until, leased,
+                                                                 reason, grant)
+        if offset >= self.frontier:
+            self.frontier = offset + 1
+        if self.indexed:
+            self._ready.discard(offset)
+            self._exhausted.discard(offset)
+            self._place(offset, d, now)
+            if len(self._timers) > 1024 and len(self._timers) > 2 * len(self.deliveries):
+                self._timers = [(d.until, o) for o, d in self.deliveries.items()
+                                if d.until > now]
+                heapify(self._timers)
+
+    def finish(self, offset: int, queue_offsets: array[int], now: int) -> None:
+        """The record is done (completed, skipped by a tag filter, dead-lettered)."""
+        self.drop(offset, now)
+        self.done.add(offset, queue_offsets)
+        if offset >= self.frontier:
+            self.frontier = offset + 1
+
+    def join(self, offset: int, order_key: str | None, now: int) -> bool:
+        """A record past the frontier joins the window, never delivered; True if a lease may
+        take it now (no earlier record of its ordering key is pending)."""
+        d = self.deliveries[offset] = Delivery(0, 0, False, order_key)
+        self.frontier = offset + 1
+        if not self.indexed:
+            return order_key is None
+        if order_key is not None:
+            pending = self._by_key.setdefault(order_key, [])
+            insort(pending, offset)
+        self._place(offset, d, now)
+        return offset in self._ready
+
+    def reset(self, frontier: int, dead_lettered: int, done_ranges: list[int]) -> None:
+        """Replace the window with a checkpoint's (its deliveries follow through `put`)."""
+        self.frontier = frontier
+        self.dead_lettered = dead_lettered
+        self.deliveries = {}
+        self.done = DoneRanges()
+        self.done.starts = done_ranges[0::2]
+        self.done.ends = done_ranges[1::2]
+        self.indexed = False
+        self.legacy = False
+
+    def drop(self, offset: int, now: int = 0) -> None:
+        """The record's delivery is over (done, or below the mark)."""
+        d = self.deliveries.pop(offset, None)
+        if not self.indexed:
+            return
+        self._ready.discard(offset)
+        self._exhausted.discard(offset)
+        key = d.order_key if d is not None else None
+        if key is None:
+            return
+        pending = self._by_key.get(key)
+        if not pending:
+            return
+        i = bisect_left(pending, offset)
+        if i < len(pending) and pending[i] == offset:
+            del pending[i]
+            if not pending:
+                del self._by_key[key]
+            elif i == 0:  # the key's next record may go now
+                head = pending[0]
+                self._place(head, self.deliveries[head], now)
+
+    # Leasing from the index -------------------------------------------------------------------
+
+    def ensure_index(self, now: int, max_attempts: int) -> None:
+        """Build the lease index (after replay: every delivery's ordering key known), and move
+        what fell due since the last call into it."""
+        self.max_attempts = max_attempts
+        if self.indexed:
+            self.advance(now)
+            return
+        self._ready = SortedList()
+        self._exhausted = set()
+        self._by_key = {}
+        for off in sorted(self.deliveries):
+            key = self.deliveries[off].order_key
+            if key is not None:
+                self._by_key.setdefault(key, []).append(off)
+        self._timers = [(d.until, o) for o, d in self.deliveries.items() if d.until > now]
+        heapify(self._timers)
+        self.indexed = True
+        for off, d in self.deliveries.items():
+            if d.until <= now:
+                self._place(off, d, now)
+
+    def advance(self, now: int) -> None:
+        """Leases that expired and retries that fell due become available."""
+        timers, deliveries = self._timers, self.deliveries
+        while timers and timers[0][0] <= now:
+            until, off = heappop(timers)
+            d = deliveries.get(off)
+            if d is not None and d.until == until:
+                self._place(off, d, now)
+
+    def _place(self, offset: int, d: Delivery, now: int) -> None:
+        if d.until > now:
+            heappush(self._timers, (d.until, offset))
+        elif d.attempts and d.attempts >= self.max_attempts:
+            self._exhausted.add(offset)  # its last attempt expired: for the dead letters
+        elif d.order_key is None or self._by_key[d.order_key][0] == offset:
+            self._ready.add(offset)
+
+    def ready(self, limit: int) -> list[int]:
+        """Up to `limit` records a lease may take now, lowest offset first."""
+        return list(islice(self._ready, limit))
+
+    def exhausted(self) -> list[int]:
+        """Records whose last attempt's lease expired (for the dead letters), in order."""
+        return sorted(self._exhausted)
+
+def new_grant() -> int:
+    """A lease call's number: random, so a token names one delivery whoever granted it (a
+    grant a replay never saw cannot be granted again under the same token)."""
+    return secrets.randbits(48) | 1
 
 
-def token(offset: int, attempt: int) -> str:
-    """A lease token: names the record and the delivery it was handed out with."""
-    return f"{offset}.{attempt}"
+def token(offset: int, attempt: int, grant: int = 0) -> str:
+    """A lease token: names the record, the attempt and the lease call that granted it
+    (ADR 8's tokens, without the call, name a delivery replayed from that format)."""
+    return f"{offset}.{attempt}.{grant:x}" if grant else f"{offset}.{attempt}"
 
 
-def parse_token(text: object) -> tuple[int, int] | None:
-    """(offset, attempt) of a token, or None if it is not one."""
+def parse_token(text: object) -> tuple[int, int, int] | None:
+    """(offset, attempt, grant) of a token, or None if it is not one."""
     if not isinstance(text, str):
         return None
-    head, sep, tail = text.partition(".")
-    if not sep or not head.isdigit() or not tail.isdigit():
+    m = _TOKEN.fullmatch(text)
+    if m is None:
         return None
-    return int(head), int(tail)
+    return int(m[1]), int(m[2]), int(m[3] or "0", 16)
+
+
+_TOKEN = re.compile(r"([0-9]{1,19})\.([0-9]{1,9})(?:\.([0-9a-f]{1,16}))?")

@@ -11,6 +11,7 @@ from typing import Any
 from aiohttp import web
 
 from vqueues import api, memory, topics
+from vqueues.api.keys import WORK
 from vqueues.cache import RecordCache
 from vqueues.cluster_map import ClusterMap
 from vqueues.kafka import client_config
@@ -20,6 +21,7 @@ from vqueues.kafka.group import GroupMember
 from vqueues.kafka.logs import KafkaOffsetLog, TopicLog
 from vqueues.kafka.producer import AsyncProducer
 from vqueues.kafka.tail import TopicTail
+from vqueues.lease_expiry import LeaseExpiry
 from vqueues.maintenance import Maintenance
 from vqueues.ownership import Ownership
 from vqueues.scheduler import Scheduler
@@ -98,6 +100,8 @@ class Node:
         self._maintenance.append(asyncio.create_task(
             Scheduler(self.service, self.ownership, s.scheduler_tick_ms).run_forever()))
         app = api.create_app(self.service, s)
+        self._maintenance.append(asyncio.create_task(
+            LeaseExpiry(app[WORK], self.ownership, s.scheduler_tick_ms).run_forever()))
         self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=10.0)
         await self._runner.setup()
         await web.TCPSite(self._runner, s.http_host, s.http_port,

@@ -22,6 +22,7 @@ from vqueues.records import (
     generation_of,
 )
 from vqueues.storage import OffsetLog
+from vqueues.window_writes import takeover_checkpoints
 
 log = logging.getLogger(__name__)
 
@@ -89,13 +90,20 @@ class OffsetReplay:
         """Write this owner's fence (`generation`, or above the partition's last) to the offset
         partition before serving: from here on,
         entries of an older owner (a zombie that lost the partition but still writes) are
-        ignored by every replay, and every write of ours carries the new generation."""
+        ignored by every replay, and every write of ours carries the new generation.
+
+        In the same write, every lease window rebuilt from an older owner's window keys is
+        checkpointed under this owner's (ADR 12): a zombie may still tombstone or overwrite
+        its own keys, and compaction would then take away what this owner's state stands
+        on."""
         generation = max(state.fence + 1, generation)
-        key, value = encode_offset_entry(OwnerFenced(generation))
+        header = generation_header(generation)
+        state.generation = generation
+        entries = [OwnerFenced(generation), *takeover_checkpoints(state)]
+        outgoing = [(*encode_offset_entry(e), header) for e in entries]
         for attempt in itertools.count(1):
             try:
-                delivered = await self._offset_log.append(
-                    state.partition, [(key, value, generation_header(generation))])
+                delivered = await self._offset_log.append(state.partition, outgoing)
                 break
             except Exception as exc:
                 log.warning("fence_write_failed", extra={"partition": state.partition,

@@ -53,6 +53,8 @@ from vqueues.records import (
     OwnerFenced,
     QueueDeleted,
     Record,
+    WindowDelta,
+    WindowKeyCleared,
     now_ms,
 )
 from vqueues.schedule import Schedule, control_of
@@ -261,14 +263,21 @@ class PartitionState:
                 self.fence = max(self.fence, e.generation)
             elif generation < self.fence:
                 self.fenced_entries += 1
+                self.leases.fenced(e)
             else:
                 self.apply_offset_entries((e,))
 
-    def apply_offset_entries(self, entries: Iterable[OffsetEntry]) -> None:
-        """Apply offset-topic entries in log order (replay, or our own writes)."""
+    def apply_offset_entries(self, entries: Iterable[OffsetEntry], own: bool = False) -> None:
+        """Apply offset-topic entries in log order (replay, or our own writes: `own`)."""
         leases = self.leases
         for e in entries:
-            if isinstance(e, ConsumerAcked):
+            if isinstance(e, WindowDelta):
+                if e.low_water is not None:
+                    self.index.commit(e.queue, e.consumer, e.low_water, e.ts or now_ms())
+                leases.window_written(e, own, self._offsets_of)
+            elif isinstance(e, WindowKeyCleared):
+                leases.key_cleared(e)
+            elif isinstance(e, ConsumerAcked):
                 self.index.commit(e.queue, e.consumer, e.offset, e.acked_at_ms)
                 leases.acked(e.queue, e.consumer, e.offset, e.dead_lettered)
             elif isinstance(e, ConsumerDeleted):

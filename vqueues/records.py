@@ -10,12 +10,17 @@ JSON arrays, so a queue and a consumer name can never be confused whatever they 
   ["q", queue]           -> {"v": 1, "deleted_before": n, "ts": ms}  the queue was deleted at n:
                                                                       its records below n are gone
   ["s", queue, consumer] -> {"v": 1, "mode", "max_attempts", "dlq", "visibility_ms"}  settings
+  ["W", queue, consumer, gen]      -> msgpack `WindowDelta` (checkpoint): a lease consumer's
+                                      whole window as ranges, written by generation `gen`
+  ["w", queue, consumer, gen, seq] -> msgpack `WindowDelta`: one call's changes to the window
+                                      (tombstones: superseded by a later checkpoint)
   ["r", queue, consumer, offset] -> {"v": 1, "a", "u", "l", "d", "k", "why"}  one record's
-                                    delivery state for a lease consumer (tombstone: settled)
+                                    delivery state (format of ADR 8, still replayed; tombstone:
+                                    settled)
   ["g", generation]      -> {"v": 1, "ts": ms}   an owner took the partition over (a fence)
 Every entry carries its writer's generation in the `vq-gen` header; replay ignores an entry
 whose generation is below the last fence before it (a zombie's late write).
-See docs/adr/0002-offset-topic-format.md and docs/adr/0008-lease-state.md.
+See docs/adr/0002-offset-topic-format.md, 0008-lease-state.md and 0012-lease-state-in-ranges.md.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import json
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import accumulate
 
 import msgspec
 
@@ -117,6 +123,50 @@ class DeliveryCleared:
     offset: int
 
 
+class DeliveryGroup(msgspec.Struct, array_like=True, frozen=True, gc=False):
+    """Records of a window set to one state: leased until `until` (or waiting for a retry, not
+    before `until`), delivered `attempts` times, the last time in lease call `grant`. In the
+    log `offsets` are delta-encoded (ascending)."""
+
+    leased: bool
+    until: int
+    attempts: int
+    grant: int
+    reason: str | None
+    offsets: list[int]
+
+
+class WindowDelta(msgspec.Struct, array_like=True, frozen=True, gc=False):
+    """One write of a lease consumer's window (ADR 12): the records it sets (`groups`), the
+    records it finishes (`done`), the low-water mark and dead-letter count if they moved. A
+    checkpoint (`checkpoint`) is the whole window instead: `frontier` and the done ranges
+    above the mark (`done_ranges`, flat [start, end) pairs), everything else replaced."""
+
+    queue: str
+    consumer: str
+    generation: int
+    seq: int
+    groups: list[DeliveryGroup] = []
+    done: list[int] = []
+    low_water: int | None = None
+    dead_lettered: int | None = None
+    ts: int = 0
+    checkpoint: bool = False
+    frontier: int = 0
+    done_ranges: list[int] = []
+
+
+@dataclass(slots=True, frozen=True)
+class WindowKeyCleared:
+    """A window write superseded by a later checkpoint: a tombstone on its key (`seq` None:
+    the checkpoint key of `generation`)."""
+
+    queue: str
+    consumer: str
+    generation: int
+    seq: int | None
+
+
 @dataclass(slots=True, frozen=True)
 class OwnerFenced:
     """An owner took the partition over with `generation`; older writers are fenced off."""
@@ -125,7 +175,8 @@ class OwnerFenced:
 
 
 OffsetEntry = (ConsumerAcked | ConsumerDeleted | QueueDeleted | ConsumerConfigured
-               | ConsumerConfigCleared | DeliveryUpdated | DeliveryCleared | OwnerFenced)
+               | ConsumerConfigCleared | DeliveryUpdated | DeliveryCleared | OwnerFenced
+               | WindowDelta | WindowKeyCleared)
 GEN_HEADER = "vq-gen"
 
 
@@ -175,7 +226,48 @@ def encode_offset_entry(entry: OffsetEntry) -> OffsetRecord:
         return _key("r", entry.queue, entry.consumer, entry.offset), _body(fields)
     if isinstance(entry, DeliveryCleared):
         return _key("r", entry.queue, entry.consumer, entry.offset), None
+    if isinstance(entry, WindowDelta):
+        return window_key(entry.queue, entry.consumer, entry.generation,
+                          None if entry.checkpoint else entry.seq), _encode_window(entry)
+    if isinstance(entry, WindowKeyCleared):
+        return window_key(entry.queue, entry.consumer, entry.generation, entry.seq), None
     return _key("g", entry.generation), _value()
+
+
+def window_key(queue: str, consumer: str, generation: int, seq: int | None) -> bytes:
+    """The key of a window write: a checkpoint's (`seq` None) or a delta's."""
+    if seq is None:
+        return _key("W", queue, consumer, generation)
+    return _key("w", queue, consumer, generation, seq)
+
+
+def _deltas(offsets: list[int]) -> list[int]:
+    """Ascending offsets as the first and the gaps after it (small numbers: short msgpack)."""
+    return [b - a for a, b in zip([0, *offsets], offsets, strict=False)]
+
+
+def _undeltas(gaps: list[int]) -> list[int]:
+    return list(accumulate(gaps))
+
+
+_WINDOW_ENCODER = msgspec.msgpack.Encoder()
+_WINDOW_DECODER = msgspec.msgpack.Decoder(WindowDelta)
+
+
+def _encode_window(e: WindowDelta) -> bytes:
+    groups = [DeliveryGroup(g.leased, g.until, g.attempts, g.grant, g.reason,
+                            _deltas(g.offsets)) for g in e.groups]
+    return _WINDOW_ENCODER.encode(msgspec.structs.replace(
+        e, groups=groups, done=_deltas(e.done), done_ranges=_deltas(e.done_ranges),
+        ts=e.ts or now_ms()))
+
+
+def _decode_window(value: bytes) -> WindowDelta:
+    e = _WINDOW_DECODER.decode(value)
+    groups = [DeliveryGroup(g.leased, g.until, g.attempts, g.grant, g.reason,
+                            _undeltas(g.offsets)) for g in e.groups]
+    return msgspec.structs.replace(e, groups=groups, done=_undeltas(e.done),
+                                   done_ranges=_undeltas(e.done_ranges))
 
 
 def generation_header(generation: int) -> list[tuple[str, bytes]]:
@@ -222,8 +314,14 @@ def decode_offset_entry(key: bytes | None, value: bytes | None) -> OffsetEntry |
             return ConsumerConfigured(str(parts[1]), str(parts[2]), str(b["mode"]),
                                       int(b["max_attempts"]), b.get("dlq"),
                                       int(b["visibility_ms"]))
+        if parts[0] in ("w", "W") and len(parts) in (4, 5):
+            q, c, gen = str(parts[1]), str(parts[2]), int(parts[3])
+            seq = int(parts[4]) if parts[0] == "w" and len(parts) == 5 else None
+            if value is None:
+                return WindowKeyCleared(q, c, gen, seq)
+            return _decode_window(value)
         if parts[0] == "g" and len(parts) == 2 and value is not None:
             return OwnerFenced(int(parts[1]))
-    except (ValueError, KeyError, TypeError, IndexError):
+    except (ValueError, KeyError, TypeError, IndexError, msgspec.DecodeError):
         return None
     return None

@@ -20,6 +20,7 @@ from vqueues.hashing import partition_for
 from vqueues.idempotency import fingerprint, key_of, payload_of
 from vqueues.leases import CURSOR, LEASE
 from vqueues.locks import KeyedLocks
+from vqueues.offset_writer import OffsetWriter
 from vqueues.ownership import Ownership
 from vqueues.partition_state import PartitionState
 from vqueues.records import (
@@ -84,6 +85,7 @@ class QueueService:
         self.cache = cache
         self._data = data_log
         self._offsets = offset_log
+        self._writer = OffsetWriter(offset_log)  # every offset-topic write goes through it
         self._fetcher = fetcher
         self._fetch_pool = ThreadPoolExecutor(settings.fetchers, thread_name_prefix="vq-fetch")
         self.locks = KeyedLocks()
@@ -263,25 +265,27 @@ class QueueService:
         was revoked meanwhile: the next owner replays them instead. A revocation waits for
         writes in flight, so the next owner's replay sees every write this node answered."""
         with state.writes.writing():
-            delivered = await self._offsets.append(state.partition, self._outgoing(state,
+            delivered = await self._writer.submit(state.partition, self._outgoing(state,
                                                                                    entries))
             if not state.revoked:
                 state.apply_offset_entries(entries)
                 state.offsets_position = max(state.offsets_position, delivered[-1][0] + 1)
 
-    def submit_entries(self, state: PartitionState, entries: Sequence[OffsetEntry]
-                       ) -> Awaitable[None]:
-        """Hand entries to the producer now (so writes keep the order their callers took,
-        under a lock) and apply them at once; the returned awaitable ends once they are
-        durable. For lease state, where concurrent workers must see each other's changes
-        before the writes come back (ADR 8)."""
+    def submit_entries(self, state: PartitionState, entries: Sequence[OffsetEntry],
+                       applied: bool = False) -> Awaitable[None]:
+        """Queue entries for the offset topic now (so writes keep the order their callers
+        took, under a lock; `OffsetWriter` groups them) and apply them at once, unless the
+        caller did (`applied`); the returned awaitable ends once they are durable. For lease
+        state, where concurrent workers must see each other's changes before the writes come
+        back (ADR 8, ADR 12)."""
         state.writes.begin()
         try:
-            pending = self._offsets.submit(state.partition, self._outgoing(state, entries))
+            pending = self._writer.submit(state.partition, self._outgoing(state, entries))
         except BaseException:
             state.writes.end()
             raise
-        state.apply_offset_entries(entries)
+        if not applied:
+            state.apply_offset_entries(entries)
 
         async def durable() -> None:
             try:

@@ -96,9 +96,9 @@ class Settings:
         "settings do not say")
     max_lease_records: int = _f(1000, "largest `max_records` a lease accepts")
     max_lease_window: int = _f(
-        2000, "per lease consumer and queue: most records from the low-water mark to the last "
-        "one handed out (in flight, waiting for a retry, or completed out of order); beyond it "
-        "leasing waits (Kafka share groups cap theirs at 2,000 per partition)")
+        100_000, "per lease consumer and queue: most records from the low-water mark to the "
+        "last one handed out (in flight, waiting for a retry, or completed out of order); "
+        "beyond it leasing waits (SQS allows 120,000 in flight per queue)")
     max_retry_delay_ms: int = _f(43_200_000, "longest `delay_ms` of a retry: 12 h")
     auth: bool = _f(False, "require a bearer token on every API call (docs/security.md); needs "
                     "auth_token_file or a JWT key")

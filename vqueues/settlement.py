@@ -1,22 +1,14 @@
-"""Settling leased records: which tokens are current, and the offset-topic entries that mark
-records done and move the low-water mark (docs/work-queues.md, ADR 8). Decisions on the
-partition's state, made under the consumer's lock; the work service writes what they return."""
+"""Settling leased records: which tokens are current (docs/work-queues.md). A token names one
+delivery: the record, its attempt and the lease call that granted it (ADR 12), so a token of
+a grant that was lost or fenced off is never current, on this owner or the next."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
 from vqueues.errors import BadRequest, Conflict
-from vqueues.lease_choice import queue_offsets
 from vqueues.leases import LEASE, WorkState, parse_token
 from vqueues.partition_state import PartitionState
-from vqueues.records import (
-    ConsumerAcked,
-    DeliveryCleared,
-    DeliveryUpdated,
-    OffsetEntry,
-    now_ms,
-)
 
 
 def parse_tokens(tokens: object) -> list[str]:
@@ -33,7 +25,9 @@ def parse_tokens(tokens: object) -> list[str]:
 
 def check_tokens(state: PartitionState, queue: str, consumer: str, tokens: Sequence[str],
                  done_ok: bool) -> tuple[WorkState, list[tuple[str, int]], list[str]]:
-    """(window, [(token, offset)] to act on, tokens already done); 409 if any is stale."""
+    """(window, [(token, offset)] to act on, tokens already done); 409 if any is stale.
+    A done record's token counts as done only if the record's last delivery could have been
+    that one; a record completed since is `already` for a complete (idempotent)."""
     work = state.work.get((queue, consumer))
     if work is None:
         config = state.configs.get((queue, consumer))
@@ -46,15 +40,19 @@ def check_tokens(state: PartitionState, queue: str, consumer: str, tokens: Seque
     act: list[tuple[str, int]] = []
     already: list[str] = []
     stale: list[str] = []
+    deliveries, done = work.deliveries, work.done
     for text in tokens:
         parsed = parse_token(text)
         assert parsed is not None  # checked by the caller
-        off, attempt = parsed
-        d = work.deliveries.get(off)
-        if off < committed or off in work.done:
+        off, attempt, grant = parsed
+        d = deliveries.get(off)
+        if d is not None:
+            if d.attempts == attempt and d.grant == grant and attempt > 0:
+                act.append((text, off))
+            else:
+                stale.append(text)
+        elif off < committed or off in done:
             (already if done_ok else stale).append(text)
-        elif d is not None and d.attempts == attempt and attempt > 0:
-            act.append((text, off))
         else:
             stale.append(text)
     if stale:
@@ -62,26 +60,3 @@ def check_tokens(state: PartitionState, queue: str, consumer: str, tokens: Seque
                        "expired and the record was leased again, was completed, or never "
                        "existed", stale=stale)
     return work, act, already
-
-
-def settle(state: PartitionState, queue: str, consumer: str, work: WorkState,
-           offsets: Sequence[int], dead: int = 0) -> list[OffsetEntry]:
-    """Entries that mark `offsets` done and move the low-water mark as far as it goes: the
-    committed offset first, then tombstones for what fell below it (a crash between them
-    leaves entries below the mark, which replay ignores). `dead` of them were dead-lettered."""
-    held = queue_offsets(state, queue)
-    committed = state.committed(queue, consumer) or 0
-    for off in offsets:
-        work.deliveries.pop(off, None)
-        work.done.add(off, held)
-    low = work.low_water(held, committed)
-    entries: list[OffsetEntry] = []
-    if low > committed or dead:
-        entries.append(ConsumerAcked(queue, consumer, low, now_ms(),
-                                     work.dead_lettered + dead))
-    below = [o for o in work.window(held, committed) if o < low]
-    below += [o for o in offsets if o < low and o not in below]
-    entries += [DeliveryCleared(queue, consumer, o) for o in sorted(set(below))]
-    entries += [DeliveryUpdated(queue, consumer, o, 0, 0, False, True)
-                for o in offsets if o >= low]
-    return entries

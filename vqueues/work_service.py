@@ -13,17 +13,18 @@ from __future__ import annotations
 
 import time
 
-from vqueues import lease_choice, settlement
+from vqueues import settlement
 from vqueues.consumer_configs import MAX_ATTEMPTS_LIMIT, ConsumerConfigs
 from vqueues.dead_letters import DeadLetters
 from vqueues.errors import BadRequest
 from vqueues.lease_choice import LeaseChoice
-from vqueues.leases import token
+from vqueues.leases import new_grant, token
 from vqueues.partition_state import PartitionState
-from vqueues.records import DeliveryUpdated, OffsetEntry, now_ms
+from vqueues.records import now_ms
 from vqueues.results import ConsumerSettings, LeasedRecord, LeaseResult, SettleResult
 from vqueues.service import QueueService
 from vqueues.settings import Settings
+from vqueues.window_writes import WindowWrite
 
 __all__ = ["MAX_ATTEMPTS_LIMIT", "MAX_REASON_CHARS", "WorkService"]
 
@@ -89,51 +90,62 @@ class WorkService:
         async with self._locks.hold(("c", queue, consumer)):
             work, config = await self.configs.lease_consumer(state, queue, consumer)
             visibility = visibility_ms or config.visibility_ms
-            await self.choice.learn_keys(state, queue, consumer, work)
-            exhausted = lease_choice.exhausted(state, queue, consumer, work, config)
+            await self.choice.prepare(state, queue, consumer, work, config)
+            exhausted = work.exhausted()
             if exhausted:
                 await self.dead_letters.send(state, queue, consumer, config,
                                              {o: "lease expired" for o in exhausted})
+                work.ensure_index(now_ms(), config.max_attempts)
             chosen, skipped = await self.choice.choose(state, queue, consumer, work,
                                                        max_records, tag)
-            if state.revoked:
+            if state.revoked or (not chosen and not skipped):
                 return []
-            entries: list[OffsetEntry] = []
-            if skipped:
-                entries += settlement.settle(state, queue, consumer, work, skipped)
-            if not chosen:
-                if entries:  # only skipped records: their completion is the progress made
-                    await self.queues.submit_entries(state, entries)
-                return []
-            now = now_ms()
-            until = now + visibility
+            write = WindowWrite(state, queue, consumer, work)
+            write.finish(skipped)  # not for this consumer's filter: their completion
+            grant = new_grant()
+            until = now_ms() + visibility
+            before = {}
             for off in chosen:
                 d = work.deliveries[off]
-                entries.append(DeliveryUpdated(queue, consumer, off, d.attempts + 1, until,
-                                               True, False, d.order_key, d.reason))
-            durable = self.queues.submit_entries(state, entries)
+                before[off] = (d.attempts, d.grant, d.until, d.leased)
+                write.put(off, True, until, d.attempts + 1, grant, d.reason)
+            durable = self.queues.submit_entries(state, write.entries(), applied=True)
         try:
             await durable
         except BaseException:
             # Not durable, so not handed out: give the records back as they were.
-            for e in entries:
-                if not isinstance(e, DeliveryUpdated) or not e.leased:
-                    continue
-                cur = work.deliveries.get(e.offset)
-                if cur is not None and cur.attempts == e.attempts:
-                    cur.attempts -= 1
-                    cur.until = 0
-                    cur.leased = False
+            now = now_ms()
+            for off, (attempts, old_grant, old_until, leased) in before.items():
+                cur = work.deliveries.get(off)
+                if cur is not None and cur.grant == grant:
+                    work.put(off, leased, old_until, attempts, old_grant, cur.reason, now)
             raise
+        if not chosen:
+            return []
         records = {r.offset: r for r in await self.queues.resolve(state.partition, chosen)}
         out = []
-        for e in entries:
-            if not isinstance(e, DeliveryUpdated) or not e.leased:
-                continue
-            rec = records.get(e.offset)
+        for off in chosen:
+            rec = records.get(off)
             if rec is not None:  # gone only if retention removed it meanwhile
-                out.append(LeasedRecord(rec, token(e.offset, e.attempts), e.attempts, until))
+                attempt = before[off][0] + 1
+                out.append(LeasedRecord(rec, token(off, attempt, grant), attempt, until))
         return out
+
+    async def dead_letter_expired(self, state: PartitionState, queue: str, consumer: str
+                                  ) -> int:
+        """Send the consumer's records whose last attempt expired to the dead letters now;
+        returns how many went."""
+        async with self._locks.hold(("c", queue, consumer)):
+            work = state.work.get((queue, consumer))
+            if work is None or state.revoked:
+                return 0
+            config = self.configs.of(state, queue, consumer)
+            await self.choice.prepare(state, queue, consumer, work, config)
+            exhausted = work.exhausted()
+            if exhausted:
+                await self.dead_letters.send(state, queue, consumer, config,
+                                             {o: "lease expired" for o in exhausted})
+            return len(exhausted)
 
     # Settling ----------------------------------------------------------------------------------
 
@@ -148,8 +160,11 @@ class WorkService:
         async with self._locks.hold(("c", queue, consumer)):
             state = self.ownership.require(p)
             work, act, already = settlement.check_tokens(state, queue, consumer, tokens, True)
-            entries = settlement.settle(state, queue, consumer, work, [o for _, o in act])
-            durable = self.queues.submit_entries(state, entries) if entries else None
+            durable = None
+            if act:
+                write = WindowWrite(state, queue, consumer, work)
+                write.finish([o for _, o in act])
+                durable = self.queues.submit_entries(state, write.entries(), applied=True)
         if durable is not None:
             await durable
         self.metrics.records_completed.inc(len(act))
@@ -175,23 +190,25 @@ class WorkService:
             work, act, _ = settlement.check_tokens(state, queue, consumer, tokens, False)
             config = self.configs.of(state, queue, consumer)
             until = now_ms() + delay_ms
-            entries: list[OffsetEntry] = []
+            write = WindowWrite(state, queue, consumer, work)
             dead: dict[int, str] = {}
             dead_tokens = []
+            retried = 0
             for text, off in act:
                 d = work.deliveries[off]
                 if d.attempts >= config.max_attempts:
                     dead[off] = reason or "retried"
                     dead_tokens.append(text)
                 else:
-                    entries.append(DeliveryUpdated(queue, consumer, off, d.attempts, until,
-                                                   False, False, d.order_key, reason))
-            durable = self.queues.submit_entries(state, entries) if entries else None
+                    write.put(off, False, until, d.attempts, d.grant, reason)
+                    retried += 1
+            durable = (self.queues.submit_entries(state, write.entries(), applied=True)
+                       if write else None)
             if dead:
                 await self.dead_letters.send(state, queue, consumer, config, dead)
         if durable is not None:
             await durable
-        self.metrics.records_retried.inc(len(entries))
+        self.metrics.records_retried.inc(retried)
         state.wake(queue)
         return SettleResult(queue, consumer, [t for t, _ in act], dead_tokens,
                             state.committed(queue, consumer) or 0)
@@ -205,12 +222,11 @@ class WorkService:
             state = self.ownership.require(p)
             work, act, _ = settlement.check_tokens(state, queue, consumer, tokens, False)
             until = now_ms() + visibility_ms
-            entries: list[OffsetEntry] = []
+            write = WindowWrite(state, queue, consumer, work)
             for _, off in act:
                 d = work.deliveries[off]
-                entries.append(DeliveryUpdated(queue, consumer, off, d.attempts, until, True,
-                                               False, d.order_key, d.reason))
-            durable = self.queues.submit_entries(state, entries)
+                write.put(off, True, until, d.attempts, d.grant, d.reason)
+            durable = self.queues.submit_entries(state, write.entries(), applied=True)
         await durable
         return SettleResult(queue, consumer, [t for t, _ in act], [],
                             state.committed(queue, consumer) or 0, until)

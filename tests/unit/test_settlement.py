@@ -1,4 +1,5 @@
-"""Settling leased records: which tokens are current, and the entries that move the mark."""
+"""Settling leased records: which tokens are current, and the window writes that settle them
+(one delta per call, a checkpoint now and then, ADR 12)."""
 
 import pytest
 
@@ -13,59 +14,105 @@ from vqueues.records import (
     DeliveryCleared,
     DeliveryUpdated,
     Record,
+    WindowDelta,
+    WindowKeyCleared,
 )
+from vqueues.window_writes import CHECKPOINT_EVERY, WindowWrite
+
+GRANT = 0x5A
 
 
 def leased_state(offsets=(0, 2, 4, 6)):
     """Queue q with a lease consumer w at 0 holding leases on every record (attempt 1)."""
     s = PartitionState(0, RecordCache(1 << 20))
+    s.generation = 3
     s.apply_records([("q", Record(o, 1, b"v", ())) for o in offsets], None)
     s.apply_offset_entries([ConsumerAcked("q", "w", 0, 0),
                             ConsumerConfigured("q", "w", LEASE, 5, None, 30_000)])
-    s.apply_offset_entries([DeliveryUpdated("q", "w", o, 1, 10**15, True, False)
-                            for o in offsets])
+    work = s.work[("q", "w")]
+    write = WindowWrite(s, "q", "w", work)
+    for o in offsets:
+        write.put(o, True, 10**15, 1, GRANT, None)
+    write.entries()
     return s
+
+
+def settle(s, offsets, dead=0):
+    write = WindowWrite(s, "q", "w", s.work[("q", "w")])
+    write.finish(list(offsets), dead)
+    return write.entries()
 
 
 def test_tokens_are_a_non_empty_list_without_repeats():
     assert settlement.parse_tokens("3.1") == ["3.1"]
-    assert settlement.parse_tokens(["3.1", "4.1", "3.1"]) == ["3.1", "4.1"]
-    for bad in ([], None, ["x"], [3]):
+    assert settlement.parse_tokens(["3.1.a", "4.1", "3.1.a"]) == ["3.1.a", "4.1"]
+    for bad in ([], None, ["x"], [3], ["3.1.xyz"], ["3.1.2.4"]):
         with pytest.raises(VQError) as exc:
             settlement.parse_tokens(bad)
         assert exc.value.code == "invalid_token"
 
 
-def test_a_token_of_another_attempt_is_stale_and_a_done_one_is_already_done():
+def test_a_token_of_another_attempt_or_grant_is_stale_and_a_done_one_is_already_done():
     s = leased_state()
-    work, act, already = settlement.check_tokens(s, "q", "w", [token(2, 1)], True)
-    assert act == [(token(2, 1), 2)] and already == []
-    with pytest.raises(VQError) as exc:
-        settlement.check_tokens(s, "q", "w", [token(2, 2), token(4, 1)], False)
-    assert exc.value.code == "lease_expired" and exc.value.details["stale"] == [token(2, 2)]
-    s.apply_offset_entries(settlement.settle(s, "q", "w", work, [2]))
-    assert settlement.check_tokens(s, "q", "w", [token(2, 1)], True)[2] == [token(2, 1)]
+    current = token(2, 1, GRANT)
+    _, act, already = settlement.check_tokens(s, "q", "w", [current], True)
+    assert act == [(current, 2)] and already == []
+    for stale in (token(2, 2, GRANT), token(2, 1, GRANT + 2), token(2, 1)):
+        with pytest.raises(VQError) as exc:
+            settlement.check_tokens(s, "q", "w", [stale, token(4, 1, GRANT)], False)
+        assert exc.value.code == "lease_expired" and exc.value.details["stale"] == [stale]
+    settle(s, [2])
+    assert settlement.check_tokens(s, "q", "w", [current], True)[2] == [current]
     with pytest.raises(VQError):
-        settlement.check_tokens(s, "q", "w", [token(2, 1)], False)  # retry of a done record
+        settlement.check_tokens(s, "q", "w", [current], False)  # retry of a done record
 
 
 def test_a_consumer_without_a_window_holds_no_lease():
     s = leased_state()
     with pytest.raises(VQError) as exc:
-        settlement.check_tokens(s, "q", "nobody", [token(0, 1)], True)
+        settlement.check_tokens(s, "q", "nobody", [token(0, 1, GRANT)], True)
     assert exc.value.code == "lease_expired"
 
 
-def test_settling_moves_the_mark_over_the_done_run_and_marks_the_rest_done():
+def test_one_write_per_call_moves_the_mark_over_the_done_run():
     s = leased_state()
-    work = s.work[("q", "w")]
-    above = settlement.settle(s, "q", "w", work, [4])
-    assert above == [DeliveryUpdated("q", "w", 4, 0, 0, False, True)]  # 0 still leased
-    s.apply_offset_entries(above)
-    entries = settlement.settle(s, "q", "w", work, [0, 2])
-    acked = entries[0]
-    assert isinstance(acked, ConsumerAcked) and acked.offset == 6  # 0, 2 and 4 are done
-    assert [e.offset for e in entries[1:]] == [0, 2, 4]
-    assert all(isinstance(e, DeliveryCleared) for e in entries[1:])
-    dead = settlement.settle(s, "q", "w", work, [6], dead=1)
-    assert isinstance(dead[0], ConsumerAcked) and dead[0].dead_lettered == 1
+    (above,) = settle(s, [4])
+    assert isinstance(above, WindowDelta) and above.done == [4] and above.low_water is None
+    (delta,) = settle(s, [0, 2])
+    assert delta.low_water == 6 and s.committed("q", "w") == 6  # 0, 2 and 4 are done
+    (dead,) = settle(s, [6], dead=1)
+    assert dead.dead_lettered == 1 and dead.low_water == 7
+    assert s.work[("q", "w")].dead_lettered == 1
+
+
+def test_a_checkpoint_supersedes_the_writes_before_it():
+    s = leased_state(range(200))
+    keys_before = None
+    for i in range(CHECKPOINT_EVERY * 2):
+        entries = settle(s, [i])
+        if len(entries) > 1:
+            checkpoint, *tombstones = entries[1:]
+            assert isinstance(checkpoint, WindowDelta) and checkpoint.checkpoint
+            assert checkpoint.low_water == s.committed("q", "w") == i + 1
+            assert all(isinstance(t, WindowKeyCleared) for t in tombstones)
+            keys_before = {(t.generation, t.seq) for t in tombstones}
+            # every delta since the lease, the one just written with the checkpoint too
+            assert keys_before == {(3, n) for n in range(1, entries[0].seq + 1)}
+            break
+    assert keys_before is not None and len(keys_before) == CHECKPOINT_EVERY
+    assert list(s.work[("q", "w")].log_keys) == [(3, None)]
+
+
+def test_a_window_in_adr_8s_format_is_checkpointed_at_its_first_write():
+    s = PartitionState(0, RecordCache(1 << 20))
+    s.generation = 4
+    s.apply_records([("q", Record(o, 1, b"v", ())) for o in (0, 1, 2)], None)
+    s.apply_offset_entries([ConsumerAcked("q", "w", 0, 0),
+                            ConsumerConfigured("q", "w", LEASE, 5, None, 30_000),
+                            DeliveryUpdated("q", "w", 0, 1, 10**15, True, False),
+                            DeliveryUpdated("q", "w", 1, 1, 10**15, True, False)])
+    assert s.work[("q", "w")].legacy
+    settlement.check_tokens(s, "q", "w", [token(1, 1)], True)  # its tokens still work
+    _, checkpoint, *tombstones = settle(s, [1])
+    assert checkpoint.checkpoint and not s.work[("q", "w")].legacy
+    assert {t.offset for t in tombstones if isinstance(t, DeliveryCleared)} == {0, 1}

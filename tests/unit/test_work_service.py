@@ -311,8 +311,9 @@ def test_done_ranges_merge_across_other_queues_records():
 
 
 def test_tokens_name_the_record_and_the_delivery():
-    assert parse_token(token(17, 3)) == (17, 3)
-    for bad in ("", "17", "a.b", "1.2.3", None, 5, "-1.2"):
+    assert parse_token(token(17, 3)) == (17, 3, 0)  # ADR 8's tokens: no grant
+    assert parse_token(token(17, 3, 0xBEEF)) == (17, 3, 0xBEEF)
+    for bad in ("", "17", "a.b", "1.2.x", "1.2.3.4", None, 5, "-1.2", "1.2.F"):
         assert parse_token(bad) is None
 
 
@@ -352,10 +353,22 @@ async def test_random_histories_rebuild_to_the_same_state(node, settings, seed):
     svc2.close()
 
 
-async def test_a_snapshot_carries_the_lease_state_and_the_fence(node):
+async def snapshot_round_trip(state):
+    """A snapshot of `state` captured, encoded, decoded and restored into a fresh partition:
+    (the fresh partition, the loaded snapshot)."""
     from vqueues import snapshot as snap
     from vqueues.partition_state import PartitionState
 
+    image = await snap.capture(state, state.offsets_position)
+    chunks, manifest = snap.encode(image, 1)
+    loaded = snap.latest(state.partition, [*chunks, (snap.manifest_key(state.partition),
+                                                     manifest)])
+    fresh = PartitionState(state.partition, RecordCache(1 << 20))
+    snap.restore(fresh, loaded, snap.build(loaded))
+    return fresh, loaded
+
+
+async def test_a_snapshot_carries_the_lease_state_and_the_fence(node):
     svc, work, *_ = node
     await work.configure("s", "w", "lease", 2, "s-dlq", 5000)
     await _fill(svc, "s", 6, key="k")
@@ -364,12 +377,7 @@ async def test_a_snapshot_carries_the_lease_state_and_the_fence(node):
     await work.complete("s", "w", [leased[-1].token])
     await work.retry("s", "w", [leased[1].token], 1000, "why")
     state = svc.ownership.require(svc.partition_of("s"))
-    image = await snap.capture(state, state.offsets_position)
-    chunks, manifest = snap.encode(image, 1)
-    loaded = snap.latest(state.partition, [*chunks, (snap.manifest_key(state.partition),
-                                                     manifest)])
-    fresh = PartitionState(state.partition, RecordCache(1 << 20))
-    snap.restore(fresh, loaded, snap.build(loaded))
+    fresh, _ = await snapshot_round_trip(state)
     assert fresh.fence == state.fence > 0
     assert fresh.configs == state.configs
     key = ("s", "w")
@@ -379,3 +387,49 @@ async def test_a_snapshot_carries_the_lease_state_and_the_fence(node):
             for o, d in fresh.work[key].deliveries.items()} == \
         {o: (d.attempts, d.until, d.leased, d.order_key, d.reason)
          for o, d in state.work[key].deliveries.items()}
+
+
+async def test_one_slow_record_does_not_hold_back_the_queue():
+    """The default window (100,000 records in flight or done out of order): one record held
+    for long, thousands of others leased and completed past it."""
+    data_log, offset_log = MemoryLog(), MemoryLog()
+    svc, work = await _node(data_log, offset_log, Settings(write_visible_timeout_ms=1000))
+    try:
+        assert Settings().max_lease_window >= 100_000
+        offsets = await _fill(svc, "slow", 5000)
+        held = (await work.lease("slow", "w", 1, 600_000, 0)).records
+        assert [r.record.offset for r in held] == offsets[:1]
+        done = 0
+        while True:
+            got = (await work.lease("slow", "w", 1000, 60_000, 0)).records
+            if not got:
+                break
+            await work.complete("slow", "w", [r.token for r in got])
+            done += len(got)
+        assert done == 4999
+        info = svc.queue_info("slow").consumers[0]
+        assert (info.offset, info.in_flight, info.available) == (offsets[0], 1, 0)
+        await work.complete("slow", "w", [held[0].token])
+        assert svc.queue_info("slow").consumers[0].offset == offsets[-1] + 1
+    finally:
+        svc.close()
+
+
+async def test_an_expired_last_attempt_is_dead_lettered_when_it_expires(node):
+    from vqueues.lease_expiry import LeaseExpiry
+    svc, work, *_ = node
+    await work.configure("late", "w", "lease", 1, "late-dlq", None)
+    await _fill(svc, "late", 2)
+    leased = (await work.lease("late", "w", 1, 100, 0)).records
+    expiry = asyncio.create_task(LeaseExpiry(work, svc.ownership, 20).run_forever())
+    try:
+        for _ in range(100):  # no lease call meanwhile
+            await asyncio.sleep(0.02)
+            if svc.queue_info("late").consumers[0].dead_lettered:
+                break
+        assert svc.queue_info("late").consumers[0].dead_lettered == 1
+        dead = (await svc.read("late-dlq", None, None, 10, 1000)).records
+        assert [d.value for d in dead] == [leased[0].record.value]
+        assert dict(dead[0].headers)["vq-dlq-reason"] == b"lease expired"
+    finally:
+        expiry.cancel()

@@ -1,0 +1,39 @@
+"""Lease expiry: a record whose last attempt's lease expires goes to the dead letters when it
+expires (within a scheduler tick), not at the next lease call on its consumer
+(docs/work-queues.md). Each owned partition keeps the deadlines of its last-attempt leases in
+a heap (`LeaseWindows.last_attempts`), so a tick costs what fell due, not a walk of every
+lease consumer."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from vqueues.ownership import Ownership
+from vqueues.records import now_ms
+from vqueues.work_service import WorkService
+
+log = logging.getLogger(__name__)
+
+
+class LeaseExpiry:
+    def __init__(self, work: WorkService, ownership: Ownership, tick_ms: int) -> None:
+        self.work = work
+        self.ownership = ownership
+        self.tick_s = tick_ms / 1000
+
+    async def run_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.tick_s)
+            now = now_ms()
+            for state in list(self.ownership.states.values()):
+                if not state.ready.is_set() or not state.leases.last_attempts or \
+                        state.leases.last_attempts[0][0] > now:
+                    continue
+                for queue, consumer in state.leases.due_last_attempts(now):
+                    try:
+                        await self.work.dead_letter_expired(state, queue, consumer)
+                    except Exception:  # logged; the next lease call dead-letters them
+                        log.exception("dead_letter_failed", extra={
+                            "partition": state.partition, "queue": queue,
+                            "consumer": consumer})
