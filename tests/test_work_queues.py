@@ -436,3 +436,97 @@ def test_the_blocking_client_runs_a_worker_with_a_plain_function(node):
         info = vq.queue_info(q)
         assert info is not None and info["consumers"][0]["lag"] == 0
         assert vq.consumer_settings(q, "w")["visibility_ms"] == 5000
+
+
+class CountingClient(AsyncClient):
+    """Counts the work calls a Worker makes."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(url)
+        self.calls: Counter[str] = Counter()
+
+    async def lease(self, *args, **kw):  # type: ignore[no-untyped-def]
+        self.calls["lease"] += 1
+        return await super().lease(*args, **kw)
+
+    async def complete(self, *args, **kw):  # type: ignore[no-untyped-def]
+        self.calls["complete"] += 1
+        return await super().complete(*args, **kw)
+
+    async def extend(self, *args, **kw):  # type: ignore[no-untyped-def]
+        self.calls["extend"] += 1
+        return await super().extend(*args, **kw)
+
+
+async def test_a_worker_leases_ahead_and_completes_in_batches(node):
+    q = qname("batched")
+    async with CountingClient(node.url) as vq:
+        await fill(vq, q, [f"r{i}" for i in range(600)])
+        done: list[str] = []
+
+        async def handle(lease):
+            done.append(lease.text)
+
+        worker = Worker(vq, q, "w", handle, concurrency=8, wait_ms=200)
+        runner = asyncio.create_task(worker.run())
+        deadline = time.monotonic() + 30
+        while len(done) < 600 and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        await worker.stop()
+        await runner
+        assert sorted(done) == sorted(f"r{i}" for i in range(600))
+        assert worker.completed == 600
+        # Leases of up to 16 (8 slots + 8 ahead), completions gathered a few ms at a time:
+        # far fewer calls than records, and no extend for a quick handler.
+        assert vq.calls["lease"] < 150 and vq.calls["complete"] < 300
+        assert vq.calls["extend"] == 0
+        info = await vq.queue_info(q)
+        assert info is not None and info["consumers"][0]["lag"] == 0
+
+
+async def test_a_worker_extends_only_the_lease_of_a_slow_handler(node):
+    q = qname("slowone")
+    async with CountingClient(node.url) as vq:
+        await fill(vq, q, ["slow"] + [f"quick{i}" for i in range(20)])
+        seen: Counter[str] = Counter()
+
+        async def handle(lease):
+            seen[lease.text] += 1
+            if lease.text == "slow":
+                await asyncio.sleep(2.5)  # twice its visibility
+
+        worker = Worker(vq, q, "w", handle, concurrency=4, visibility_ms=1200, wait_ms=200)
+        runner = asyncio.create_task(worker.run())
+        deadline = time.monotonic() + 20
+        while worker.completed < 21 and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        await worker.stop()
+        await runner
+        assert seen["slow"] == 1 and all(n == 1 for n in seen.values())  # never redelivered
+        # The slow one was extended (at least twice over 2.5 s); the quick ones never were.
+        assert 2 <= vq.calls["extend"] <= 8
+
+
+async def test_a_worker_on_several_idle_queues_long_polls_instead_of_spinning(node):
+    queues = [qname(f"idle{i}") for i in range(3)]
+    async with CountingClient(node.url) as vq:
+        got: list[tuple[str, float]] = []
+
+        async def handle(lease):
+            got.append((lease.text, time.monotonic()))
+
+        worker = Worker(vq, queues, "w", handle, concurrency=2, wait_ms=500)
+        runner = asyncio.create_task(worker.run())
+        await asyncio.sleep(1.5)
+        idle_calls = vq.calls["lease"]
+        sent = time.monotonic()
+        await fill(vq, queues[2], ["late"])
+        deadline = time.monotonic() + 10
+        while not got and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        await worker.stop()
+        await runner
+        # 1.5 s idle over 3 queues at 500 ms a poll: about 3 polls each (a 50 ms sleep loop
+        # made 30 each), and the record arriving meanwhile answered a parked poll at once.
+        assert idle_calls <= 15
+        assert [t for t, _ in got] == ["late"] and got[0][1] - sent < 0.4

@@ -58,13 +58,16 @@ class LeaseChoice:
         work.ensure_index(now_ms(), config.max_attempts)
 
     async def choose(self, state: PartitionState, queue: str, consumer: str, work: WorkState,
-                     max_records: int, tag: str | None = None) -> tuple[list[int], list[int]]:
+                     max_records: int, tag: str | None = None
+                     ) -> tuple[list[int], list[int], dict[int, Record]]:
         """The offsets to lease, in offset order: first the window's available records, then
         new ones (each joins the window); a record waits while an earlier record with its
-        ordering key is not done. Also the new records `tag` filters out (to complete)."""
+        ordering key is not done. Also the new records `tag` filters out (to complete), and
+        the records read on the way (by offset)."""
         chosen = work.ready(max_records)
+        seen: dict[int, Record] = {}
         if len(chosen) >= max_records:
-            return chosen, []
+            return chosen, [], seen
         skipped: list[int] = []
         committed = state.committed(queue, consumer) or 0
         room = self.settings.max_lease_window - work.window_size(queue_offsets(state, queue),
@@ -75,8 +78,9 @@ class LeaseChoice:
             if not ahead:
                 break
             records = {r.offset: r for r in await self.queues.resolve(state.partition, ahead)}
+            seen.update(records)
             if state.revoked:
-                return [], []
+                return [], [], seen
             now = now_ms()
             for off in ahead:
                 if off < work.frontier:  # another call took it meanwhile
@@ -93,4 +97,4 @@ class LeaseChoice:
                     chosen.append(off)
                 if len(chosen) >= max_records or room <= 0:
                     break
-        return chosen, skipped
+        return chosen, skipped, seen

@@ -11,7 +11,6 @@ most the consumer's window limit of records; beyond it, leasing waits. Pure stat
 
 from __future__ import annotations
 
-import re
 import secrets
 from array import array
 from bisect import bisect_left, bisect_right, insort
@@ -365,12 +364,22 @@ def token(offset: int, attempt: int, grant: int = 0) -> str:
 
 def parse_token(text: object) -> tuple[int, int, int] | None:
     """(offset, attempt, grant) of a token, or None if it is not one."""
-    if not isinstance(text, str):
+    if not isinstance(text, str) or not 3 <= len(text) <= 64 or not text.isascii():
         return None
-    m = _TOKEN.fullmatch(text)
-    if m is None:
+    parts = text.split(".")
+    n = len(parts)
+    if n == 3:
+        head, attempt, grant = parts
+        if not grant or len(grant) > 16 or grant.strip(_HEX):
+            return None
+    elif n == 2:
+        head, attempt = parts
+        grant = "0"
+    else:
         return None
-    return int(m[1]), int(m[2]), int(m[3] or "0", 16)
+    if not head.isdigit() or not attempt.isdigit() or len(head) > 19 or len(attempt) > 9:
+        return None
+    return int(head), int(attempt), int(grant, 16)
 
 
-_TOKEN = re.compile(r"([0-9]{1,19})\.([0-9]{1,9})(?:\.([0-9a-f]{1,16}))?")
+_HEX = "0123456789abcdef"

@@ -238,7 +238,15 @@ def window_key(queue: str, consumer: str, generation: int, seq: int | None) -> b
     """The key of a window write: a checkpoint's (`seq` None) or a delta's."""
     if seq is None:
         return _key("W", queue, consumer, generation)
-    return _key("w", queue, consumer, generation, seq)
+    prefix = _WINDOW_PREFIXES.get((queue, consumer))
+    if prefix is None:  # the JSON of the names, once per consumer (not per write)
+        if len(_WINDOW_PREFIXES) >= 10_000:
+            _WINDOW_PREFIXES.clear()
+        prefix = _WINDOW_PREFIXES[(queue, consumer)] = _key("w", queue, consumer)[:-1]
+    return b"%s,%d,%d]" % (prefix, generation, seq)
+
+
+_WINDOW_PREFIXES: dict[tuple[str, str], bytes] = {}
 
 
 def _deltas(offsets: list[int]) -> list[int]:

@@ -96,8 +96,8 @@ class WorkService:
                 await self.dead_letters.send(state, queue, consumer, config,
                                              {o: "lease expired" for o in exhausted})
                 work.ensure_index(now_ms(), config.max_attempts)
-            chosen, skipped = await self.choice.choose(state, queue, consumer, work,
-                                                       max_records, tag)
+            chosen, skipped, seen = await self.choice.choose(state, queue, consumer, work,
+                                                             max_records, tag)
             if state.revoked or (not chosen and not skipped):
                 return []
             write = WindowWrite(state, queue, consumer, work)
@@ -122,7 +122,10 @@ class WorkService:
             raise
         if not chosen:
             return []
-        records = {r.offset: r for r in await self.queues.resolve(state.partition, chosen)}
+        records = {off: seen[off] for off in chosen if off in seen}
+        if len(records) < len(chosen):
+            records.update((r.offset, r) for r in await self.queues.resolve(
+                state.partition, [off for off in chosen if off not in seen]))
         out = []
         for off in chosen:
             rec = records.get(off)

@@ -1,11 +1,16 @@
 """`Worker`: a pool of handlers on a lease consumer (docs/work-queues.md).
 
-Each of `concurrency` slots leases a record, runs the handler on it (a coroutine function, or a
-plain function run in a thread), extends the lease while the handler runs, and then completes
-the record; if the handler raises, the record is retried after a backoff that grows with its
-attempt number, with the exception as the reason (past the consumer's `max_attempts` the server
-moves it to the dead-letter queue). `stop()` stops leasing and lets running handlers finish, or,
-with `finish=False`, cancels them and gives their records back at once.
+`concurrency` handler slots take leased records from a buffer; a leaser per queue keeps the
+buffer filled ahead of them (prefetch: at most `concurrency + prefetch` records leased at a time,
+in calls of up to `max_batch`), long-polling a queue that has nothing with one slot reserved, so
+an idle queue holds no room another could use. A handler that returns has its record completed
+in a batch with the others finishing within `complete_delay_ms` (one call, not one per record);
+one that raises has its record retried after a backoff that grows with its attempt number, with
+the exception as the reason (past the consumer's `max_attempts` the server moves it to the
+dead-letter queue). A lease close to its deadline (a slow handler, or a record waiting in the
+buffer) is extended, in one call per queue; others never are. `stop()` stops leasing, gives the
+records still in the buffer back and lets running handlers finish, or, with `finish=False`,
+cancels them and gives their records back at once.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import contextlib
 import inspect
 import logging
 import random
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -24,6 +30,7 @@ from vqueues_client.errors import VQError
 log = logging.getLogger(__name__)
 
 Handler = Callable[[Lease], Awaitable[Any]] | Callable[[Lease], Any]
+_Item = tuple[str, Lease]
 
 
 class Worker:
@@ -32,91 +39,162 @@ class Worker:
     def __init__(self, client: AsyncClient, queues: str | list[str], consumer: str,
                  handler: Handler, *, concurrency: int = 8, visibility_ms: int = 30_000,
                  wait_ms: int = 1000, idle_sleep_s: float = 0.05,
-                 backoff_initial_ms: int = 1000, backoff_max_ms: int = 60_000) -> None:
+                 backoff_initial_ms: int = 1000, backoff_max_ms: int = 60_000,
+                 prefetch: int | None = None, max_batch: int = 100,
+                 complete_delay_ms: float = 5.0) -> None:
         self.client = client
         self.queues = [queues] if isinstance(queues, str) else list(queues)
         if not self.queues:
             raise ValueError("a Worker needs at least one queue")
+        if concurrency < 1 or max_batch < 1:
+            raise ValueError("concurrency and max_batch must be at least 1")
         self.consumer = consumer
         self.handler = handler
         self.concurrency = concurrency
         self.visibility_ms = visibility_ms
         self.wait_ms = wait_ms
-        self.idle_sleep_s = idle_sleep_s
+        self.idle_sleep_s = idle_sleep_s  # the pause after a failed lease call
         self.backoff_initial_ms = backoff_initial_ms
         self.backoff_max_ms = backoff_max_ms
+        self.capacity = concurrency + (concurrency if prefetch is None else max(0, prefetch))
+        self.max_batch = max_batch
+        self.complete_delay_s = complete_delay_ms / 1000
         self.completed = 0
         self.failed = 0
         self._stopping = asyncio.Event()
         self._finish = True
-        self._slots: list[asyncio.Task[None]] = []
+        self._buffer: asyncio.Queue[_Item] = asyncio.Queue()
+        self._held = 0  # records leased and not yet settled, plus slots reserved for a lease
+        self._room = asyncio.Event()  # set when `_held` falls
+        self._leases: dict[str, tuple[str, Lease]] = {}  # token -> (queue, lease): unsettled
+        self._deadlines: dict[str, int] = {}  # token -> deadline (UTC ms), extended ones too
+        self._done: dict[str, list[Lease]] = {}  # queue -> handled, to complete
+        self._flushers: dict[str, asyncio.Task[None]] = {}
         self._running: set[asyncio.Task[Any]] = set()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._started = False
+        self._stopped = asyncio.Event()
         self._is_async = inspect.iscoroutinefunction(handler)
 
     async def run(self) -> None:
-        """Run the slots until `stop()` (then return once they are done)."""
-        self._slots = [asyncio.create_task(self._slot(i)) for i in range(self.concurrency)]
+        """Lease and handle until `stop()` (then return once everything is settled)."""
+        leasers = [asyncio.create_task(self._leaser(q)) for q in self.queues]
+        slots = [asyncio.create_task(self._slot()) for _ in range(self.concurrency)]
+        keeper = asyncio.create_task(self._keeper())
+        self._tasks = [*leasers, *slots, keeper]
+        self._started = True
         try:
-            await asyncio.gather(*self._slots)
-        finally:
-            for t in self._slots:
+            await self._stopping.wait()
+            # Each leaser ends after its call in progress (at most `wait_ms`): a call cut off
+            # could lose records the server had just granted (until their deadline).
+            await asyncio.gather(*leasers, return_exceptions=True)
+            await self._give_back_buffered()
+            if not self._finish:
+                for t in list(self._running):
+                    t.cancel()
+            await self._buffer.join()  # every handler taken has finished
+            for t in slots:
                 t.cancel()
+            await self._flush_all()
+        finally:
+            for t in self._tasks:
+                t.cancel()
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+            self._stopped.set()
 
     async def stop(self, finish: bool = True) -> None:
-        """Stop leasing. `finish`: running handlers complete their records; otherwise they are
-        cancelled and their records given back (retry with no delay)."""
+        """Stop leasing and return once `run` has returned. `finish`: running handlers complete
+        their records; otherwise they are cancelled and their records given back (retry with
+        no delay). Records leased ahead and not started are given back either way."""
         self._finish = finish
         self._stopping.set()
-        if not finish:
-            for t in list(self._running):
-                t.cancel()
-        if self._slots:
-            await asyncio.gather(*self._slots, return_exceptions=True)
+        self._room.set()  # a leaser waiting for room ends
+        if self._started:
+            await self._stopped.wait()
 
     def backoff_ms(self, attempt: int) -> int:
         """Delay before a failed record comes again: exponential in its attempt, jittered."""
         base = min(self.backoff_max_ms, self.backoff_initial_ms * 2 ** max(0, attempt - 1))
         return int(base * random.uniform(0.5, 1.0))
 
-    async def _slot(self, index: int) -> None:
-        turn = index % len(self.queues)
+    # Leasing ahead ---------------------------------------------------------------------------
+
+    async def _reserve(self, most: int) -> int:
+        """Reserve up to `most` records' room (at least one); waits while there is none
+        (0 once stopping)."""
+        while self.capacity - self._held < 1:
+            if self._stopping.is_set():
+                return 0
+            self._room.clear()
+            await self._room.wait()
+        n = min(most, self.capacity - self._held)
+        self._held += n
+        return n
+
+    def _release(self, n: int) -> None:
+        self._held -= n
+        self._room.set()
+
+    async def _leaser(self, queue: str) -> None:
+        idle = False  # the last lease found nothing: long-poll with one slot reserved
         while not self._stopping.is_set():
-            got: list[Lease] = []
-            queue = self.queues[turn]
-            # One queue: long-poll it. Several: look at each in turn, then rest a moment.
-            for _ in range(len(self.queues)):
-                queue = self.queues[turn]
-                turn = (turn + 1) % len(self.queues)
-                wait = self.wait_ms if len(self.queues) == 1 else 0
-                try:
-                    got = await self.client.lease(queue, self.consumer, max_records=1,
-                                                  visibility_ms=self.visibility_ms,
-                                                  wait_ms=wait)
-                except VQError as exc:
-                    log.warning("lease_failed", extra={"queue": queue, "error": str(exc)})
-                    await asyncio.sleep(self.idle_sleep_s)
-                if got or self._stopping.is_set():
-                    break
-            if not got:
-                if len(self.queues) > 1:
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(self._stopping.wait(), self.idle_sleep_s)
+            n = await self._reserve(1 if idle else self.max_batch)
+            if not n:
+                return
+            try:
+                got = await self.client.lease(queue, self.consumer, max_records=n,
+                                              visibility_ms=self.visibility_ms,
+                                              wait_ms=self.wait_ms if idle else 0)
+            except VQError as exc:
+                self._release(n)
+                log.warning("lease_failed", extra={"queue": queue, "error": str(exc)})
+                await asyncio.sleep(self.idle_sleep_s)
                 continue
+            except BaseException:
+                self._release(n)
+                raise
+            self._release(n - len(got))
+            idle = not got
             for lease in got:
+                self._leases[lease.token] = (queue, lease)
+                self._deadlines[lease.token] = lease.deadline
+                self._buffer.put_nowait((queue, lease))
+
+    async def _give_back_buffered(self) -> None:
+        """Records leased ahead that no handler took: back to the queue at once."""
+        by_queue: dict[str, list[Lease]] = {}
+        while not self._buffer.empty():
+            queue, lease = self._buffer.get_nowait()
+            by_queue.setdefault(queue, []).append(lease)
+            self._buffer.task_done()
+        for queue, leases in by_queue.items():
+            with contextlib.suppress(VQError):
+                await self.client.retry(queue, self.consumer, leases, reason="worker stopped")
+            self._settled(leases)
+
+    # Handling --------------------------------------------------------------------------------
+
+    async def _slot(self) -> None:
+        while True:
+            queue, lease = await self._buffer.get()
+            try:
                 await self._handle(queue, lease)
+            finally:
+                self._buffer.task_done()
 
     async def _handle(self, queue: str, lease: Lease) -> None:
-        keeper = asyncio.create_task(self._keep_alive(queue, lease))
         work: asyncio.Task[Any] = asyncio.ensure_future(self._call(lease))
         self._running.add(work)
         try:
             await work
         except asyncio.CancelledError:
-            if self._finish:
-                raise
-            # stop(finish=False): give the record back for another worker at once.
+            me = asyncio.current_task()
+            if me is not None and me.cancelling():
+                raise  # the worker itself is being torn down: leave the lease as it is
+            # stop(finish=False) cancelled the handler: the record goes back at once.
             with contextlib.suppress(VQError):
                 await self.client.retry(queue, self.consumer, lease, reason="worker stopped")
+            self._settled([lease])
             return
         except Exception as exc:
             self.failed += 1
@@ -124,27 +202,94 @@ class Worker:
                 await self.client.retry(queue, self.consumer, lease,
                                         delay_ms=self.backoff_ms(lease.attempt),
                                         reason=f"{type(exc).__name__}: {exc}"[:1000])
+            self._settled([lease])
             return
         finally:
             self._running.discard(work)
-            keeper.cancel()
-        try:
-            await self.client.complete(queue, self.consumer, lease)
-            self.completed += 1
-        except VQError as exc:  # the lease expired meanwhile: another worker has it now
-            log.warning("complete_failed", extra={"queue": queue, "error": str(exc)})
+        self._done.setdefault(queue, []).append(lease)
+        if len(self._done[queue]) >= self.max_batch:
+            await self._flush(queue)
+        elif queue not in self._flushers:
+            self._flushers[queue] = asyncio.create_task(self._flush_later(queue))
 
     async def _call(self, lease: Lease) -> Any:
         if self._is_async:
             return await self.handler(lease)
         return await asyncio.to_thread(self.handler, lease)
 
-    async def _keep_alive(self, queue: str, lease: Lease) -> None:
-        """Extend the lease at a third of its length for as long as the handler runs."""
-        while True:
-            await asyncio.sleep(self.visibility_ms / 3000)
+    # Completing in batches -------------------------------------------------------------------
+
+    async def _flush_later(self, queue: str) -> None:
+        await asyncio.sleep(self.complete_delay_s)
+        self._flushers.pop(queue, None)
+        await self._flush(queue)
+
+    async def _flush_all(self) -> None:
+        for task in list(self._flushers.values()):
+            task.cancel()
+        self._flushers.clear()
+        for queue in list(self._done):
+            await self._flush(queue)
+
+    async def _flush(self, queue: str) -> None:
+        """Complete what the handlers of `queue` finished, in one call; a token gone stale
+        (its lease expired and another worker has the record) is dropped and the rest sent
+        again (a complete is all or nothing)."""
+        leases = self._done.pop(queue, [])
+        while leases:
             try:
-                await self.client.extend(queue, self.consumer, lease, self.visibility_ms)
+                await self.client.complete(queue, self.consumer, leases)
+                self.completed += len(leases)
+                break
             except VQError as exc:
+                stale = set(exc.details.get("stale", [])) if exc.code == "lease_expired" else set()
+                if not stale:
+                    log.warning("complete_failed", extra={"queue": queue, "error": str(exc)})
+                    break
+                log.warning("complete_stale", extra={"queue": queue, "stale": len(stale)})
+                self._settled([x for x in leases if x.token in stale])
+                leases = [x for x in leases if x.token not in stale]
+        self._settled(leases)
+
+    def _settled(self, leases: list[Lease]) -> None:
+        gone = 0
+        for lease in leases:
+            if self._leases.pop(lease.token, None) is not None:
+                gone += 1
+            self._deadlines.pop(lease.token, None)
+        self._release(gone)
+
+    # Extending only what needs it ------------------------------------------------------------
+
+    async def _keeper(self) -> None:
+        """Every sixth of `visibility_ms`, extend the unsettled leases whose deadline is less
+        than a third of it away: one call per queue."""
+        period = max(0.05, self.visibility_ms / 6000)
+        while True:
+            await asyncio.sleep(period)
+            soon = time.time() * 1000 + self.visibility_ms / 3
+            due: dict[str, list[Lease]] = {}
+            for token, deadline in self._deadlines.items():
+                if deadline < soon:
+                    queue, lease = self._leases[token]
+                    due.setdefault(queue, []).append(lease)
+            for queue, leases in due.items():
+                await self._extend(queue, leases)
+
+    async def _extend(self, queue: str, leases: list[Lease]) -> None:
+        while leases:
+            try:
+                out = await self.client.extend(queue, self.consumer, leases, self.visibility_ms)
+            except VQError as exc:
+                stale = set(exc.details.get("stale", [])) if exc.code == "lease_expired" else set()
                 log.warning("extend_failed", extra={"queue": queue, "error": str(exc)})
-                return
+                if not stale:
+                    return
+                for token in stale:  # lost: nothing to keep alive
+                    self._deadlines.pop(token, None)
+                leases = [x for x in leases if x.token not in stale]
+                continue
+            for lease in leases:
+                if lease.token in self._deadlines:
+                    self._deadlines[lease.token] = int(out.get("deadline") or 0)
+            return
