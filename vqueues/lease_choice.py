@@ -73,8 +73,10 @@ class LeaseChoice:
         room = self.settings.max_lease_window - work.window_size(queue_offsets(state, queue),
                                                                  committed)
         while len(chosen) < max_records and room > 0:
+            # Just what is missing: a record looked at and not taken (its key busy) would be
+            # read again when it is.
             ahead = state.select(queue, max(work.frontier, committed),
-                                 min(room, max(16, 2 * (max_records - len(chosen)))))
+                                 min(room, max_records - len(chosen)))
             if not ahead:
                 break
             records = {r.offset: r for r in await self.queues.resolve(state.partition, ahead)}

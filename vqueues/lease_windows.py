@@ -81,8 +81,9 @@ class LeaseWindows:
 
     def window_written(self, e: WindowDelta, own: bool,
                        offsets_of: Callable[[str], array[int]]) -> None:
-        """A window write (ADR 12), replayed or this owner's own. An own checkpoint repeats
-        what the delta before it applied: only its bookkeeping is done."""
+        """A window write (ADR 12), replayed or this owner's own (`own`: its writer finished its
+        records already, to find the mark). An own checkpoint repeats what the delta before
+        it applied: only its bookkeeping is done."""
         key = (e.queue, e.consumer)
         work = self.work.get(key)
         if work is None:
@@ -101,7 +102,7 @@ class LeaseWindows:
         work.seq = max(work.seq, e.seq)
         if own and e.checkpoint:
             return
-        if e.done:
+        if e.done and not own:  # an own write's records were finished by its writer
             held = offsets_of(e.queue)
             for off in e.done:
                 work.finish(off, held, now)

@@ -268,7 +268,8 @@ class PartitionState:
                 self.apply_offset_entries((e,))
 
     def apply_offset_entries(self, entries: Iterable[OffsetEntry], own: bool = False) -> None:
-        """Apply offset-topic entries in log order (replay, or our own writes: `own`)."""
+        """Apply offset-topic entries in log order (replay, or our own writes: `own`, whose
+        window writes were partly applied by their writer: `WindowWrite`)."""
         leases = self.leases
         for e in entries:
             if isinstance(e, WindowDelta):

@@ -17,10 +17,25 @@ def parse_tokens(tokens: object) -> list[str]:
         tokens = [tokens]
     if not isinstance(tokens, list) or not tokens:
         raise BadRequest("invalid_token", "`tokens` must be a non-empty list of lease tokens")
-    bad = [t for t in tokens if parse_token(t) is None]
+    parsed: dict[str, tuple[int, int, int]] = {}
+    bad = []
+    for t in tokens:
+        got = parse_token(t)
+        if got is None:
+            bad.append(t)
+        else:
+            parsed[t] = got
     if bad:
         raise BadRequest("invalid_token", f"not lease tokens: {bad[:5]}", invalid=bad[:50])
-    return list(dict.fromkeys(tokens))
+    return Tokens(parsed)
+
+
+class Tokens(list[str]):
+    """Checked tokens, in order without repeats, with what each names (parsed once)."""
+
+    def __init__(self, parsed: dict[str, tuple[int, int, int]]) -> None:
+        super().__init__(parsed)
+        self.parsed = parsed
 
 
 def check_tokens(state: PartitionState, queue: str, consumer: str, tokens: Sequence[str],
@@ -41,8 +56,9 @@ def check_tokens(state: PartitionState, queue: str, consumer: str, tokens: Seque
     already: list[str] = []
     stale: list[str] = []
     deliveries, done = work.deliveries, work.done
+    known = tokens.parsed if isinstance(tokens, Tokens) else {}
     for text in tokens:
-        parsed = parse_token(text)
+        parsed = known.get(text) or parse_token(text)
         assert parsed is not None  # checked by the caller
         off, attempt, grant = parsed
         d = deliveries.get(off)

@@ -68,7 +68,7 @@ class WindowWrite:
             [DeliveryGroup(*key, sorted(offs)) for key, offs in self.groups.items()], done,
             low if low > committed else None,
             work.dead_lettered + self.dead if self.dead else None, self.now)
-        state.apply_offset_entries([delta])
+        state.apply_offset_entries([delta], own=True)
         out: list[OffsetEntry] = [delta]
         if work.legacy or work.deltas_since >= max(
                 CHECKPOINT_EVERY, len(work.deliveries) // CHECKPOINT_RECORDS):

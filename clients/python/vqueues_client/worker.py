@@ -1,9 +1,10 @@
 """`Worker`: a pool of handlers on a lease consumer (docs/work-queues.md).
 
 `concurrency` handler slots take leased records from a buffer; a leaser per queue keeps the
-buffer filled ahead of them (prefetch: at most `concurrency + prefetch` records leased at a time,
-in calls of up to `max_batch`), long-polling a queue that has nothing with one slot reserved, so
-an idle queue holds no room another could use. A handler that returns has its record completed
+buffer filled ahead of them (at most `concurrency + prefetch` records leased and not yet
+handled, `prefetch` by default the larger of `concurrency` and 64, in calls of up to
+`max_batch`), long-polling a queue that has nothing with one slot reserved, so an idle queue
+holds no room another could use. A handler that returns has its record completed
 in a batch with the others finishing within `complete_delay_ms` (one call, not one per record);
 one that raises has its record retried after a backoff that grows with its attempt number, with
 the exception as the reason (past the consumer's `max_attempts` the server moves it to the
@@ -56,7 +57,9 @@ class Worker:
         self.idle_sleep_s = idle_sleep_s  # the pause after a failed lease call
         self.backoff_initial_ms = backoff_initial_ms
         self.backoff_max_ms = backoff_max_ms
-        self.capacity = concurrency + (concurrency if prefetch is None else max(0, prefetch))
+        # Leased ahead: by default enough for a full lease call per slot's worth of 10.
+        ahead = max(concurrency, 64) if prefetch is None else max(0, prefetch)
+        self.capacity = concurrency + ahead
         self.max_batch = max_batch
         self.complete_delay_s = complete_delay_ms / 1000
         self.completed = 0
@@ -206,6 +209,8 @@ class Worker:
             return
         finally:
             self._running.discard(work)
+        # Handled: its room goes to the next lease now, not once the completion is back.
+        self._handled(lease)
         self._done.setdefault(queue, []).append(lease)
         if len(self._done[queue]) >= self.max_batch:
             await self._flush(queue)
@@ -251,13 +256,15 @@ class Worker:
                 leases = [x for x in leases if x.token not in stale]
         self._settled(leases)
 
+    def _handled(self, lease: Lease) -> None:
+        """The record needs no room and no extending any more (its completion is pending)."""
+        if self._leases.pop(lease.token, None) is not None:
+            self._release(1)
+        self._deadlines.pop(lease.token, None)
+
     def _settled(self, leases: list[Lease]) -> None:
-        gone = 0
         for lease in leases:
-            if self._leases.pop(lease.token, None) is not None:
-                gone += 1
-            self._deadlines.pop(lease.token, None)
-        self._release(gone)
+            self._handled(lease)
 
     # Extending only what needs it ------------------------------------------------------------
 

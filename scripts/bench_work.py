@@ -1,0 +1,345 @@
+#!/usr/bin/env python3
+"""Work queues beside the cursor path and beside Redis Streams, in one run (issue 34).
+
+One node on the embedded broker (or --bootstrap), one asyncio aiohttp client process, 10
+queues prefilled with 100-byte records unless said:
+  healthz              bare GET /healthz, 16 in flight: the client's and the node's floor
+  cursor enqueue       batches of 100 records, 16 in flight over 10 queues
+  lease -> complete    16 workers over 10 queues, 100 and 10 records per lease
+  many workers         256 workers over 1,000 queues, 10 per lease
+  per-key order        the 16-worker run over records carrying 100 distinct ordering keys
+  Worker               vqueues_client.Worker, 16 slots, a no-op handler, 200,000 records
+  lease end to end     enqueue -> a lease long-polling the queue (p50/p99)
+For each: records/s, requests/s, the node's CPU per record (user + system, all threads), and
+records per server CPU-second (node + broker). With redis-server on the PATH and redis-py
+installed, Redis 7 Streams (AOF everysec) drained the same way (16 asyncio workers in one
+process, XREADGROUP COUNT 10/100 + XACK; 200,000 records over 10 streams) beside them.
+Usage: .venv/bin/python scripts/bench_work.py [--seconds 5] [--records 200000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
+
+import bench  # noqa: E402
+
+from vqueues import topics as vq_topics  # noqa: E402
+from vqueues.broker import EmbeddedBroker, free_port  # noqa: E402
+from vqueues.hashing import partition_for  # noqa: E402
+from vqueues.kafka.admin import Admin  # noqa: E402
+
+VALUE = "x" * 100
+PARTITIONS = 16
+
+
+class Cpu:
+    """User + system seconds of some processes over a window."""
+
+    def __init__(self, pids: list[int]) -> None:
+        self.pids = pids
+        self.start = sum(bench.cpu_seconds(p) for p in pids)
+
+    def used(self) -> float:
+        return sum(bench.cpu_seconds(p) for p in self.pids) - self.start
+
+
+async def measured(name: str, node: int, broker: int | None,
+                   run: Callable[[], Awaitable[tuple[int, int]]]) -> dict[str, Any]:
+    """Run `run` (returns records, requests) and time it and the servers' CPU."""
+    node_cpu = Cpu([node])
+    server_cpu = Cpu([node] + ([broker] if broker else []))
+    t0 = time.perf_counter()
+    records, requests = await run()
+    el = time.perf_counter() - t0
+    out = {"name": name, "records": records / el, "requests": requests / el,
+           "node_us": node_cpu.used() / max(records, 1) * 1e6,
+           "per_server_cpu_s": records / max(server_cpu.used(), 1e-9)}
+    print(f"  {name}: {out['records']:,.0f} rec/s, {out['requests']:,.0f} req/s", flush=True)
+    return out
+
+
+async def prefill(s: aiohttp.ClientSession, route: Callable[[str], str], names: list[str],
+                  per_queue: int, keys: int = 0) -> None:
+    for q in names:
+        for start in range(0, per_queue, 500):
+            recs: list[dict[str, Any]] = [{"value": VALUE} for _ in range(500)]
+            if keys:
+                for i, r in enumerate(recs):
+                    r["headers"] = {"vq-ordering-key": f"k{(start + i) % keys}"}
+            async with s.post(route(q) + f"/v1/queues/{q}/records",
+                              json={"records": recs}) as r:
+                assert r.status == 200, await r.text()
+
+
+async def drain(s: aiohttp.ClientSession, route: Callable[[str], str], names: list[str],
+                workers: int, batch: int, seconds: float) -> tuple[int, int]:
+    """Lease -> complete, `workers` in flight over `names`: (records, requests)."""
+    count = calls = 0
+    stop = time.perf_counter() + seconds
+
+    async def worker(i: int) -> None:
+        nonlocal count, calls
+        k = i
+        while time.perf_counter() < stop:
+            q = names[k % len(names)]
+            k += 1
+            base = route(q) + f"/v1/queues/{q}/consumers/bench"
+            async with s.post(base + "/lease", json={"max_records": batch}) as r:
+                got = (await r.json())["records"]
+            calls += 1
+            if got:
+                async with s.post(base + "/complete",
+                                  json={"tokens": [x["token"] for x in got]}) as r:
+                    assert r.status == 200, await r.text()
+                calls += 1
+                count += len(got)
+
+    await asyncio.gather(*(worker(i) for i in range(workers)))
+    return count, calls
+
+
+async def healthz(s: aiohttp.ClientSession, url: str, seconds: float) -> tuple[int, int]:
+    n = 0
+    stop = time.perf_counter() + seconds
+
+    async def one() -> None:
+        nonlocal n
+        while time.perf_counter() < stop:
+            async with s.get(url + "/healthz") as r:
+                await r.read()
+            n += 1
+
+    await asyncio.gather(*(one() for _ in range(16)))
+    return n, n
+
+
+async def worker_drain(url: str, names: list[str], total: int) -> tuple[int, int]:
+    from vqueues_client import AsyncClient, Worker
+    async with AsyncClient(url) as vq:
+        done = 0
+
+        async def handle(lease: Any) -> None:
+            nonlocal done
+            done += 1
+
+        worker = Worker(vq, names, "worker", handle, concurrency=16, wait_ms=200)
+        runner = asyncio.create_task(worker.run())
+        while done < total:
+            await asyncio.sleep(0.01)
+        await worker.stop()
+        await runner
+    return done, 0
+
+
+async def measure_vqueues(args: argparse.Namespace) -> list[dict[str, Any]]:
+    broker = None if args.bootstrap else EmbeddedBroker().start()
+    bootstrap = args.bootstrap or broker.bootstrap  # type: ignore[union-attr]
+    broker_pid = broker.process.pid if broker and broker.process else None
+    prefix = f"bw{uuid.uuid4().hex[:6]}"
+    Admin({"bootstrap.servers": bootstrap}).create(vq_topics.specs(
+        f"{prefix}-data", f"{prefix}-offsets", f"{prefix}-assignments", PARTITIONS))
+    procs, urls = bench.start_nodes(bootstrap, prefix, 1)
+    out = []
+    try:
+        owners = await bench.wait_ready(urls, PARTITIONS)
+
+        def route(q: str) -> str:
+            return owners[partition_for(q, PARTITIONS)]
+
+        node = procs[0].pid
+        secs = args.seconds
+        conn = aiohttp.TCPConnector(limit=300)
+        async with aiohttp.ClientSession(connector=conn) as s:
+            print("vqueues, one node:", flush=True)
+            out.append(await measured("healthz", node, broker_pid,
+                                      lambda: healthz(s, urls[0], secs)))
+
+            async def enqueue() -> tuple[int, int]:
+                rate = await bench.vq_throughput(s, urls, secs, 16, route, queues=10)
+                return int(rate * secs), int(rate * secs / 100)
+            out.append(await measured("cursor enqueue, 100 per request", node, broker_pid,
+                                      enqueue))
+            for batch, per_queue in ((100, 40_000), (10, 8_000)):
+                names = [f"l{batch}-{uuid.uuid4().hex[:6]}-{i}" for i in range(10)]
+                await prefill(s, route, names, per_queue)
+                out.append(await measured(
+                    f"lease -> complete, {batch} per call", node, broker_pid,
+                    lambda names=names, batch=batch: drain(s, route, names, 16, batch, secs)))
+            many = [f"m-{uuid.uuid4().hex[:6]}-{i}" for i in range(1000)]
+            await prefill(s, route, many, 500)
+            out.append(await measured("256 workers over 1,000 queues, 10 per call", node,
+                                      broker_pid,
+                                      lambda: drain(s, route, many, 256, 10, secs)))
+            keyed = [f"k-{uuid.uuid4().hex[:6]}-{i}" for i in range(10)]
+            await prefill(s, route, keyed, 8_000, keys=100)
+            out.append(await measured("per-key order (100 keys), 10 per call", node,
+                                      broker_pid,
+                                      lambda: drain(s, route, keyed, 16, 10, secs)))
+            wq = [f"w-{uuid.uuid4().hex[:6]}-{i}" for i in range(10)]
+            await prefill(s, route, wq, args.records // 10)
+            out.append(await measured("Worker, 16 slots, no-op handler", node, broker_pid,
+                                      lambda: worker_drain(urls[0], wq, args.records)))
+            e2e = await bench.vq_lease_e2e(s, route("le2e"), "le2e", args.samples)
+            out.append({"name": "enqueue -> long-polling lease", "p50": bench.pct(e2e, .5),
+                        "p99": bench.pct(e2e, .99)})
+    finally:
+        bench.stop_nodes(procs)
+        if broker:
+            broker.stop()
+    return out
+
+
+async def measure_redis(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Redis Streams drained like the lease runs above: 16 asyncio workers, one process."""
+    server = shutil.which("redis-server")
+    try:
+        import redis.asyncio as aredis
+    except ImportError:
+        print("redis-py is not installed: no Redis Streams rows", flush=True)
+        return []
+    if server is None:
+        print("redis-server is not installed (Debian: apt-get install redis-server): "
+              "no Redis Streams rows", flush=True)
+        return []
+    folder = tempfile.mkdtemp(prefix="vq-redis-")
+    port = free_port()
+    proc = subprocess.Popen([server, "--port", str(port), "--bind", "127.0.0.1", "--dir", folder,
+                             "--save", "", "--appendonly", "yes", "--appendfsync", "everysec"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    out = []
+    try:
+        r = aredis.Redis(host="127.0.0.1", port=port, max_connections=64)
+        for _ in range(100):
+            try:
+                await r.ping()
+                break
+            except Exception:
+                await asyncio.sleep(0.05)
+        print("Redis Streams (AOF everysec):", flush=True)
+
+        async def backlog(streams: list[str]) -> bool:
+            for st in streams:
+                if (await r.xinfo_groups(st))[0]["lag"]:
+                    return True
+            return False
+        for count in (100, 10):
+            streams = [f"s{count}-{i}" for i in range(10)]
+            for st in streams:
+                await r.xgroup_create(st, "g", id="0", mkstream=True)
+                for _ in range(args.records // 10 // 1000):
+                    pipe = r.pipeline(transaction=False)
+                    for _ in range(1000):
+                        pipe.xadd(st, {"v": VALUE})
+                    await pipe.execute()
+            total = args.records
+
+            async def run(streams: list[str] = streams, count: int = count,
+                          total: int = total) -> tuple[int, int]:
+                done = calls = 0
+
+                async def worker(i: int) -> None:
+                    nonlocal done, calls
+                    k = i
+                    while done < total:
+                        st = streams[k % 10]
+                        k += 1
+                        got = await r.xreadgroup("g", f"c{i}", {st: ">"}, count=count)
+                        calls += 1
+                        ids = [mid for _, entries in got for mid, _ in entries]
+                        if ids:
+                            await r.xack(st, "g", *ids)
+                            calls += 1
+                            done += len(ids)
+                        elif done >= total or not await backlog(streams):
+                            return
+
+                await asyncio.gather(*(worker(i) for i in range(16)))
+                return done, calls
+            out.append(await measured(f"XREADGROUP COUNT {count} + XACK", proc.pid, None, run))
+        await r.aclose()
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        shutil.rmtree(folder, ignore_errors=True)
+    return out
+
+
+def report(vq: list[dict[str, Any]], rd: list[dict[str, Any]]) -> None:
+    rows = {r["name"]: r for r in vq}
+    cursor = rows["cursor enqueue, 100 per request"]
+    hz = rows["healthz"]
+    print(f"\n# bench_work {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: one node, "
+          f"broker {'given' if ARGS.bootstrap else 'embedded tansu'}, {PARTITIONS} partitions")
+    print("| measure | records/s | requests/s | ratio | node CPU µs/record | "
+          "records per server CPU-s |")
+    print("|---|---|---|---|---|---|")
+    for r in vq:
+        if "records" not in r:
+            continue
+        if r["name"] == "healthz":
+            ratio = "1 (requests)"
+        elif "lease" in r["name"] or "workers" in r["name"] or "per-key" in r["name"]:
+            ratio = (f"{r['records'] / cursor['records']:.2f}× cursor; "
+                     f"{r['requests'] / hz['requests']:.2f}× healthz requests")
+        elif r["name"].startswith("Worker"):
+            ratio = f"{r['records'] / cursor['records']:.2f}× cursor"
+        else:
+            ratio = "1 (records)"
+        print(f"| {r['name']} | {r['records']:,.0f} | {r['requests']:,.0f} | {ratio} | "
+              f"{r['node_us']:.0f} | {r['per_server_cpu_s']:,.0f} |")
+    for r in rd:
+        print(f"| Redis Streams: {r['name']} | {r['records']:,.0f} | {r['requests']:,.0f} | | | "
+              f"{r['per_server_cpu_s']:,.0f} |")
+    e2e = rows["enqueue -> long-polling lease"]
+    print(f"enqueue -> long-polling lease: p50 {e2e['p50']:.2f} ms, p99 {e2e['p99']:.2f} ms")
+    red = {r["name"]: r for r in rd}
+    for batch in (10, 100):
+        ours, theirs = rows[f"lease -> complete, {batch} per call"], red.get(
+            f"XREADGROUP COUNT {batch} + XACK")
+        if theirs:
+            print(f"records per server CPU-second at {batch} per call: vqueues "
+                  f"{ours['per_server_cpu_s']:,.0f}, Redis {theirs['per_server_cpu_s']:,.0f} "
+                  f"({ours['per_server_cpu_s'] / theirs['per_server_cpu_s']:.2f}×)")
+    worker, r10 = rows["Worker, 16 slots, no-op handler"], red.get("XREADGROUP COUNT 10 + XACK")
+    if r10:
+        print(f"Worker (16 slots) {worker['records']:,.0f} rec/s beside redis-py (16 workers, "
+              f"10 per call) {r10['records']:,.0f} rec/s "
+              f"({worker['records'] / r10['records']:.2f}×)")
+
+
+ARGS = argparse.Namespace()
+
+
+async def main() -> None:
+    vq = await measure_vqueues(ARGS)
+    rd = await measure_redis(ARGS)
+    report(vq, rd)
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--bootstrap", help="an existing Kafka (default: the embedded broker)")
+    ap.add_argument("--seconds", type=float, default=5.0)
+    ap.add_argument("--records", type=int, default=200_000,
+                    help="records the Worker and Redis drain")
+    ap.add_argument("--samples", type=int, default=200)
+    ARGS = ap.parse_args()
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    asyncio.run(main())
