@@ -22,8 +22,13 @@ COMPACT_FAST = {"segment.ms": "200", "min.cleanable.dirty.ratio": "0.01",
 
 
 def test_the_offset_topic_compacts_and_a_successor_keeps_every_consumer(kafka_bootstrap):
+    """Acks rewrite a cursor consumer's key; a lease consumer's calls write one window delta
+    each and a checkpoint now and then supersedes them (ADR 12). Compaction keeps the last
+    ack, and a checkpoint with at most `CHECKPOINT_EVERY` deltas per lease consumer, and what
+    it keeps is the state a successor answers from."""
     t = create_topics(kafka_bootstrap, partitions=1, configs={"offsets": COMPACT_FAST})
     node = NodeProcess(t).start()
+    jobs = f"{node.url}/v1/queues/jobs"
     try:
         offsets = http("POST", f"{node.url}/v1/queues/q/records",
                        {"records": [{"value": f"v{i}"} for i in range(10)]})[1]["offsets"]
@@ -31,8 +36,16 @@ def test_the_offset_topic_compacts_and_a_successor_keeps_every_consumer(kafka_bo
             assert http("POST", f"{node.url}/v1/queues/q/consumers/{consumer}/ack",
                         {"offset": offsets[0] + 1})[0] == 200
         assert http("DELETE", f"{node.url}/v1/queues/q/consumers/gone")[0] == 200
-        written = 0
-        deadline = time.monotonic() + 60
+        # A lease consumer with one record held for long and one waiting for a retry.
+        assert http("POST", f"{jobs}/records",
+                    {"records": [{"value": f"j{i}"} for i in range(3)]})[0] == 200
+        held = http("POST", f"{jobs}/consumers/w/lease",
+                    {"max_records": 1, "visibility_ms": 600_000})[1]["records"][0]
+        later = http("POST", f"{jobs}/consumers/w/lease", {"max_records": 1})[1]["records"][0]
+        assert http("POST", f"{jobs}/consumers/w/retry",
+                    {"tokens": [later["token"]], "delay_ms": 600_000})[0] == 200
+        written, windows = 0, 3
+        deadline = time.monotonic() + 90
         while True:
             # Every ack writes the consumer's key again; compaction keeps the last one.
             offsets = http("POST", f"{node.url}/v1/queues/q/records",
@@ -41,22 +54,41 @@ def test_the_offset_topic_compacts_and_a_successor_keeps_every_consumer(kafka_bo
                 assert http("POST", f"{node.url}/v1/queues/q/consumers/kept/ack",
                             {"offset": offset + 1})[0] == 200
                 written += 1
+            for _ in range(10):
+                assert http("POST", f"{jobs}/records",
+                            {"records": [{"value": "more"}] * 5})[0] == 200
+                got = http("POST", f"{jobs}/consumers/w/lease", {"max_records": 5})[1]
+                assert http("POST", f"{jobs}/consumers/w/complete",
+                            {"tokens": [r["token"] for r in got["records"]]})[0] == 200
+                windows += 2
             records = kafka_records(kafka_bootstrap, t.offsets)
-            if len(records) < written // 2:
+            live = [k for k, value, _, _ in records.values()
+                    if json.loads(k)[0] in ("w", "W") and value is not None]
+            if len(records) < written // 2 and windows > 4 * CHECKPOINT_EVERY and \
+                    len(live) <= CHECKPOINT_EVERY + 2:
                 break
-            assert time.monotonic() < deadline, f"no compaction: {len(records)} of {written}"
+            assert time.monotonic() < deadline, \
+                f"no compaction: {len(records)} of {written}, {len(live)} of {windows} windows"
             time.sleep(0.5)
         kept = [k for k, value, _, _ in records.values() if "kept" in k and value is not None]
         assert len(kept) < written // 2
+        before = http("GET", jobs)[1]["consumers"]
+        assert (before[0]["in_flight"], before[0]["delayed"]) == (1, 1)
+        assert before[0]["offset"] == held["offset"]
     finally:
-        node.terminate()
+        assert node.kill() == -9
     successor = NodeProcess(t).start()
+    jobs = f"{successor.url}/v1/queues/jobs"
     try:
         status, info = http("GET", f"{successor.url}/v1/queues/q")
         assert status == 200
         assert [(c["consumer"], c["offset"]) for c in info["consumers"]] == [
             ("kept", offsets[-1] + 1)]
         assert http("GET", f"{successor.url}/v1/queues/q/consumers/gone")[0] == 404
+        assert http("GET", jobs)[1]["consumers"] == before
+        # The lease granted before all that compaction is still current.
+        status, done = http("POST", f"{jobs}/consumers/w/complete", {"tokens": [held["token"]]})
+        assert status == 200 and done["done"] == [held["token"]]
     finally:
         successor.terminate()
 
@@ -151,51 +183,3 @@ def test_a_successor_indexes_every_record_a_batching_producer_wrote(kafka_bootst
     finally:
         successor.terminate()
 
-
-def test_lease_state_compacts_to_a_checkpoint_and_the_writes_since(kafka_bootstrap):
-    """Each lease or settle call writes one window delta; checkpoints supersede them (ADR 12),
-    so compaction keeps a lease consumer to a checkpoint and the deltas since, and what it
-    keeps is the state a successor answers from."""
-    t = create_topics(kafka_bootstrap, partitions=1, configs={"offsets": COMPACT_FAST})
-    node = NodeProcess(t).start()
-    base = f"{node.url}/v1/queues/jobs"
-    try:
-        assert http("POST", f"{base}/records",
-                    {"records": [{"value": f"v{i}"} for i in range(3)]})[0] == 200
-        held = http("POST", f"{base}/consumers/w/lease",
-                    {"max_records": 1, "visibility_ms": 600_000})[1]["records"][0]
-        later = http("POST", f"{base}/consumers/w/lease", {"max_records": 1})[1]["records"][0]
-        assert http("POST", f"{base}/consumers/w/retry",
-                    {"tokens": [later["token"]], "delay_ms": 600_000})[0] == 200
-        writes, live = 3, []
-        deadline = time.monotonic() + 90
-        while True:
-            for _ in range(20):
-                assert http("POST", f"{base}/records",
-                            {"records": [{"value": "more"}] * 5})[0] == 200
-                got = http("POST", f"{base}/consumers/w/lease", {"max_records": 5})[1]
-                assert http("POST", f"{base}/consumers/w/complete",
-                            {"tokens": [r["token"] for r in got["records"]]})[0] == 200
-                writes += 2
-            records = kafka_records(kafka_bootstrap, t.offsets)
-            live = [k for k, value, _, _ in records.values()
-                    if json.loads(k)[0] in ("w", "W") and value is not None]
-            if writes > 4 * CHECKPOINT_EVERY and len(live) <= CHECKPOINT_EVERY + 2:
-                break
-            assert time.monotonic() < deadline, f"{len(live)} window keys live of {writes}"
-            time.sleep(0.5)
-        before = http("GET", base)[1]["consumers"]
-        assert (before[0]["in_flight"], before[0]["delayed"]) == (1, 1)
-        assert before[0]["offset"] == held["offset"]
-    finally:
-        assert node.kill() == -9
-    successor = NodeProcess(t).start()
-    base = f"{successor.url}/v1/queues/jobs"
-    try:
-        status, info = http("GET", base)
-        assert status == 200 and info["consumers"] == before
-        # The lease granted before all that compaction is still current.
-        status, done = http("POST", f"{base}/consumers/w/complete", {"tokens": [held["token"]]})
-        assert status == 200 and done["done"] == [held["token"]]
-    finally:
-        successor.terminate()
