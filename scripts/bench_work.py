@@ -11,7 +11,8 @@ queues prefilled with 100-byte records unless said:
   Worker               vqueues_client.Worker, 16 slots, a no-op handler, 200,000 records
   lease end to end     enqueue -> a lease long-polling the queue (p50/p99)
 For each: records/s, requests/s, the node's CPU per record (user + system, all threads), and
-records per server CPU-second (node + broker). With redis-server on the PATH and redis-py
+records per server CPU-second (node + broker); and the lease window's memory per in-flight
+record. With redis-server on the PATH and redis-py
 installed, Redis 7 Streams (AOF everysec) drained the same way (16 asyncio workers in one
 process, XREADGROUP COUNT 10/100 + XACK; 200,000 records over 10 streams) beside them.
 Usage: .venv/bin/python scripts/bench_work.py [--seconds 5] [--records 200000]
@@ -324,6 +325,30 @@ def report(vq: list[dict[str, Any]], rd: list[dict[str, Any]]) -> None:
               f"({worker['records'] / r10['records']:.2f}×)")
 
 
+def window_memory(n: int = 100_000) -> float:
+    """Bytes per in-flight record of a lease window holding `n` leased records (tracemalloc:
+    the deliveries, their dict, the index's heap)."""
+    import gc
+    import tracemalloc
+    from array import array
+
+    from vqueues.leases import WorkState
+    offsets = array("q", range(0, 2 * n, 2))
+    work = WorkState(0)
+    work.ensure_index(0, 5)
+    gc.collect()
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    for off in offsets:
+        work.join(off, None, 0)
+    for off in offsets:
+        work.put(off, True, 10**13, 1, 12345, None, 0)
+    gc.collect()
+    used = tracemalloc.get_traced_memory()[0] - before
+    tracemalloc.stop()
+    return used / n
+
+
 ARGS = argparse.Namespace()
 
 
@@ -331,6 +356,8 @@ async def main() -> None:
     vq = await measure_vqueues(ARGS)
     rd = await measure_redis(ARGS)
     report(vq, rd)
+    print(f"lease window memory: {window_memory():.0f} bytes per in-flight record "
+          "(100,000 leased records, tracemalloc)")
 
 
 if __name__ == "__main__":
