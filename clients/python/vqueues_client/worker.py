@@ -76,6 +76,7 @@ class Worker:
         self._running: set[asyncio.Task[Any]] = set()
         self._tasks: list[asyncio.Task[None]] = []
         self._started = False
+        self._abandoning = False  # stop(finish=False): cancelled handlers give records back
         self._stopped = asyncio.Event()
         self._is_async = inspect.iscoroutinefunction(handler)
 
@@ -93,7 +94,8 @@ class Worker:
             await asyncio.gather(*leasers, return_exceptions=True)
             await self._give_back_buffered()
             if not self._finish:
-                for t in list(self._running):
+                self._abandoning = True
+                for t in list(self._running):  # the slots running a handler
                     t.cancel()
             await self._buffer.join()  # every handler taken has finished
             for t in slots:
@@ -122,10 +124,10 @@ class Worker:
 
     # Leasing ahead ---------------------------------------------------------------------------
 
-    async def _reserve(self, most: int) -> int:
-        """Reserve up to `most` records' room (at least one); waits while there is none
-        (0 once stopping)."""
-        while self.capacity - self._held < 1:
+    async def _reserve(self, most: int, least: int = 1) -> int:
+        """Reserve up to `most` records' room, waiting until there is `least` (0 once
+        stopping)."""
+        while self.capacity - self._held < least:
             if self._stopping.is_set():
                 return 0
             self._room.clear()
@@ -141,7 +143,10 @@ class Worker:
     async def _leaser(self, queue: str) -> None:
         idle = False  # the last lease found nothing: long-poll with one slot reserved
         while not self._stopping.is_set():
-            n = await self._reserve(1 if idle else self.max_batch)
+            # A queue with records leases in calls of at least half the room (or `max_batch`):
+            # a few large calls cost the node far less per record than many small ones.
+            n = await (self._reserve(1) if idle else self._reserve(
+                self.max_batch, min(self.max_batch, max(1, self.capacity // 2))))
             if not n:
                 return
             try:
@@ -186,19 +191,21 @@ class Worker:
                 self._buffer.task_done()
 
     async def _handle(self, queue: str, lease: Lease) -> None:
-        work: asyncio.Task[Any] = asyncio.ensure_future(self._call(lease))
-        self._running.add(work)
+        # The handler runs in the slot's own task (a task per record cost the client more
+        # than the rest of its work on the record); stop(finish=False) cancels busy slots.
+        me = asyncio.current_task()
+        assert me is not None
+        self._running.add(me)
         try:
-            await work
+            await self._call(lease)
         except asyncio.CancelledError:
-            me = asyncio.current_task()
-            if me is not None and me.cancelling():
+            if not self._abandoning:
                 raise  # the worker itself is being torn down: leave the lease as it is
             # stop(finish=False) cancelled the handler: the record goes back at once.
             with contextlib.suppress(VQError):
                 await self.client.retry(queue, self.consumer, lease, reason="worker stopped")
             self._settled([lease])
-            return
+            raise
         except Exception as exc:
             self.failed += 1
             with contextlib.suppress(VQError):
@@ -208,7 +215,7 @@ class Worker:
             self._settled([lease])
             return
         finally:
-            self._running.discard(work)
+            self._running.discard(me)
         # Handled: its room goes to the next lease now, not once the completion is back.
         self._handled(lease)
         self._done.setdefault(queue, []).append(lease)
