@@ -2,9 +2,9 @@
 
 `concurrency` handler slots take leased records from a buffer; a leaser per queue keeps the
 buffer filled ahead of them (at most `concurrency + prefetch` records leased and not yet
-handled, `prefetch` by default the larger of `concurrency` and 64, in calls of up to
-`max_batch`), long-polling a queue that has nothing with one slot reserved, so an idle queue
-holds no room another could use. A handler that returns has its record completed
+handled, `prefetch` by default the larger of `concurrency` and 64, in calls of at least half
+that room, up to `max_batch`), long-polling a queue that has nothing with one slot reserved,
+so an idle queue holds no room another could use. A handler that returns has its record completed
 in a batch with the others finishing within `complete_delay_ms` (one call, not one per record);
 one that raises has its record retried after a backoff that grows with its attempt number, with
 the exception as the reason (past the consumer's `max_attempts` the server moves it to the
