@@ -17,9 +17,8 @@ from vqueues.records import (
     OffsetEntry,
     OwnerFenced,
     decode_offset_entry,
-    encode_offset_entry,
-    generation_header,
     generation_of,
+    outgoing,
 )
 from vqueues.storage import OffsetLog
 from vqueues.window_writes import takeover_checkpoints
@@ -97,13 +96,11 @@ class OffsetReplay:
         its own keys, and compaction would then take away what this owner's state stands
         on."""
         generation = max(state.fence + 1, generation)
-        header = generation_header(generation)
         state.generation = generation
-        entries = [OwnerFenced(generation), *takeover_checkpoints(state)]
-        outgoing = [(*encode_offset_entry(e), header) for e in entries]
+        records = outgoing(generation, [OwnerFenced(generation), *takeover_checkpoints(state)])
         for attempt in itertools.count(1):
             try:
-                delivered = await self._offset_log.append(state.partition, outgoing)
+                delivered = await self._offset_log.append(state.partition, records)
                 break
             except Exception as exc:
                 log.warning("fence_write_failed", extra={"partition": state.partition,

@@ -283,6 +283,13 @@ def generation_header(generation: int) -> list[tuple[str, bytes]]:
     return [(GEN_HEADER, str(generation).encode())]
 
 
+def outgoing(generation: int, entries: Sequence[OffsetEntry]
+             ) -> list[tuple[bytes, bytes | None, list[tuple[str, bytes]]]]:
+    """The offset-topic records of `entries`, each with its writer's `vq-gen` header."""
+    header = generation_header(generation)
+    return [(*encode_offset_entry(e), header) for e in entries]
+
+
 def generation_of(headers: Sequence[tuple[str, bytes | None]] | None) -> int:
     """The writer's generation from an entry's headers (0: written before fencing existed)."""
     for name, value in headers or ():

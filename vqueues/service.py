@@ -28,9 +28,8 @@ from vqueues.records import (
     OffsetEntry,
     QueueDeleted,
     Record,
-    encode_offset_entry,
-    generation_header,
     now_ms,
+    outgoing,
 )
 from vqueues.results import (
     AckResult,
@@ -49,7 +48,7 @@ from vqueues.results import (
 )
 from vqueues.schedule import CANCEL_HEADER
 from vqueues.settings import Settings
-from vqueues.storage import Log, OffsetLog, Outgoing, RecordFetcher, runs
+from vqueues.storage import Log, OffsetLog, RecordFetcher, runs
 
 log = logging.getLogger(__name__)
 
@@ -265,8 +264,8 @@ class QueueService:
         was revoked meanwhile: the next owner replays them instead. A revocation waits for
         writes in flight, so the next owner's replay sees every write this node answered."""
         with state.writes.writing():
-            delivered = await self._writer.submit(state.partition, self._outgoing(state,
-                                                                                   entries))
+            delivered = await self._writer.submit(state.partition,
+                                                  outgoing(state.generation, entries))
             if not state.revoked:
                 state.apply_offset_entries(entries)
                 state.offsets_position = max(state.offsets_position, delivered[-1][0] + 1)
@@ -280,7 +279,7 @@ class QueueService:
         back (ADR 8, ADR 12)."""
         state.writes.begin()
         try:
-            pending = self._writer.submit(state.partition, self._outgoing(state, entries))
+            pending = self._writer.submit(state.partition, outgoing(state.generation, entries))
         except BaseException:
             state.writes.end()
             raise
@@ -294,11 +293,6 @@ class QueueService:
             finally:
                 state.writes.end()
         return durable()
-
-    @staticmethod
-    def _outgoing(state: PartitionState, entries: Sequence[OffsetEntry]) -> list[Outgoing]:
-        header = generation_header(state.generation)
-        return [(*encode_offset_entry(e), header) for e in entries]
 
     # Consumers -------------------------------------------------------------------------------
 
