@@ -81,6 +81,12 @@ def cluster_id() -> str:
     return base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
 
 
+def format_arguments(cid: str, config_file: Path) -> list[str]:
+    """The storage tool's arguments; ``--cluster-id=`` keeps an id that starts with ``-`` (one
+    in 64 ids) from being read as an option."""
+    return ["format", f"--cluster-id={cid}", f"--config={config_file}"]
+
+
 @dataclass
 class KafkaProcess:
     """One KRaft process of the cluster: a broker and a controller."""
@@ -162,13 +168,19 @@ class LocalKafkaCluster:
             p.config_file.write_text("".join(f"{k}={v}\n" for k, v in props.items()))
         formats = [subprocess.Popen(
             [self._java, "-cp", f"{self._libs}/*", *self._log_flags(p), "kafka.tools.StorageTool",
-             "format", "-t", cid, "-c", str(p.config_file)],
+             *format_arguments(cid, p.config_file)],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for p in self.processes]
-        for p, f in zip(self.processes, formats, strict=True):
-            out, _ = f.communicate(timeout=60)
-            if f.returncode != 0:
-                raise RuntimeError(f"formatting Kafka node {p.node_id} failed: "
-                                   f"{out.decode(errors='replace')[-2000:]}")
+        try:
+            for p, f in zip(self.processes, formats, strict=True):
+                out, _ = f.communicate(timeout=60)
+                if f.returncode != 0:
+                    raise RuntimeError(f"formatting Kafka node {p.node_id} failed: "
+                                       f"{out.decode(errors='replace')[-2000:]}")
+        finally:
+            for f in formats:  # one failed: the others are stopped, not left running
+                if f.poll() is None:
+                    f.kill()
+                    f.wait()
         try:
             for p in self.processes:
                 self.start_broker(p.node_id, wait=False)
