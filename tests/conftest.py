@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import socket
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import aiohttp
@@ -43,6 +44,40 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         if UNIT_DIR in Path(str(item.fspath)).parents:
             item.add_marker(pytest.mark.unit)
     items.sort(key=_on_kafka)  # stable: the order within each group is kept
+
+
+_early: dict[str, Future[LocalKafkaCluster]] = {}
+_kick: dict[str, pytest.Item | None] = {}
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Start the local Kafka cluster (about 20 s) in the background when the unit tier, the
+    last thing before the Kafka tests, begins: the first Kafka test then finds it ready."""
+    if "item" not in _kick:
+        _kick["item"] = _head_start(item.session.items)
+    if _kick["item"] is not item or os.environ.get("VQ_TEST_KAFKA_BOOTSTRAP"):
+        return
+    pool = ThreadPoolExecutor(1, thread_name_prefix="kafka-start")
+    _early["cluster"] = pool.submit(LocalKafkaCluster().start)
+    pool.shutdown(wait=False)
+
+
+def _head_start(items: list[pytest.Item]) -> pytest.Item | None:
+    """The first unit test before the first Kafka test (else that Kafka test), if any."""
+    first = next((at for at, i in enumerate(items) if _on_kafka(i)), None)
+    if first is None:
+        return None
+    at = first
+    while at > 0 and UNIT_DIR in Path(str(items[at - 1].fspath)).parents:
+        at -= 1
+    return items[at]
+
+
+def pytest_sessionfinish() -> None:
+    """A cluster started early whose fixture never ran (an interrupted session) stops here."""
+    started = _early.pop("cluster", None)
+    if started is not None and started.done() and started.exception() is None:
+        started.result().stop(kill=True)
 
 
 def _on_kafka(item: pytest.Item) -> bool:
@@ -121,7 +156,8 @@ def kafka_cluster() -> Iterator[LocalKafkaCluster | None]:
         yield None
         return
     try:
-        cluster = LocalKafkaCluster().start()
+        started = _early.pop("cluster", None)
+        cluster = started.result() if started is not None else LocalKafkaCluster().start()
     except JarsUnavailable as exc:
         pytest.skip(f"needs real Apache Kafka: {exc}")
     try:
