@@ -5,7 +5,6 @@ typed result (vqueues/results.py)."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import heapq
 import itertools
 import logging
@@ -19,7 +18,7 @@ from vqueues.errors import BadRequest, Conflict, NotFound
 from vqueues.hashing import partition_for
 from vqueues.idempotency import fingerprint, key_of, payload_of
 from vqueues.leases import CURSOR, LEASE
-from vqueues.locks import KeyedLocks
+from vqueues.locks import Claims, KeyedLocks
 from vqueues.offset_writer import OffsetWriter
 from vqueues.ownership import Ownership
 from vqueues.partition_state import PartitionState
@@ -88,6 +87,7 @@ class QueueService:
         self._fetcher = fetcher
         self._fetch_pool = ThreadPoolExecutor(settings.fetchers, thread_name_prefix="vq-fetch")
         self.locks = KeyedLocks()
+        self._claims = Claims()  # idempotency keys being written
         # Highest offset this node's producer had acknowledged, per partition (for deletions).
         self._produced_max: dict[int, int] = {}
 
@@ -116,18 +116,17 @@ class QueueService:
         """Enqueue records some of which carry idempotency keys: a key already in the window
         answers its first offset and writes nothing; its payload must match, and a key repeated
         in the request must repeat its payload (409 otherwise, and nothing is written). The
-        keys are locked (in order) from the check to the indexing of the write, so two requests
-        with one key never both write."""
+        keys are claimed (`Claims`) from the check to the indexing of the write, so two
+        requests with one key never both write: the later one waits and looks again."""
         p = self.partition_of(queue)
         fps = {k: fingerprint(queue, k) for k in keys if k is not None}
-        async with contextlib.AsyncExitStack() as stack:
-            for k in sorted(fps):
-                await stack.enter_async_context(self.locks.hold(("i", p, fps[k])))
+        while True:
             state = self.ownership.require(p)
             now = now_ms()
             offsets: list[int | None] = [None] * len(records)
             first_in_batch: dict[bytes, tuple[int, int]] = {}  # key -> (index, payload)
             todo: list[int] = []
+            busy: asyncio.Future[None] | None = None
             for i, (key, (value, headers)) in enumerate(zip(keys, records, strict=True)):
                 if key is None:
                     todo.append(i)
@@ -150,16 +149,27 @@ class QueueService:
                                        first_offset=None, first_index=first, index=i)
                     # the same as an earlier record of this request: filled below
                 else:
+                    busy = busy or self._claims.holder((p, fps[key]))
                     first_in_batch[key] = (i, payload)
                     todo.append(i)
+            if busy is None:
+                break
+            # Another call is writing one of these keys: once it is done, look again (its
+            # record is then in the window, or it failed and this call writes the key).
+            await asyncio.wait([busy])
+        claimed = [(p, fps[k]) for k in first_in_batch]
+        done = self._claims.claim(claimed)
+        try:
             if todo:
                 written = await self.append_records(queue, [records[i] for i in todo], state)
                 assert written.offsets is not None
                 for i, off in zip(todo, written.offsets, strict=True):
                     offsets[i] = off
-            for i, key in enumerate(keys):
-                if offsets[i] is None and key is not None:
-                    offsets[i] = offsets[first_in_batch[key][0]]
+        finally:
+            self._claims.release(claimed, done)
+        for i, key in enumerate(keys):
+            if offsets[i] is None and key is not None:
+                offsets[i] = offsets[first_in_batch[key][0]]
         return EnqueueResult(p, [int(o) for o in offsets if o is not None])
 
     async def append_records(self, queue: str, records: Sequence[NewRecord],
