@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable, Sequence
 from vqueues.records import Record
 
 IndexOne = Callable[[str, Record, set[str]], None]
-IndexMany = Callable[[str, Sequence[Record], set[str]], bool]
+IndexMany = Callable[[str, Sequence[Record], set[str]], None]
 
 
 class Frontier:
@@ -32,7 +32,7 @@ class Frontier:
 
     def __init__(self, index_one: IndexOne, index_many: IndexMany) -> None:
         self._index_one = index_one  # index one record (its headers too), waking into a set
-        self._index_many = index_many  # index one queue's run of records without headers
+        self._index_many = index_many  # index one queue's run of consecutive records
         self.next_offset = 0  # every offset below it is indexed or not a record
         self.tail_offset = 0  # the next data offset the tail will deliver
         self.waiting: dict[int, tuple[str, Record]] = {}  # own writes waiting for the frontier
@@ -50,7 +50,7 @@ class Frontier:
         """Index records the tail consumed from the data partition (in offset order)."""
         tail = self.tail_offset
         own, own_indexed = self.waiting, self.own_indexed
-        index_one, index_many = self._index_one, self._index_many
+        index_many = self._index_many
         run: list[Record] = []
         run_queue = ""
         for queue, rec in records:
@@ -66,13 +66,8 @@ class Frontier:
             if offset >= self.next_offset:
                 self.next_offset = offset + 1
                 # A queue's consecutive records are indexed as a run (a request's records
-                # come as one); a record with headers alone, in its place.
-                if rec.headers:
-                    if run:
-                        index_many(run_queue, run, woken)
-                        run = []
-                    index_one(queue, rec, woken)
-                elif run and queue == run_queue:
+                # come as one).
+                if run and queue == run_queue:
                     run.append(rec)
                 else:
                     if run:
@@ -94,13 +89,12 @@ class Frontier:
 
     def at_run(self, records: Sequence[Record]) -> bool:
         """Whether `records` are the common own write that can be indexed as one run: at the
-        frontier, consecutive, without headers, with no other own write waiting."""
+        frontier, consecutive, with no other own write waiting."""
         n = len(records)
         if n < 2 or self.waiting:
             return False
         first = records[0].offset
-        return (first == self.next_offset and records[-1].offset == first + n - 1
-                and not any(rec.headers for rec in records))
+        return first == self.next_offset and records[-1].offset == first + n - 1
 
     def ran(self, first: int, last: int) -> None:
         """Own writes `first`..`last` (an `at_run` run) were indexed."""

@@ -87,7 +87,7 @@ class PartitionState:
         self.writes = WritesInFlight()
         # Late-bound, so what indexes a record can be swapped in a test of the runs.
         self.frontier = Frontier(lambda q, rec, woken: self._index(q, rec, woken),
-                                 lambda q, recs, woken: self._index_many(q, recs, woken))
+                                 lambda q, recs, woken: self._index_records(q, recs, woken))
         self.offsets_position = 0  # every offset-topic entry below it is applied
         self.replay_target: int | None = None  # the end seen at assignment
         self._uncached_below = 0  # records below this offset are not cached (replay)
@@ -206,21 +206,45 @@ class PartitionState:
         self._check_data_replayed()
         self._after_indexing(woken)
 
-    def _index_many(self, queue: str, records: Sequence[Record], woken: set[str]) -> bool:
+    def _index_records(self, queue: str, records: Sequence[Record], woken: set[str]) -> None:
+        """Index one queue's consecutive `records` (at the frontier) as runs: a scheduled
+        record's control alone, in its place; the rest as one run, then what their headers ask
+        for (keyed or 10% scheduled batches went record by record: 2.6x the indexing CPU)."""
+        start = 0
+        for i, rec in enumerate(records):
+            if rec.headers and control_of(rec.headers) is not None:
+                if start < i:
+                    self._index_with_headers(queue, records[start:i], woken)
+                self._index(queue, rec, woken)
+                start = i + 1
+        if start == 0:
+            self._index_with_headers(queue, records, woken)
+        elif start < len(records):
+            self._index_with_headers(queue, records[start:], woken)
+
+    def _index_with_headers(self, queue: str, records: Sequence[Record], woken: set[str]
+                            ) -> None:
+        for rec in self._index_many(queue, records, woken):
+            if rec.headers:
+                self._index_headers(queue, rec)
+
+    def _index_many(self, queue: str, records: Sequence[Record], woken: set[str]
+                    ) -> Sequence[Record]:
         """Index one queue's `records` (ascending, at the frontier; what their headers ask for
         is the caller's): the queue is looked up, extended, cached and woken once. Records
-        below the queue's deletion floor are dropped; False if that left none."""
+        below the queue's deletion floor are dropped; returns those kept."""
         records = self.index.append(queue, records)
         if not records:
-            return False
+            return records
         uncached_below = self._uncached_below
         if records[-1].offset >= uncached_below:
+            cached = records
             if records[0].offset < uncached_below:  # the run crosses it: once per replay
-                records = [rec for rec in records if rec.offset >= uncached_below]
-            self.cache.put_run(self.partition, records)
+                cached = [rec for rec in records if rec.offset >= uncached_below]
+            self.cache.put_run(self.partition, cached)
         if queue in self.waiters.readers:
             woken.add(queue)
-        return True
+        return records
 
     def apply_own(self, queue: str, records: Sequence[Record]) -> None:
         """Index records this node wrote, at once, from their delivery reports (offset order)."""
@@ -235,7 +259,7 @@ class PartitionState:
         record under load, measured). False, touching nothing, for any other write."""
         if not self.frontier.at_run(records):
             return False
-        self._index_many(queue, records, woken)  # records below a deletion floor: dropped
+        self._index_records(queue, records, woken)  # records below a deletion floor: dropped
         self.frontier.ran(records[0].offset, records[-1].offset)
         return True
 

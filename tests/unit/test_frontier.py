@@ -58,7 +58,7 @@ def test_a_run_at_the_frontier_is_recognised_and_recorded():
     assert not r.frontier.at_run([rec(0)])  # one record: the common path
     assert not r.frontier.at_run([rec(1), rec(2)])  # not at the frontier
     assert not r.frontier.at_run([rec(0), rec(2)])  # not consecutive
-    assert not r.frontier.at_run([rec(0), rec(1, (("h", b"x"),))])  # headers
+    assert r.frontier.at_run([rec(0), rec(1, (("h", b"x"),))])  # headers: the callee's
     r.frontier.ran(0, 2)
     assert r.frontier.next_offset == 3 and r.frontier.own_indexed == {0, 1, 2}
     r.frontier.own("a", [rec(4)], set())

@@ -240,23 +240,37 @@ def test_a_queue_is_a_bare_array_until_it_gets_a_consumer_or_a_deletion_floor():
 @pytest.mark.parametrize("seed", range(6))
 async def test_own_writes_indexed_as_a_run_leave_the_state_indexing_them_one_by_one_leaves(
         seed, monkeypatch):
-    """Own writes (consecutive, at the frontier, no headers) and the tail's records (a
-    queue's consecutive ones) are indexed as runs; random histories of own writes (runs,
-    headers, gaps another writer left, reports out of order or after the tail), tail records,
-    a replay crossing the cache's line, readers and deleted queues end in the same state as
-    indexing every record on its own leaves."""
+    """Own writes (consecutive, at the frontier) and the tail's records (a queue's
+    consecutive ones) are indexed as runs, a scheduled record's control alone in its place;
+    random histories of own writes (runs, tags, idempotency keys, scheduled records and their
+    moved copies, gaps another writer left, reports out of order or after the tail), tail
+    records, a replay crossing the cache's line, readers and deleted queues end in the same
+    state as indexing every record on its own leaves."""
     import random
 
-    from vqueues.records import QueueDeleted
+    from vqueues.idempotency import KEY_HEADER
+    from vqueues.records import QueueDeleted, now_ms
+    from vqueues.schedule import DELIVER_AT_HEADER, FROM_HEADER
     from vqueues.tags import TAGS_HEADER
 
     rng = random.Random(seed)
     runs = PartitionState(0, RecordCache(30 * 300))
     ones = PartitionState(0, RecordCache(30 * 300))
     monkeypatch.setattr(ones, "_index_run", lambda *_: False)
-    one_by_one = ones._index_many
-    monkeypatch.setattr(ones, "_index_many", lambda queue, recs, woken: any(
-        [one_by_one(queue, (r,), woken) for r in recs]))
+    monkeypatch.setattr(ones, "_index_records", lambda queue, recs, woken: [
+        ones._index(queue, r, woken) for r in recs] and None)
+
+    def headers(offset):
+        roll = rng.random()
+        if roll < 0.1:
+            return ((TAGS_HEADER, b"t"),)
+        if roll < 0.2:
+            return ((KEY_HEADER, b"k%d" % rng.randrange(20)),)
+        if roll < 0.25:
+            return ((DELIVER_AT_HEADER, b"%d" % (10**13 + offset)),)
+        if roll < 0.3:  # a moved copy of an earlier scheduled record (or of none)
+            return ((FROM_HEADER, b"%d" % rng.randrange(max(1, offset))),)
+        return ()
     taken = []
     original = runs._index_run
     monkeypatch.setattr(runs, "_index_run",
@@ -276,8 +290,7 @@ async def test_own_writes_indexed_as_a_run_leave_the_state_indexing_them_one_by_
         if roll < 0.6:  # an own write, reported now or held back (the other producer's)
             batch = []
             for _ in range(rng.randint(1, 6)):
-                hs = ((TAGS_HEADER, b"t"),) if rng.random() < 0.1 else ()
-                batch.append(Record(offset, 1, b"v%d" % offset, hs))
+                batch.append(Record(offset, now_ms(), b"v%d" % offset, headers(offset)))
                 offset += 1
             log.extend((queue, r) for r in batch)
             if rng.random() < 0.2:
@@ -318,7 +331,10 @@ async def test_own_writes_indexed_as_a_run_leave_the_state_indexing_them_one_by_
         assert runs.cache.bytes == ones.cache.bytes
         assert list(runs.cache._order) == list(ones.cache._order)
         assert runs.tags == ones.tags
+        assert runs.schedule.by_queue == ones.schedule.by_queue
+        assert runs.idempotency._seen == ones.idempotency._seen
     assert any(taken) and not all(taken) and woken  # both paths were taken, readers woken
+    assert runs.schedule.by_queue and len(runs.idempotency)  # both kinds of header came
 
 
 @pytest.mark.parametrize("as_run", [True, False])
