@@ -20,12 +20,15 @@ async def test_overlapping_sends_share_the_lingering_producer_and_keep_each_send
             await producer.send(t.data, 0, [(b"q", f"lone-{i}".encode(), None)])
         assert producer.busy_sends == 0
 
-        def records(n: int, with_headers: bool) -> list:
-            return [(b"q", f"s{n}-{i}".encode(), [("h", b"1")] if with_headers else None)
-                    for i in range(50)]
+        def headers(n: int, i: int) -> list | None:
+            """Odd sends: runs without headers between records with them (each goes alone,
+            the runs in one call), a header on the first and last record of some."""
+            return [("h", b"%d" % i)] if n % 2 == 1 and i % (n + 2) in (0, 3) else None
 
-        sends = [producer.send(t.data, 0, records(n, with_headers=n % 2 == 1))
-                 for n in range(8)]
+        def records(n: int) -> list:
+            return [(b"q", f"s{n}-{i}".encode(), headers(n, i)) for i in range(50)]
+
+        sends = [producer.send(t.data, 0, records(n)) for n in range(8)]
         results = await asyncio.gather(*sends)
         assert producer.busy_sends == 7  # all but the first overlapped another send
         for acked in results:
@@ -39,6 +42,8 @@ async def test_overlapping_sends_share_the_lingering_producer_and_keep_each_send
         for n, acked in enumerate(results):
             assert [on_broker[(0, o)][1] for o, _ in acked] == [f"s{n}-{i}".encode()
                                                                 for i in range(50)]
+            assert [on_broker[(0, o)][3] for o, _ in acked] == [
+                tuple(headers(n, i) or ()) for i in range(50)]
     finally:
         await asyncio.to_thread(producer.close)
 

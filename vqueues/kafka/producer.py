@@ -62,12 +62,23 @@ class AsyncProducer:
         batch = _Batch(asyncio.get_running_loop(), len(records))
         self._in_flight += 1
         try:
-            if not any(headers for _, _, headers in records):
-                await self._produce_batch(producer, topic, partition, records, batch)
-            else:
-                for key, value, headers in records:
-                    await self._produce_one(producer, topic, partition, key, value, headers,
-                                            batch)
+            # Runs of records without headers go in one call each; a record with headers on
+            # its own, in its place (10% scheduled records sent every record alone: 16% of the
+            # node's CPU, measured).
+            start = 0
+            for i, (key, value, headers) in enumerate(records):
+                if headers:
+                    if start < i:
+                        await self._produce_batch(producer, topic, partition,
+                                                  records[start:i], batch)
+                    start = i + 1
+                    if not self._try_produce(producer, topic, partition, key, value, headers,
+                                             batch):
+                        await self._produce_one(producer, topic, partition, key, value,
+                                                headers, batch)
+            if start < len(records):
+                await self._produce_batch(producer, topic, partition,
+                                          records[start:] if start else records, batch)
             return await asyncio.wait_for(asyncio.shield(batch.done), timeout_s)
         except TimeoutError:
             raise BrokerError("broker_timeout", "the broker did not acknowledge in time") from None
@@ -99,6 +110,20 @@ class AsyncProducer:
         timer = loop.call_later(timeout_s, _time_out, done)
         done.add_done_callback(lambda _: timer.cancel())
         return done
+
+    @staticmethod
+    def _try_produce(producer: Producer, topic: str, partition: int, key: bytes | None,
+                     value: bytes | None, headers: Sequence[tuple[str, bytes]],
+                     batch: _Batch) -> bool:
+        """Produce one record now; False if librdkafka's local queue is full."""
+        try:
+            producer.produce(topic, value=value, key=key, partition=partition,
+                             headers=list(headers), on_delivery=batch.delivered)
+            return True
+        except BufferError:
+            return False
+        except KafkaException as exc:
+            raise translate(exc.args[0], "produce") from None
 
     async def _produce_one(self, producer: Producer, topic: str, partition: int,
                            key: bytes | None, value: bytes | None,
