@@ -161,7 +161,10 @@ class QueueService:
         done = self._claims.claim(claimed)
         try:
             if todo:
-                written = await self.append_records(queue, [records[i] for i in todo], state)
+                known = [(fps[k], first_in_batch[k][1]) if (k := keys[i]) is not None
+                         else None for i in todo]
+                written = await self.append_records(queue, [records[i] for i in todo], state,
+                                                    known)
                 assert written.offsets is not None
                 for i, off in zip(todo, written.offsets, strict=True):
                     offsets[i] = off
@@ -173,9 +176,12 @@ class QueueService:
         return EnqueueResult(p, [int(o) for o in offsets if o is not None])
 
     async def append_records(self, queue: str, records: Sequence[NewRecord],
-                             state: PartitionState | None = None) -> EnqueueResult:
+                             state: PartitionState | None = None,
+                             known: Sequence[tuple[int, int] | None] | None = None
+                             ) -> EnqueueResult:
         """Write records to `queue`'s partition, owned here (`state`) or not (then the owner's
-        tail indexes them, as for any producer: dead letters go this way)."""
+        tail indexes them, as for any producer: dead letters go this way). `known`: each
+        keyed record's key and payload fingerprints, which indexing then need not compute."""
         p = self.partition_of(queue)
         key = queue.encode("utf-8")
         acked = await self._data.append(p, [(key, value, headers) for value, headers in records])
@@ -193,10 +199,17 @@ class QueueService:
         # made again.
         indexed_below = state.next_offset
         if last >= indexed_below:
-            state.apply_own(queue, [Record(o, ts, value, tuple(headers))
-                                    for (o, ts), (value, headers) in zip(acked, records,
-                                                                         strict=True)
-                                    if o >= indexed_below])
+            memo = state.idempotency.known
+            if known:
+                memo.update((o, k) for (o, _), k in zip(acked, known, strict=True)
+                            if k is not None and o >= indexed_below)
+            try:
+                state.apply_own(queue, [Record(o, ts, value, tuple(headers))
+                                        for (o, ts), (value, headers) in zip(acked, records,
+                                                                             strict=True)
+                                        if o >= indexed_below])
+            finally:
+                memo.clear()  # those behind a gap are indexed later, computing their own
         if state.next_offset <= last:  # a gap below our records: the tail fills it
             await state.wait_indexed(last, self.settings.write_visible_timeout_ms / 1000)
         return EnqueueResult(p, offsets)
