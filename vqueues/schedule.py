@@ -73,6 +73,11 @@ class Schedule:
                 out.append((due, record_id, queue))
         return out
 
+    def next_at(self) -> int | None:
+        """The earliest due time of a record not being moved (or of one gone since: then
+        `take_due` finds it stale), if any."""
+        return self._heap[0][0] if self._heap else None
+
     def release(self, entries: Sequence[tuple[int, int, str]]) -> None:
         """A move failed: the records are due again at the next tick."""
         for due, record_id, queue in entries:

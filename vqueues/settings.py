@@ -85,8 +85,8 @@ class Settings:
         "retention): keep it below the data topic's retention.ms, which would delete a scheduled "
         "record before its time")
     scheduler_tick_ms: int = _f(
-        20, "how often a node moves the scheduled records that fell due (lateness is about this "
-        "plus one write)")
+        20, "the longest a node waits between looks at its scheduled records: each is moved at "
+        "its due time plus one write, a record scheduled less than this ahead up to this late")
     default_visibility_ms: int = _f(
         30000, "a lease consumer's lease length when neither the consumer's settings nor the "
         "lease call give one (SQS's visibility timeout)")

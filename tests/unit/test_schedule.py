@@ -148,3 +148,28 @@ def test_the_schedules_snapshot_section_keeps_the_records_written_below_the_cut(
     fresh.restore(rows)
     assert fresh.by_queue == {"q": {3: 1_000}, "r": {4: 2_000}}
     assert [(due, i) for due, i, _ in fresh.take_due(5_000)] == [(1_000, 3), (2_000, 4)]
+
+
+async def test_the_scheduler_wakes_at_the_due_time_not_at_the_next_tick(node):
+    """With a 10 s tick, records due in 50 and 120 ms (two partitions) are moved once due,
+    each by then and none early: the scheduler sleeps until the earliest due time."""
+    import asyncio
+
+    svc, _, _, _ = node
+    scheduler = Scheduler(svc, svc.ownership, 10_000)
+    queues = ["s-a", next(f"s-{i}" for i in range(100)
+                          if svc.partition_of(f"s-{i}") != svc.partition_of("s-a"))]
+    now = now_ms()
+    dues = {queues[0]: now + 50, queues[1]: now + 120}
+    for q, due in dues.items():
+        await svc.enqueue(q, [later(b"x", due)])
+    runner = asyncio.create_task(scheduler.run_forever())
+    try:
+        for q, due in dues.items():
+            while not (await svc.read(q, None, 0, 10, 0)).records:
+                assert now_ms() < due + 5_000, "not moved long after its due time"
+                await asyncio.sleep(0.005)
+            assert now_ms() >= due  # none early
+            assert now_ms() < now + 5_000  # well before the 10 s tick
+    finally:
+        runner.cancel()
