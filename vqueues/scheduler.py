@@ -18,6 +18,11 @@ from vqueues.service import NewRecord, QueueService
 
 log = logging.getLogger(__name__)
 
+# A partition's moves are at least this far apart: under load each then writes the records of a
+# few milliseconds at once, where a move per due millisecond cost a tenth of the enqueue rate
+# with 10% of the records scheduled (measured).
+MOVE_REST_MS = 5
+
 
 class Scheduler:
     """Wakes at the earliest due time of any owned partition (at least once a tick, for records
@@ -31,6 +36,7 @@ class Scheduler:
         self.tick_s = tick_ms / 1000
         self._moving: dict[int, asyncio.Task[int]] = {}
         self._moved_one = asyncio.Event()  # a move ended: its partition's next due time counts
+        self._rest_until: dict[int, int] = {}  # partition -> no move before (epoch ms)
 
     async def run_forever(self) -> None:
         while True:
@@ -40,7 +46,7 @@ class Scheduler:
             now = now_ms()
             for state in list(self.ownership.states.values()):
                 p = state.partition
-                at = state.schedule.next_at()
+                at = self._next_move(state)
                 if at is None or at > now or p in self._moving or not state.ready.is_set():
                     continue
                 task = asyncio.create_task(self._move(state))
@@ -49,14 +55,23 @@ class Scheduler:
 
     def _moved(self, partition: int, _: asyncio.Task[int]) -> None:
         self._moving.pop(partition, None)
+        self._rest_until[partition] = now_ms() + MOVE_REST_MS
         self._moved_one.set()
+
+    def _next_move(self, state: PartitionState) -> int | None:
+        """When the partition's next move is due: its earliest due time, but not within
+        MOVE_REST_MS of its last move."""
+        at = state.schedule.next_at()
+        if at is None:
+            return None
+        return max(at, self._rest_until.get(state.partition, 0))
 
     def pause_s(self) -> float:
         """Until the earliest due time of a ready partition not moving now: at most a tick
         (records scheduled meanwhile, partitions becoming ready), at least a millisecond."""
         soonest = min((at for s in self.ownership.states.values()
                        if s.partition not in self._moving and s.ready.is_set()
-                       and (at := s.schedule.next_at()) is not None), default=None)
+                       and (at := self._next_move(s)) is not None), default=None)
         if soonest is None:
             return self.tick_s
         return min(self.tick_s, max(0.001, (soonest - now_ms()) / 1000))

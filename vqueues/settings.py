@@ -86,7 +86,8 @@ class Settings:
         "record before its time")
     scheduler_tick_ms: int = _f(
         20, "the longest a node waits between looks at its scheduled records: each is moved at "
-        "its due time plus one write, a record scheduled less than this ahead up to this late")
+        "its due time (within 5 ms) plus one write, a record scheduled less than this ahead up to "
+        "this late")
     default_visibility_ms: int = _f(
         30000, "a lease consumer's lease length when neither the consumer's settings nor the "
         "lease call give one (SQS's visibility timeout)")
