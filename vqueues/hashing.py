@@ -6,6 +6,8 @@ partitioner, in `partition_for(queue, n)`; so does everything vqueues writes.
 
 from __future__ import annotations
 
+import functools
+
 _SEED = 0x9747B28C
 _M = 0x5BD1E995
 _MASK32 = 0xFFFFFFFF
@@ -43,6 +45,7 @@ def murmur2_signed(data: bytes) -> int:
     return h - (1 << 32) if h & 0x80000000 else h
 
 
+@functools.lru_cache(maxsize=1 << 14)
 def partition_for(queue: str, partitions: int) -> int:
     """The data partition that holds `queue`: `(murmur2(utf8(queue)) & 0x7fffffff) % partitions`."""
     return (murmur2(queue.encode("utf-8")) & 0x7FFFFFFF) % partitions

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import AsyncIterator, Hashable, Iterable
+from collections.abc import Hashable, Iterable
 
 
 class KeyedLocks:
@@ -13,25 +12,50 @@ class KeyedLocks:
     def __init__(self) -> None:
         self._locks: dict[Hashable, tuple[asyncio.Lock, int]] = {}
 
-    @contextlib.asynccontextmanager
-    async def hold(self, key: Hashable) -> AsyncIterator[None]:
-        lock, users = self._locks.get(key, (None, 0))
-        if lock is None:
-            lock = asyncio.Lock()
-        self._locks[key] = (lock, users + 1)
-        try:
-            async with lock:
-                yield
-        finally:
-            lock, users = self._locks[key]
-            if users == 1:
-                del self._locks[key]
-            else:
-                self._locks[key] = (lock, users - 1)
+    def hold(self, key: Hashable) -> _Held:
+        return _Held(self, key)
 
     def __len__(self) -> int:
         """Keys currently held or waited for."""
         return len(self._locks)
+
+
+class _Held:
+    """One `hold`: a plain class, where a generator-based context manager cost a tenth of a
+    lease call's own CPU (measured)."""
+
+    __slots__ = ("_key", "_lock", "_locks")
+
+    def __init__(self, locks: KeyedLocks, key: Hashable) -> None:
+        self._locks = locks
+        self._key = key
+        self._lock: asyncio.Lock | None = None
+
+    async def __aenter__(self) -> None:
+        table = self._locks._locks
+        lock, users = table.get(self._key, (None, 0))
+        if lock is None:
+            lock = asyncio.Lock()
+        table[self._key] = (lock, users + 1)
+        self._lock = lock
+        try:
+            await lock.acquire()
+        except BaseException:
+            self._leave()
+            raise
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._lock is not None
+        self._lock.release()
+        self._leave()
+
+    def _leave(self) -> None:
+        table = self._locks._locks
+        lock, users = table[self._key]
+        if users == 1:
+            del table[self._key]
+        else:
+            table[self._key] = (lock, users - 1)
 
 
 class Claims:

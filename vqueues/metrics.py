@@ -15,6 +15,17 @@ LATENCY_BUCKETS = (.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5
 
 
 class Metrics:
+
+    def of_request(self, route: str, method: str, status: int) -> tuple[Counter, Histogram]:
+        """The request counter and timer of a route template, method and status: looked up
+        once (`labels` builds and locks each time; a few routes and statuses make few)."""
+        key = (route, method, status)
+        found = self._of_request.get(key)
+        if found is None:
+            found = self._of_request[key] = (
+                self.requests.labels(route, method, str(status)),
+                self.request_seconds.labels(route, method))
+        return found
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
@@ -24,6 +35,7 @@ class Metrics:
         self.request_seconds = Histogram("vq_http_request_seconds", "HTTP request latency",
                                          ["route", "method"], buckets=LATENCY_BUCKETS,
                                          registry=r)
+        self._of_request: dict[tuple[str, str, int], tuple[Counter, Histogram]] = {}
         self.records_enqueued = Counter("vq_records_enqueued", "records written by enqueue",
                                         registry=r)
         self.records_read = Counter("vq_records_read", "records returned by reads", registry=r)

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-import unicodedata
+import re
 
 from vqueues.errors import BadRequest
 
 MAX_NAME_BYTES = 249
+# Unicode's control characters (category Cc) are exactly these 65 code points; one regex search
+# is a tenth of asking unicodedata about every character.
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
 
 
 def validate_name(name: str, what: str = "queue") -> str:
@@ -21,7 +24,6 @@ def validate_name(name: str, what: str = "queue") -> str:
         raise BadRequest(
             "invalid_name", f"{what} name is {size} UTF-8 bytes; at most {MAX_NAME_BYTES} allowed"
         )
-    for ch in name:
-        if unicodedata.category(ch) == "Cc":
-            raise BadRequest("invalid_name", f"{what} name must not contain control characters")
+    if _CONTROL.search(name):
+        raise BadRequest("invalid_name", f"{what} name must not contain control characters")
     return name

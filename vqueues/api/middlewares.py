@@ -65,10 +65,9 @@ async def metrics_middleware(request: web.Request, handler: Handler) -> web.Stre
         status = exc.status
         raise
     finally:
-        metrics = request.app[SERVICE].metrics
-        metrics.requests.labels(route, request.method, str(status)).inc()
-        metrics.request_seconds.labels(route, request.method).observe(
-            time.perf_counter() - started)
+        counter, timer = request.app[SERVICE].metrics.of_request(route, request.method, status)
+        counter.inc()
+        timer.observe(time.perf_counter() - started)
 
 
 @web.middleware
