@@ -39,19 +39,26 @@ class Scheduler:
         self._rest_until: dict[int, int] = {}  # partition -> no move before (epoch ms)
 
     async def run_forever(self) -> None:
-        while True:
-            self._moved_one.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._moved_one.wait(), self.pause_s())
-            now = now_ms()
-            for state in list(self.ownership.states.values()):
-                p = state.partition
-                at = self._next_move(state)
-                if at is None or at > now or p in self._moving or not state.ready.is_set():
-                    continue
-                task = asyncio.create_task(self._move(state))
-                self._moving[p] = task
-                task.add_done_callback(functools.partial(self._moved, p))
+        try:
+            while True:
+                self._moved_one.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._moved_one.wait(), self.pause_s())
+                now = now_ms()
+                for state in list(self.ownership.states.values()):
+                    p = state.partition
+                    at = self._next_move(state)
+                    if at is None or at > now or p in self._moving or \
+                            not state.ready.is_set():
+                        continue
+                    task = asyncio.create_task(self._move(state))
+                    self._moving[p] = task
+                    task.add_done_callback(functools.partial(self._moved, p))
+        finally:  # stopped (the node shuts down): so are the moves, as one awaited move was
+            moving = list(self._moving.values())
+            for task in moving:
+                task.cancel()
+            await asyncio.gather(*moving, return_exceptions=True)
 
     def _moved(self, partition: int, _: asyncio.Task[int]) -> None:
         self._moving.pop(partition, None)

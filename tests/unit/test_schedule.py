@@ -173,3 +173,5 @@ async def test_the_scheduler_wakes_at_the_due_time_not_at_the_next_tick(node):
             assert now_ms() < now + 5_000  # well before the 10 s tick
     finally:
         runner.cancel()
+        await asyncio.gather(runner, return_exceptions=True)
+    assert not scheduler._moving  # stopping it stopped its moves
