@@ -5,7 +5,6 @@ fall due (vqueues/schedule.py), in due order: at the earliest due time, and at l
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import logging
 from itertools import groupby
@@ -35,15 +34,13 @@ class Scheduler:
         self.ownership = ownership
         self.tick_s = tick_ms / 1000
         self._moving: dict[int, asyncio.Task[int]] = {}
-        self._moved_one = asyncio.Event()  # a move ended: its partition's next due time counts
+        self._wake: asyncio.Future[None] | None = None  # the loop's sleep; a move's end wakes it
         self._rest_until: dict[int, int] = {}  # partition -> no move before (epoch ms)
 
     async def run_forever(self) -> None:
         try:
             while True:
-                self._moved_one.clear()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._moved_one.wait(), self.pause_s())
+                await self._sleep(self.pause_s())
                 now = now_ms()
                 for state in list(self.ownership.states.values()):
                     p = state.partition
@@ -60,10 +57,23 @@ class Scheduler:
                 task.cancel()
             await asyncio.gather(*moving, return_exceptions=True)
 
+    async def _sleep(self, seconds: float) -> None:
+        """Sleep up to `seconds`, less if a move ends. (Not `asyncio.wait_for` on an event: on
+        Python 3.11 a cancellation arriving as the event is set is lost, and a node's
+        shutdown then waited for this loop forever.)"""
+        wake = self._wake = asyncio.get_running_loop().create_future()
+        timer = asyncio.get_running_loop().call_later(seconds, _wake_up, wake)
+        try:
+            await wake
+        finally:
+            timer.cancel()
+            self._wake = None
+
     def _moved(self, partition: int, _: asyncio.Task[int]) -> None:
         self._moving.pop(partition, None)
         self._rest_until[partition] = now_ms() + MOVE_REST_MS
-        self._moved_one.set()
+        if self._wake is not None:
+            _wake_up(self._wake)
 
     def _next_move(self, state: PartitionState) -> int | None:
         """When the partition's next move is due: its earliest due time, but not within
@@ -127,3 +137,8 @@ class Scheduler:
             state.schedule.release(due)  # anything not moved is due again at the next tick
         self.service.metrics.records_scheduled_moved.inc(moved)
         return moved
+
+
+def _wake_up(wake: asyncio.Future[None]) -> None:
+    if not wake.done():
+        wake.set_result(None)
