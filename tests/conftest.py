@@ -74,10 +74,16 @@ def _head_start(items: list[pytest.Item]) -> pytest.Item | None:
 
 
 def pytest_sessionfinish() -> None:
-    """A cluster started early whose fixture never ran (an interrupted session) stops here."""
+    """A cluster started early whose fixture never ran (a session that stopped before its
+    Kafka tests, `-x` say) stops here, once its start is over."""
     started = _early.pop("cluster", None)
-    if started is not None and started.done() and started.exception() is None:
-        started.result().stop(kill=True)
+    if started is None:
+        return
+    try:
+        cluster = started.result(timeout=300)
+    except Exception:  # it did not start: nothing to stop
+        return
+    cluster.stop(kill=True)
 
 
 def _on_kafka(item: pytest.Item) -> bool:
