@@ -3,59 +3,69 @@
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from collections.abc import Hashable, Iterable
 
 
 class KeyedLocks:
-    """`async with locks.hold(key):` serialises work on one key and nothing else."""
+    """`async with locks.hold(key):` serialises work on one key and nothing else.
+
+    A key's entry is the queue of the holds waiting for it: a hold nobody contends makes no
+    lock and no future (asyncio.Lock per hold cost 5 us of a lease call's CPU, measured), and
+    a release hands the key to the first waiter in order."""
 
     def __init__(self) -> None:
-        self._locks: dict[Hashable, tuple[asyncio.Lock, int]] = {}
+        self._held: dict[Hashable, deque[asyncio.Future[None]]] = {}
 
     def hold(self, key: Hashable) -> _Held:
         return _Held(self, key)
 
+    def held(self, key: Hashable) -> bool:
+        return key in self._held
+
     def __len__(self) -> int:
         """Keys currently held or waited for."""
-        return len(self._locks)
+        return len(self._held)
+
+    def _release(self, key: Hashable) -> None:
+        waiters = self._held[key]
+        while waiters:
+            fut = waiters.popleft()
+            if not fut.done():
+                fut.set_result(None)  # the key passes to this waiter
+                return
+        del self._held[key]
 
 
 class _Held:
     """One `hold`: a plain class, where a generator-based context manager cost a tenth of a
     lease call's own CPU (measured)."""
 
-    __slots__ = ("_key", "_lock", "_locks")
+    __slots__ = ("_key", "_locks")
 
     def __init__(self, locks: KeyedLocks, key: Hashable) -> None:
         self._locks = locks
         self._key = key
-        self._lock: asyncio.Lock | None = None
 
     async def __aenter__(self) -> None:
-        table = self._locks._locks
-        lock, users = table.get(self._key, (None, 0))
-        if lock is None:
-            lock = asyncio.Lock()
-        table[self._key] = (lock, users + 1)
-        self._lock = lock
+        table = self._locks._held
+        waiters = table.get(self._key)
+        if waiters is None:
+            table[self._key] = deque()
+            return
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        waiters.append(fut)
         try:
-            await lock.acquire()
+            await fut
         except BaseException:
-            self._leave()
+            if fut.done() and not fut.cancelled():
+                self._locks._release(self._key)  # handed the key, cancelled before running
+            else:
+                waiters.remove(fut)
             raise
 
     async def __aexit__(self, *exc: object) -> None:
-        assert self._lock is not None
-        self._lock.release()
-        self._leave()
-
-    def _leave(self) -> None:
-        table = self._locks._locks
-        lock, users = table[self._key]
-        if users == 1:
-            del table[self._key]
-        else:
-            table[self._key] = (lock, users - 1)
+        self._locks._release(self._key)
 
 
 class Claims:

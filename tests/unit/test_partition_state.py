@@ -366,3 +366,53 @@ async def test_a_revoked_partition_is_freed_a_shard_at_a_time():
     assert len(s.idempotency) == 0 and all(r() is not None for r in held)
     assert 1 + sum(1 for _ in steps) >= QUEUE_SHARDS
     assert all(r() is None for r in held)
+
+
+async def test_keyed_locks_hand_a_key_to_waiters_in_order_and_survive_cancelled_waiters():
+    locks = KeyedLocks()
+    order = []
+    gate = asyncio.Event()
+
+    async def work(tag):
+        async with locks.hold("k"):
+            order.append(tag)
+            if tag == "a":
+                await gate.wait()
+
+    first = asyncio.ensure_future(work("a"))
+    await asyncio.sleep(0)
+    waiters = [asyncio.ensure_future(work(t)) for t in "bcd"]
+    await asyncio.sleep(0)
+    waiters[0].cancel()  # b gives up while waiting
+    await asyncio.sleep(0)
+    assert locks.held("k") and order == ["a"]
+    gate.set()
+    await asyncio.gather(first, *waiters[1:])
+    assert order == ["a", "c", "d"] and len(locks) == 0 and not locks.held("k")
+
+
+async def test_a_keyed_lock_handed_to_a_waiter_cancelled_before_it_runs_is_released():
+    locks = KeyedLocks()
+    release = asyncio.Event()
+    waiting: list[asyncio.Future[None]] = []
+
+    async def holder():
+        async with locks.hold("k"):
+            await release.wait()
+        waiting[0].cancel()  # the key was just handed over; the waiter has not run yet
+
+    async def waiter():
+        async with locks.hold("k"):
+            raise AssertionError("a cancelled waiter must not run")
+
+    h = asyncio.ensure_future(holder())
+    await asyncio.sleep(0)
+    waiting.append(asyncio.ensure_future(waiter()))
+    await asyncio.sleep(0)
+    release.set()
+    await h
+    with pytest.raises(asyncio.CancelledError):
+        await waiting[0]
+    assert len(locks) == 0
+    async with locks.hold("k"):  # free again
+        pass
