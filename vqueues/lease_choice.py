@@ -63,11 +63,25 @@ class LeaseChoice:
         """The offsets to lease, in offset order: first the window's available records, then
         new ones (each joins the window); a record waits while an earlier record with its
         ordering key is not done. Also the new records `tag` filters out (to complete), and
-        the records read on the way (by offset)."""
-        chosen = work.ready(max_records)
+        the records read on the way (by offset). The chosen records are out of the window's
+        index: the caller leases them, or gives them back (`WorkState.give_back`)."""
+        chosen = work.take_ready(max_records)
         seen: dict[int, Record] = {}
         if len(chosen) >= max_records:
             return chosen, [], seen
+        try:
+            skipped = await self._choose_new(state, queue, consumer, work, max_records, tag,
+                                             chosen, seen)
+        except BaseException:
+            work.give_back(chosen, now_ms())
+            raise
+        return chosen, skipped, seen
+
+    async def _choose_new(self, state: PartitionState, queue: str, consumer: str,
+                          work: WorkState, max_records: int, tag: str | None,
+                          chosen: list[int], seen: dict[int, Record]) -> list[int]:
+        """New records past the frontier join the window; those a lease may take now are
+        added to `chosen` (up to `max_records`); returns the ones `tag` filters out."""
         skipped: list[int] = []
         committed = state.committed(queue, consumer) or 0
         room = self.settings.max_lease_window - work.window_size(queue_offsets(state, queue),
@@ -76,13 +90,14 @@ class LeaseChoice:
             # Just what is missing: a record looked at and not taken (its key busy) would be
             # read again when it is.
             ahead = state.select(queue, max(work.frontier, committed),
-                                 min(room, max_records - len(chosen)))
+                                 min(room, max_records - len(chosen)), work.frontier_at)
             if not ahead:
                 break
             records = {r.offset: r for r in await self.queues.resolve(state.partition, ahead)}
             seen.update(records)
             if state.revoked:
-                return [], [], seen
+                chosen.clear()
+                return []
             now = now_ms()
             for off in ahead:
                 if off < work.frontier:  # another call took it meanwhile
@@ -95,8 +110,11 @@ class LeaseChoice:
                 elif rec is None:
                     work.frontier = off + 1  # gone (retention): nothing to deliver
                     skipped.append(off)
-                elif work.join(off, order_key(rec), now) and len(chosen) < max_records:
-                    chosen.append(off)
+                else:
+                    take = len(chosen) < max_records
+                    if work.join(off, order_key(rec) if rec.headers else None, now, take) \
+                            and take:
+                        chosen.append(off)
                 if len(chosen) >= max_records or room <= 0:
                     break
-        return chosen, skipped, seen
+        return skipped

@@ -102,14 +102,14 @@ class LeaseWindows:
         work.seq = max(work.seq, e.seq)
         if own and e.checkpoint:
             return
-        if e.done and not own:  # an own write's records were finished by its writer
-            held = offsets_of(e.queue)
-            for off in e.done:
-                work.finish(off, held, now)
+        # An own write's records were finished and set by its writer (`WindowWrite`).
+        if e.done and not own:
+            work.finish_many(e.done, offsets_of(e.queue), now)
         config = self.configs.get(key)
         for g in e.groups:
-            for off in g.offsets:
-                work.put(off, g.leased, g.until, g.attempts, g.grant, g.reason, now)
+            if not own:
+                for off in g.offsets:
+                    work.put(off, g.leased, g.until, g.attempts, g.grant, g.reason, now)
             if g.leased and config is not None and g.attempts >= config.max_attempts:
                 heappush(self.last_attempts, (g.until, e.queue, e.consumer))
         if e.low_water is not None:

@@ -11,15 +11,15 @@ most the consumer's window limit of records; beyond it, leasing waits. Pure stat
 
 from __future__ import annotations
 
+import random
 import secrets
 from array import array
 from bisect import bisect_left, bisect_right, insort
 from collections.abc import Iterator
 from dataclasses import dataclass
 from heapq import heapify, heappop, heappush
-from itertools import islice
 
-from sortedcontainers import SortedList
+from vqueues.queue_index import seek
 
 CURSOR = "cursor"
 LEASE = "lease"
@@ -105,6 +105,51 @@ class DoneRanges:
             self.starts.insert(i, offset)
             self.ends.insert(i, offset + 1)
 
+    def add_many(self, offsets: list[int], queue_offsets: array[int]) -> None:
+        """Mark ascending `offsets` done: each run of adjacent records of the queue as one
+        range (a lease's records, completed together, are usually one run)."""
+        n = len(queue_offsets)
+        i = 0
+        while i < len(offsets):
+            first = offsets[i]
+            pos = bisect_left(queue_offsets, first)
+            if pos >= n or queue_offsets[pos] != first or first in self:
+                self.add(first, queue_offsets)
+                i += 1
+                continue
+            j = i + 1
+            while (j < len(offsets) and pos + j - i < n
+                   and queue_offsets[pos + j - i] == offsets[j] and offsets[j] not in self):
+                j += 1
+            if j == i + 1:
+                self.add(first, queue_offsets)
+            else:
+                self._add_run(first, offsets[j - 1], pos, pos + j - i - 1, queue_offsets)
+            i = j
+
+    def _add_run(self, first: int, last: int, pos_first: int, pos_last: int,
+                 queue_offsets: array[int]) -> None:
+        """Records `first`..`last` (adjacent in the queue, none done yet) are done."""
+        i = bisect_right(self.starts, first)
+        if i < len(self.starts) and self.starts[i] <= last:  # overlaps a range: one by one
+            for k in range(pos_first, pos_last + 1):
+                self.add(queue_offsets[k], queue_offsets)
+            return
+        starts, ends = self.starts, self.ends
+        merge_left = i > 0 and pos_first > 0 and ends[i - 1] == queue_offsets[pos_first - 1] + 1
+        merge_right = (i < len(starts) and pos_last + 1 < len(queue_offsets)
+                       and starts[i] == queue_offsets[pos_last + 1])
+        if merge_left and merge_right:
+            ends[i - 1] = ends[i]
+            del starts[i], ends[i]
+        elif merge_left:
+            ends[i - 1] = last + 1
+        elif merge_right:
+            starts[i] = first
+        else:
+            starts.insert(i, first)
+            ends.insert(i, last + 1)
+
     def drop_below(self, offset: int) -> None:
         """Forget everything below `offset` (the low-water mark moved there)."""
         i = bisect_right(self.starts, offset)
@@ -138,9 +183,9 @@ class WorkState:
     A lease then takes the first of `ready` instead of walking the window. Replay leaves the
     index unbuilt (and ordering keys unknown: `needs_keys`); the first lease builds it."""
 
-    __slots__ = ("_by_key", "_exhausted", "_ready", "_timers", "dead_lettered", "deliveries",
-                 "deltas_since", "done", "frontier", "indexed", "legacy", "log_keys",
-                 "max_attempts", "needs_keys", "seq")
+    __slots__ = ("_by_key", "_exhausted", "_front_at", "_low_at", "_ready", "_ready_set",
+                 "_timers", "dead_lettered", "deliveries", "deltas_since", "done", "frontier",
+                 "indexed", "legacy", "log_keys", "max_attempts", "needs_keys", "seq")
 
     def __init__(self, frontier: int) -> None:
         self.frontier = frontier
@@ -156,28 +201,45 @@ class WorkState:
         self.needs_keys = False  # some deliveries came from replay: ordering keys unknown
         self.indexed = False
         self.max_attempts = 0  # as of the last `ensure_index` / `advance`
-        self._ready: SortedList = SortedList()
+        # Records a lease may take now: a heap of offsets and the set of those still in it
+        # (an offset leaves the set at once; its heap entry is skipped when it comes up).
+        self._ready: list[int] = []
+        self._ready_set: set[int] = set()
+        # Where the low-water mark and the frontier were last found among the queue's
+        # records: the next search starts there (`seek`).
+        self._low_at = self._front_at = 0
         self._timers: list[tuple[int, int]] = []  # heap of (until, offset); stale ones skipped
         self._by_key: dict[str, list[int]] = {}
         self._exhausted: set[int] = set()
 
     # The window --------------------------------------------------------------------------------
 
+    def bounds(self, queue_offsets: array[int], committed: int) -> tuple[int, int]:
+        """Where the window starts and ends among the queue's records (positions of the
+        low-water mark and of the frontier)."""
+        low = self._low_at = seek(queue_offsets, committed, self._low_at)
+        front = self._front_at = seek(queue_offsets, self.frontier, self._front_at)
+        return low, front
+
+    @property
+    def frontier_at(self) -> int:
+        """Where the frontier was last found among the queue's records (a search hint)."""
+        return self._front_at
+
     def window(self, queue_offsets: array[int], committed: int) -> array[int]:
         """The queue's records in the window: from the low-water mark to the frontier."""
-        return queue_offsets[bisect_left(queue_offsets, committed):
-                             bisect_left(queue_offsets, self.frontier)]
+        low, front = self.bounds(queue_offsets, committed)
+        return queue_offsets[low:front]
 
     def window_size(self, queue_offsets: array[int], committed: int) -> int:
         """How many of the queue's records the window holds (done ones included)."""
-        return max(0, bisect_left(queue_offsets, self.frontier)
-                   - bisect_left(queue_offsets, committed))
+        low, front = self.bounds(queue_offsets, committed)
+        return max(0, front - low)
 
     def low_water(self, queue_offsets: array[int], committed: int) -> int:
         """Where the low-water mark belongs: the first record of the window that is not done,
         or the frontier when all are. Jumps over done ranges, never walks them."""
-        i = bisect_left(queue_offsets, committed)
-        end = bisect_left(queue_offsets, self.frontier)
+        i, end = self.bounds(queue_offsets, committed)
         while i < end:
             off = queue_offsets[i]
             run_end = self.done.end_of_run(off)
@@ -241,8 +303,15 @@ class WorkState:
         if offset >= self.frontier:
             self.frontier = offset + 1
         if self.indexed:
-            self._ready.discard(offset)
-            self._exhausted.discard(offset)
+            ready = self._ready_set
+            if offset in ready:
+                ready.remove(offset)
+                if len(self._ready) > 1024 and len(self._ready) > 2 * len(ready):
+                    # Drop what left: a sorted list is a heap, and a set never shrinks.
+                    self._ready = sorted(ready)
+                    self._ready_set = set(ready)
+            if self._exhausted:
+                self._exhausted.discard(offset)
             self._place(offset, d, now)
             if len(self._timers) > 1024 and len(self._timers) > 2 * len(self.deliveries):
                 self._timers = [(d.until, o) for o, d in self.deliveries.items()
@@ -256,18 +325,34 @@ class WorkState:
         if offset >= self.frontier:
             self.frontier = offset + 1
 
-    def join(self, offset: int, order_key: str | None, now: int) -> bool:
+    def finish_many(self, offsets: list[int], queue_offsets: array[int], now: int) -> None:
+        """`finish` for ascending `offsets`, the done ranges made run by run."""
+        for off in offsets:
+            self.drop(off, now)
+        self.done.add_many(offsets, queue_offsets)
+        if offsets and offsets[-1] >= self.frontier:
+            self.frontier = offsets[-1] + 1
+
+    def join(self, offset: int, order_key: str | None, now: int, take: bool = False) -> bool:
         """A record past the frontier joins the window, never delivered; True if a lease may
-        take it now (no earlier record of its ordering key is pending)."""
-        d = self.deliveries[offset] = Delivery(0, 0, False, order_key)
+        take it now (no earlier record of its ordering key is pending). With `take`, such a
+        record is the caller's to lease at once: it is not put among the ready ones."""
+        self.deliveries[offset] = Delivery(0, 0, False, order_key)
         self.frontier = offset + 1
         if not self.indexed:
             return order_key is None
         if order_key is not None:
-            pending = self._by_key.setdefault(order_key, [])
-            insort(pending, offset)
-        self._place(offset, d, now)
-        return offset in self._ready
+            pending = self._by_key.get(order_key)
+            if pending is None:
+                self._by_key[order_key] = [offset]
+            else:
+                insort(pending, offset)
+                if pending[0] != offset:
+                    return False
+        if take:
+            return True
+        self._make_ready(offset)
+        return True
 
     def reset(self, frontier: int, dead_lettered: int, done_ranges: list[int]) -> None:
         """Replace the window with a checkpoint's (its deliveries follow through `put`)."""
@@ -285,8 +370,9 @@ class WorkState:
         d = self.deliveries.pop(offset, None)
         if not self.indexed:
             return
-        self._ready.discard(offset)
-        self._exhausted.discard(offset)
+        self._ready_set.discard(offset)
+        if self._exhausted:
+            self._exhausted.discard(offset)
         key = d.order_key if d is not None else None
         if key is None:
             return
@@ -311,7 +397,8 @@ class WorkState:
         if self.indexed:
             self.advance(now)
             return
-        self._ready = SortedList()
+        self._ready = []
+        self._ready_set = set()
         self._exhausted = set()
         self._by_key = {}
         for off in sorted(self.deliveries):
@@ -340,11 +427,33 @@ class WorkState:
         elif d.attempts and d.attempts >= self.max_attempts:
             self._exhausted.add(offset)  # its last attempt expired: for the dead letters
         elif d.order_key is None or self._by_key[d.order_key][0] == offset:
-            self._ready.add(offset)
+            self._make_ready(offset)
 
-    def ready(self, limit: int) -> list[int]:
-        """Up to `limit` records a lease may take now, lowest offset first."""
-        return list(islice(self._ready, limit))
+    def _make_ready(self, offset: int) -> None:
+        if offset not in self._ready_set:
+            self._ready_set.add(offset)
+            heappush(self._ready, offset)
+
+    def take_ready(self, limit: int) -> list[int]:
+        """Up to `limit` records a lease may take now, lowest offset first, taken out of the
+        index: the caller leases them, or gives them back (`give_back`)."""
+        heap, members = self._ready, self._ready_set
+        out: list[int] = []
+        while heap and len(out) < limit:
+            off = heappop(heap)
+            if off in members:
+                members.remove(off)
+                out.append(off)
+        return out
+
+    def give_back(self, offsets: list[int], now: int) -> None:
+        """Records taken (`take_ready`, `join` with `take`) and not leased after all."""
+        if not self.indexed:
+            return
+        for off in offsets:
+            d = self.deliveries.get(off)
+            if d is not None:
+                self._place(off, d, now)
 
     def exhausted(self) -> list[int]:
         """Records whose last attempt's lease expired (for the dead letters), in order."""
@@ -352,8 +461,13 @@ class WorkState:
 
 def new_grant() -> int:
     """A lease call's number: random, so a token names one delivery whoever granted it (a
-    grant a replay never saw cannot be granted again under the same token)."""
-    return secrets.randbits(48) | 1
+    grant a replay never saw cannot be granted again under the same token). Drawn from a
+    generator seeded from the OS once per process: unique, not secret (`secrets` read the OS
+    on every call)."""
+    return _GRANTS.getrandbits(48) | 1
+
+
+_GRANTS = random.Random(secrets.randbits(128))
 
 
 def token(offset: int, attempt: int, grant: int = 0) -> str:

@@ -94,12 +94,13 @@ class PartitionIndex:
 
     # Reads -----------------------------------------------------------------------------------
 
-    def select(self, queue: str, start: int, limit: int) -> list[int]:
-        """Offsets of up to `limit` records of `queue` at or after `start`."""
+    def select(self, queue: str, start: int, limit: int, near: int | None = None) -> list[int]:
+        """Offsets of up to `limit` records of `queue` at or after `start` (`near`: see
+        `QueueIndex.position`)."""
         q = self.queues.get(queue)
         if q is None:
             return []
-        i = q.position(max(start, q.deleted_before))
+        i = q.position(max(start, q.deleted_before), near)
         return q.offsets[i : i + limit].tolist()
 
     def end_of(self, queue: str, start: int) -> int:

@@ -371,8 +371,8 @@ class PartitionState:
     def queue(self, name: str) -> QueueIndex:
         return self.index.queue(name)
 
-    def select(self, queue: str, start: int, limit: int) -> list[int]:
-        return self.index.select(queue, start, limit)
+    def select(self, queue: str, start: int, limit: int, near: int | None = None) -> list[int]:
+        return self.index.select(queue, start, limit, near)
 
     def select_tagged(self, queue: str, tag: str, start: int, limit: int) -> list[int]:
         """Offsets of up to `limit` records of `queue` carrying `tag`, at or after `start`,

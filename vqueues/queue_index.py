@@ -17,6 +17,26 @@ else:
     _OffsetArray = array  # not subscriptable at run time before Python 3.12
 
 
+def seek(offsets: array[int], offset: int, hint: int) -> int:
+    """`bisect_left(offsets, offset)`, looked for first near `hint` (where a nearby offset
+    was a moment ago): a bisect over an array boxes every probe, 16 of them at 40,000
+    records, where the window moves a few records between calls."""
+    n = len(offsets)
+    if hint > n:
+        hint = n
+    if hint and offsets[hint - 1] >= offset:
+        return bisect_left(offsets, offset, 0, hint)
+    hi = hint + SEEK_SPAN
+    if hi < n:
+        if offsets[hi] < offset:
+            return bisect_left(offsets, offset, hi + 1, n)
+        return bisect_left(offsets, offset, hint, hi)
+    return bisect_left(offsets, offset, hint, n)
+
+
+SEEK_SPAN = 256
+
+
 class QueueIndex(_OffsetArray):
     """One queue in one partition: its retained record offsets (ascending; the object is that
     array, so a queue costs one object, not two: 40 B less per queue, measured) and its
@@ -48,8 +68,11 @@ class QueueIndex(_OffsetArray):
         """A queue exists for its users while it holds a record or a consumer."""
         return bool(self.offsets) or bool(self.consumers)
 
-    def position(self, offset: int) -> int:
-        """Index of the first record at or after `offset`."""
+    def position(self, offset: int, near: int | None = None) -> int:
+        """Index of the first record at or after `offset` (searched first `near` an index
+        where a nearby offset was)."""
+        if near is not None:
+            return seek(self.offsets, offset, near)
         return bisect_left(self.offsets, offset)
 
     def trim_before(self, offset: int) -> None:

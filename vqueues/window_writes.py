@@ -10,6 +10,8 @@ write to the state and returns what to hand to the producer, in order.
 
 from __future__ import annotations
 
+from itertools import pairwise
+
 from vqueues.leases import WorkState
 from vqueues.partition_state import PartitionState
 from vqueues.records import DeliveryGroup, OffsetEntry, WindowDelta, WindowKeyCleared, now_ms
@@ -43,8 +45,15 @@ class WindowWrite:
 
     def put(self, offset: int, leased: bool, until: int, attempts: int, grant: int,
             reason: str | None) -> None:
-        """The record becomes leased until `until` (or waits for a retry until then)."""
-        self.groups.setdefault((leased, until, attempts, grant, reason), []).append(offset)
+        """The record becomes leased until `until` (or waits for a retry until then), in the
+        window at once."""
+        key = (leased, until, attempts, grant, reason)
+        group = self.groups.get(key)
+        if group is None:
+            self.groups[key] = [offset]
+        else:
+            group.append(offset)
+        self.work.put(offset, leased, until, attempts, grant, reason, self.now)
 
     def finish(self, offsets: list[int], dead: int = 0) -> None:
         """The records are done; `dead` of them went to the dead letters."""
@@ -58,14 +67,14 @@ class WindowWrite:
         q = state.queues.get(queue)
         held = q.offsets if q is not None else None
         committed = state.committed(queue, consumer) or 0
-        done = sorted(set(self.done))
-        if held is not None:
-            for off in done:  # first, so the low-water mark is known
-                work.finish(off, held, self.now)
+        done = sorted(set(self.done)) if len(self.done) > 1 else self.done
+        if held is not None and done:  # first, so the low-water mark is known
+            work.finish_many(done, held, self.now)
         low = work.low_water(held, committed) if held is not None else committed
         delta = WindowDelta(
             queue, consumer, state.generation, work.seq + 1,
-            [DeliveryGroup(*key, sorted(offs)) for key, offs in self.groups.items()], done,
+            [DeliveryGroup(*key, offs if _ascending(offs) else sorted(offs))
+             for key, offs in self.groups.items()], done,
             low if low > committed else None,
             work.dead_lettered + self.dead if self.dead else None, self.now)
         state.apply_offset_entries([delta], own=True)
@@ -74,6 +83,10 @@ class WindowWrite:
                 CHECKPOINT_EVERY, len(work.deliveries) // CHECKPOINT_RECORDS):
             out += checkpoint(state, queue, consumer, work)
         return out
+
+
+def _ascending(offsets: list[int]) -> bool:
+    return all(a < b for a, b in pairwise(offsets))
 
 
 def checkpoint(state: PartitionState, queue: str, consumer: str, work: WorkState

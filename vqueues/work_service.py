@@ -18,7 +18,7 @@ from vqueues.consumer_configs import MAX_ATTEMPTS_LIMIT, ConsumerConfigs
 from vqueues.dead_letters import DeadLetters
 from vqueues.errors import BadRequest
 from vqueues.lease_choice import LeaseChoice
-from vqueues.leases import new_grant, token
+from vqueues.leases import LEASE, new_grant, token
 from vqueues.partition_state import PartitionState
 from vqueues.records import now_ms
 from vqueues.results import ConsumerSettings, LeasedRecord, LeaseResult, SettleResult
@@ -88,9 +88,15 @@ class WorkService:
                           max_records: int, visibility_ms: int | None, tag: str | None
                           ) -> list[LeasedRecord]:
         async with self._locks.hold(("c", queue, consumer)):
-            work, config = await self.configs.lease_consumer(state, queue, consumer)
+            config = state.configs.get((queue, consumer))
+            work = state.work.get((queue, consumer))
+            if work is None or config is None or config.mode != LEASE:
+                work, config = await self.configs.lease_consumer(state, queue, consumer)
             visibility = visibility_ms or config.visibility_ms
-            await self.choice.prepare(state, queue, consumer, work, config)
+            if work.needs_keys:
+                await self.choice.prepare(state, queue, consumer, work, config)
+            else:
+                work.ensure_index(now_ms(), config.max_attempts)
             exhausted = work.exhausted()
             if exhausted:
                 await self.dead_letters.send(state, queue, consumer, config,
@@ -103,10 +109,11 @@ class WorkService:
             write = WindowWrite(state, queue, consumer, work)
             write.finish(skipped)  # not for this consumer's filter: their completion
             grant = new_grant()
-            until = now_ms() + visibility
+            until = write.now + visibility
             before = {}
+            deliveries = work.deliveries
             for off in chosen:
-                d = work.deliveries[off]
+                d = deliveries[off]
                 before[off] = (d.attempts, d.grant, d.until, d.leased)
                 write.put(off, True, until, d.attempts + 1, grant, d.reason)
             durable = self.queues.submit_entries(state, write.entries(), applied=True)

@@ -94,3 +94,17 @@ def test_its_snapshot_section_restores_the_same_windows():
         (b.frontier, b.dead_lettered, list(b.done.ranges()))
     d = a.deliveries[4]
     assert (d.attempts, d.until, d.leased, d.order_key, d.reason) == (2, 99, False, "k", "why")
+
+
+def test_seek_finds_what_bisect_finds_from_any_hint():
+    import random
+    from bisect import bisect_left
+
+    from vqueues.queue_index import seek
+    rnd = random.Random(7)
+    for _ in range(300):
+        offsets = array("q", sorted(rnd.sample(range(5000), rnd.randint(0, 1200))))
+        for _ in range(20):
+            offset = rnd.randint(-5, 5005)
+            hint = rnd.randint(0, len(offsets) + 10)
+            assert seek(offsets, offset, hint) == bisect_left(offsets, offset)
