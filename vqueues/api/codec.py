@@ -60,7 +60,14 @@ class LeasePage(msgspec.Struct):
 
 
 def encode_leased(leased: LeasedRecord, encoding: str) -> LeasedOut:
-    out = encode_record(leased.record, encoding)
+    rec = leased.record
+    if encoding == "utf8" and not rec.headers and rec.value is not None:
+        try:  # the usual record: a UTF-8 value and no headers
+            return LeasedOut(rec.offset, rec.timestamp, rec.value.decode("utf-8"), {},
+                             leased.token, leased.attempt, leased.deadline)
+        except UnicodeDecodeError:
+            pass
+    out = encode_record(rec, encoding)
     return LeasedOut(out.offset, out.timestamp, out.value, out.headers, leased.token,
                      leased.attempt, leased.deadline, out.encoding)
 

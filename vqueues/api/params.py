@@ -33,12 +33,7 @@ class IntParam:
         except ValueError:
             raise BadRequest("invalid_parameter",
                              f"{self.name} must be an integer, not {raw!r}") from None
-        hi = self.maximum(settings)
-        if not self.minimum <= value <= hi:
-            raise BadRequest("limit_out_of_range", f"{self.name} must be between "
-                             f"{self.minimum} and {hi}", parameter=self.name,
-                             min=self.minimum, max=hi)
-        return value
+        return self._in_range(value, settings)
 
     def from_body(self, body: Mapping[str, Any], settings: Settings) -> int | None:
         """The parameter from a JSON body (an integer, not a string)."""
@@ -48,7 +43,15 @@ class IntParam:
         if isinstance(raw, bool) or not isinstance(raw, int):
             raise BadRequest("invalid_parameter", f"{self.name} must be an integer",
                              parameter=self.name)
-        return self.parse({self.name: str(raw)}, settings)
+        return self._in_range(raw, settings)
+
+    def _in_range(self, value: int, settings: Settings) -> int:
+        hi = self.maximum(settings)
+        if not self.minimum <= value <= hi:
+            raise BadRequest("limit_out_of_range", f"{self.name} must be between "
+                             f"{self.minimum} and {hi}", parameter=self.name,
+                             min=self.minimum, max=hi)
+        return value
 
     def body_schema(self, settings: Settings) -> dict[str, Any]:
         schema = self.openapi(settings)["schema"]
