@@ -38,7 +38,7 @@ class OffsetWriter:
         return fut
 
     def _send(self, partition: int, group: list[_Waiting], raise_now: bool = False) -> None:
-        records = [r for recs, _ in group for r in recs]
+        records = group[0][0] if len(group) == 1 else [r for recs, _ in group for r in recs]
         try:
             pending = self._log.submit(partition, records)
         except BaseException as exc:

@@ -200,6 +200,9 @@ def _body(fields: dict[str, int | str | None]) -> bytes:
 
 def encode_offset_entry(entry: OffsetEntry) -> OffsetRecord:
     """The offset-topic record of `entry`."""
+    if isinstance(entry, WindowDelta):  # the entry of every lease call: first
+        return window_key(entry.queue, entry.consumer, entry.generation,
+                          None if entry.checkpoint else entry.seq), _encode_window(entry)
     if isinstance(entry, ConsumerAcked):
         extra = {"dl": entry.dead_lettered} if entry.dead_lettered else {}
         return (_key("c", entry.queue, entry.consumer),
@@ -226,9 +229,6 @@ def encode_offset_entry(entry: OffsetEntry) -> OffsetRecord:
         return _key("r", entry.queue, entry.consumer, entry.offset), _body(fields)
     if isinstance(entry, DeliveryCleared):
         return _key("r", entry.queue, entry.consumer, entry.offset), None
-    if isinstance(entry, WindowDelta):
-        return window_key(entry.queue, entry.consumer, entry.generation,
-                          None if entry.checkpoint else entry.seq), _encode_window(entry)
     if isinstance(entry, WindowKeyCleared):
         return window_key(entry.queue, entry.consumer, entry.generation, entry.seq), None
     return _key("g", entry.generation), _value()
@@ -251,6 +251,8 @@ _WINDOW_PREFIXES: dict[tuple[str, str], bytes] = {}
 
 def _deltas(offsets: list[int]) -> list[int]:
     """Ascending offsets as the first and the gaps after it (small numbers: short msgpack)."""
+    if not offsets:
+        return offsets
     return [b - a for a, b in zip([0, *offsets], offsets, strict=False)]
 
 
@@ -263,11 +265,14 @@ _WINDOW_DECODER = msgspec.msgpack.Decoder(WindowDelta)
 
 
 def _encode_window(e: WindowDelta) -> bytes:
-    groups = [DeliveryGroup(g.leased, g.until, g.attempts, g.grant, g.reason,
-                            _deltas(g.offsets)) for g in e.groups]
-    return _WINDOW_ENCODER.encode(msgspec.structs.replace(
-        e, groups=groups, done=_deltas(e.done), done_ranges=_deltas(e.done_ranges),
-        ts=e.ts or now_ms()))
+    # The struct's msgpack form (array_like: an array of its fields in order) written from a
+    # tuple, without building a second struct for the delta-encoded offsets.
+    return _WINDOW_ENCODER.encode((
+        e.queue, e.consumer, e.generation, e.seq,
+        [(g.leased, g.until, g.attempts, g.grant, g.reason, _deltas(g.offsets))
+         for g in e.groups],
+        _deltas(e.done), e.low_water, e.dead_lettered, e.ts or now_ms(), e.checkpoint,
+        e.frontier, _deltas(e.done_ranges)))
 
 
 def _decode_window(value: bytes) -> WindowDelta:
@@ -279,8 +284,17 @@ def _decode_window(value: bytes) -> WindowDelta:
 
 
 def generation_header(generation: int) -> list[tuple[str, bytes]]:
-    """The `vq-gen` header every offset-topic write carries."""
-    return [(GEN_HEADER, str(generation).encode())]
+    """The `vq-gen` header every offset-topic write carries (one list per generation: shared,
+    never changed)."""
+    header = _GEN_HEADERS.get(generation)
+    if header is None:
+        if len(_GEN_HEADERS) >= 1024:
+            _GEN_HEADERS.clear()
+        header = _GEN_HEADERS[generation] = [(GEN_HEADER, str(generation).encode())]
+    return header
+
+
+_GEN_HEADERS: dict[int, list[tuple[str, bytes]]] = {}
 
 
 def outgoing(generation: int, entries: Sequence[OffsetEntry]
