@@ -113,3 +113,26 @@ def test_the_fast_enqueue_decoder_agrees_with_the_checked_one():
                         {"value": base64.b64encode(b"\xff").decode(), "encoding": "base64"}],
             "ignored": 1}
     assert decode_enqueue(json.dumps(body).encode(), SETTINGS) == decode_records(body, SETTINGS)
+
+
+def test_a_window_delta_is_written_as_its_structs_msgpack_and_reads_back_the_same():
+    import random
+
+    import msgspec
+
+    from vqueues.records import DeliveryGroup, WindowDelta, _decode_window, _encode_window
+    for seed in range(500):
+        r = random.Random(seed)
+
+        def offsets(r=r):
+            return sorted(r.sample(range(10**6), r.randint(0, 6)))
+        e = WindowDelta(
+            "q" * r.randint(1, 5), "c", r.randint(0, 9), r.randint(0, 99),
+            [DeliveryGroup(r.random() < .5, r.randint(0, 10**13), r.randint(0, 9),
+                           r.randint(0, 2**48), r.choice([None, "why"]), offsets())
+             for _ in range(r.randint(0, 3))],
+            offsets(), r.choice([None, 5]), r.choice([None, 3]), r.randint(1, 10**13),
+            r.random() < .5, r.randint(0, 99), offsets())
+        gaps = [b - a for a, b in zip([0, *e.done], e.done, strict=False)]
+        assert msgspec.msgpack.decode(_encode_window(e))[5] == gaps
+        assert _decode_window(_encode_window(e)) == e
