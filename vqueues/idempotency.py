@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from array import array
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import NamedTuple
 
 import mmh3
@@ -49,10 +49,19 @@ def fingerprint(queue: str, key: bytes) -> int:
     return int(mmh3.hash128(queue.encode("utf-8", "surrogatepass") + b"\x00" + key))
 
 
+def fingerprints(queue: str, keys: Iterable[bytes]) -> dict[bytes, int]:
+    """`fingerprint` of each key of one queue (the queue's name encoded once)."""
+    prefix = queue.encode("utf-8", "surrogatepass") + b"\x00"
+    hash128 = mmh3.hash128
+    return {k: int(hash128(prefix + k)) for k in keys}
+
+
 def payload_fingerprint(value: bytes | None, headers: Sequence[tuple[str, bytes | None]]
                         ) -> int:
     """64-bit fingerprint of what a record says: its value and headers, the key aside."""
     h = mmh3.hash64(b"\x01" + value if value is not None else b"\x00", signed=False)[0]
+    if len(headers) == 1 and headers[0][0] == KEY_HEADER:  # the usual keyed record
+        return h
     for name, v in sorted((n, v or b"") for n, v in headers
                           if n != KEY_HEADER and n != PAYLOAD_HEADER):
         h = mmh3.hash64(name.encode() + b"\x00" + v, seed=h & 0xFFFFFFFF, signed=False)[0] ^ h
@@ -133,19 +142,22 @@ class IdempotencyWindow:
 
     def remember(self, queue: str, rec: Record, now_ms: int) -> None:
         """Remember `rec` of `queue` if it carries a key (replay, the tail, an own write)."""
-        key = key_of(rec.headers)
-        if key is None:
-            return
         known = self.known.get(rec.offset) if self.known else None
-        if known is not None:
+        if known is not None:  # an own keyed write: its writer has the fingerprints
             self.add(known[0], Seen(rec.offset, known[1], rec.timestamp), now_ms)
-        else:
+            return
+        key = key_of(rec.headers)
+        if key is not None:
             self.add(fingerprint(queue, key),
                      Seen(rec.offset, payload_of(rec.value, rec.headers), rec.timestamp),
                      now_ms)
 
     def get(self, fp: int, now_ms: int) -> Seen | None:
         self.expire(now_ms)
+        return self._seen.get(fp)
+
+    def lookup(self, fp: int) -> Seen | None:
+        """`get` without expiring first (the caller did, for a batch of keys)."""
         return self._seen.get(fp)
 
     def expire(self, now_ms: int) -> None:

@@ -16,7 +16,7 @@ from vqueues import memory
 from vqueues.cache import RecordCache
 from vqueues.errors import BadRequest, Conflict, NotFound
 from vqueues.hashing import partition_for
-from vqueues.idempotency import fingerprint, key_of, payload_of
+from vqueues.idempotency import fingerprints, key_of, payload_of
 from vqueues.leases import CURSOR, LEASE
 from vqueues.locks import Claims, KeyedLocks
 from vqueues.offset_writer import OffsetWriter
@@ -119,10 +119,12 @@ class QueueService:
         keys are claimed (`Claims`) from the check to the indexing of the write, so two
         requests with one key never both write: the later one waits and looks again."""
         p = self.partition_of(queue)
-        fps = {k: fingerprint(queue, k) for k in keys if k is not None}
+        fps = fingerprints(queue, [k for k in keys if k is not None])
         while True:
             state = self.ownership.require(p)
             now = now_ms()
+            window = state.idempotency
+            window.expire(now)
             offsets: list[int | None] = [None] * len(records)
             first_in_batch: dict[bytes, tuple[int, int]] = {}  # key -> (index, payload)
             todo: list[int] = []
@@ -132,7 +134,7 @@ class QueueService:
                     todo.append(i)
                     continue
                 payload = payload_of(value, headers)
-                seen = state.idempotency.get(fps[key], now)
+                seen = window.lookup(fps[key])
                 if seen is not None:
                     if seen.payload != payload:
                         raise Conflict("idempotency_key_reused",

@@ -199,6 +199,8 @@ def _with_key(headers: list[tuple[str, bytes]], key: Any, i: int) -> list[tuple[
     if len(raw) > MAX_KEY_BYTES:
         raise BadRequest("invalid_record", f"records[{i}].idempotency_key is over "
                          f"{MAX_KEY_BYTES} bytes", max=MAX_KEY_BYTES)
+    if not headers:
+        return [(KEY_HEADER, raw)]
     return [(k, v) for k, v in headers if k not in (KEY_HEADER, PAYLOAD_HEADER)] + [
         (KEY_HEADER, raw)]
 
@@ -233,10 +235,12 @@ def decode_enqueue(raw: bytes, settings: Settings) -> list[NewRecord]:
         if data is not None and len(data) > limit:
             raise PayloadTooLarge("record_too_large", f"records[{i}] is {len(data)} bytes; "
                                   f"at most {limit}", max=limit)
-        if (item.headers or item.tags is not None or item.deliver_at is not None
-                or item.delay_ms is not None or item.idempotency_key is not None):
+        if item.headers or item.tags is not None or item.deliver_at is not None \
+                or item.delay_ms is not None:
             out.append((data, _record_headers(data, item.headers, item.tags, item.deliver_at,
                                               item.delay_ms, item.idempotency_key, i, settings)))
+        elif item.idempotency_key is not None:  # a key and a value: the keyed enqueue
+            out.append((data, _with_key([], item.idempotency_key, i)))
         else:  # most records carry nothing but a value
             out.append((data, []))
     return out

@@ -120,7 +120,8 @@ class AsyncProducer:
         """Produce one record now; False if librdkafka's local queue is full."""
         try:
             producer.produce(topic, value=value, key=key, partition=partition,
-                             headers=list(headers), on_delivery=batch.delivered)
+                             headers=headers if type(headers) is list else list(headers),
+                             on_delivery=batch.delivered)
             return True
         except BufferError:
             return False
