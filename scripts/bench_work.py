@@ -15,7 +15,10 @@ records per server CPU-second (node + broker); and the lease window's memory per
 record. With redis-server on the PATH and redis-py
 installed, Redis 7 Streams (AOF everysec) drained the same way (16 asyncio workers in one
 process, XREADGROUP COUNT 10/100 + XACK; 200,000 records over 10 streams) beside them.
+--baseline CHECKOUT runs an older vqueues (a git worktree) first, then this one, each on a
+broker of its own, and prints the older figures beside the new.
 Usage: .venv/bin/python scripts/bench_work.py [--seconds 5] [--records 200000]
+       [--baseline /tmp/before]
 """
 
 from __future__ import annotations
@@ -149,14 +152,15 @@ async def worker_drain(url: str, names: list[str], total: int) -> tuple[int, int
     return done, 0
 
 
-async def measure_vqueues(args: argparse.Namespace) -> list[dict[str, Any]]:
+async def measure_vqueues(args: argparse.Namespace, code: str | None = None
+                         ) -> list[dict[str, Any]]:
     broker = None if args.bootstrap else EmbeddedBroker().start()
     bootstrap = args.bootstrap or broker.bootstrap  # type: ignore[union-attr]
     broker_pid = broker.process.pid if broker and broker.process else None
     prefix = f"bw{uuid.uuid4().hex[:6]}"
     Admin({"bootstrap.servers": bootstrap}).create(vq_topics.specs(
         f"{prefix}-data", f"{prefix}-offsets", f"{prefix}-assignments", PARTITIONS))
-    procs, urls = bench.start_nodes(bootstrap, prefix, 1)
+    procs, urls = bench.start_nodes(bootstrap, prefix, 1, code)
     out = []
     try:
         owners = await bench.wait_ready(urls, PARTITIONS)
@@ -168,7 +172,7 @@ async def measure_vqueues(args: argparse.Namespace) -> list[dict[str, Any]]:
         secs = args.seconds
         conn = aiohttp.TCPConnector(limit=300)
         async with aiohttp.ClientSession(connector=conn) as s:
-            print("vqueues, one node:", flush=True)
+            print(f"vqueues, one node{' of ' + code if code else ''}:", flush=True)
             out.append(await measured("healthz", node, broker_pid,
                                       lambda: healthz(s, urls[0], secs)))
 
@@ -282,15 +286,18 @@ async def measure_redis(args: argparse.Namespace) -> list[dict[str, Any]]:
     return out
 
 
-def report(vq: list[dict[str, Any]], rd: list[dict[str, Any]]) -> None:
+def report(vq: list[dict[str, Any]], rd: list[dict[str, Any]],
+           base: list[dict[str, Any]] | None = None) -> None:
     rows = {r["name"]: r for r in vq}
+    before = {r["name"]: r for r in base or []}
     cursor = rows["cursor enqueue, 100 per request"]
     hz = rows["healthz"]
     print(f"\n# bench_work {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: one node, "
           f"broker {'given' if ARGS.bootstrap else 'embedded tansu'}, {PARTITIONS} partitions")
+    extra = f" {ARGS.baseline}: records/s, node µs/record |" if base else ""
     print("| measure | records/s | requests/s | ratio | node CPU µs/record | "
-          "records per server CPU-s |")
-    print("|---|---|---|---|---|---|")
+          "records per server CPU-s |" + extra)
+    print("|---|---|---|---|---|---|" + ("---|" if base else ""))
     for r in vq:
         if "records" not in r:
             continue
@@ -303,13 +310,19 @@ def report(vq: list[dict[str, Any]], rd: list[dict[str, Any]]) -> None:
             ratio = f"{r['records'] / cursor['records']:.2f}× cursor"
         else:
             ratio = "1 (records)"
+        was = before.get(r["name"])
+        then = (f" {was['records']:,.0f}, {was['node_us']:.0f} |" if was and "records" in was
+                else " |" if base else "")
         print(f"| {r['name']} | {r['records']:,.0f} | {r['requests']:,.0f} | {ratio} | "
-              f"{r['node_us']:.0f} | {r['per_server_cpu_s']:,.0f} |")
+              f"{r['node_us']:.0f} | {r['per_server_cpu_s']:,.0f} |" + then)
     for r in rd:
         print(f"| Redis Streams: {r['name']} | {r['records']:,.0f} | {r['requests']:,.0f} | | | "
               f"{r['per_server_cpu_s']:,.0f} |")
     e2e = rows["enqueue -> long-polling lease"]
     print(f"enqueue -> long-polling lease: p50 {e2e['p50']:.2f} ms, p99 {e2e['p99']:.2f} ms")
+    if "enqueue -> long-polling lease" in before:
+        e2e = before["enqueue -> long-polling lease"]
+        print(f"  {ARGS.baseline}: p50 {e2e['p50']:.2f} ms, p99 {e2e['p99']:.2f} ms")
     red = {r["name"]: r for r in rd}
     for batch in (10, 100):
         ours, theirs = rows[f"lease -> complete, {batch} per call"], red.get(
@@ -353,9 +366,10 @@ ARGS = argparse.Namespace()
 
 
 async def main() -> None:
+    base = await measure_vqueues(ARGS, ARGS.baseline) if ARGS.baseline else None
     vq = await measure_vqueues(ARGS)
     rd = await measure_redis(ARGS)
-    report(vq, rd)
+    report(vq, rd, base)
     print(f"lease window memory: {window_memory():.0f} bytes per in-flight record "
           "(100,000 leased records, tracemalloc)")
 
@@ -367,6 +381,8 @@ if __name__ == "__main__":
     ap.add_argument("--records", type=int, default=200_000,
                     help="records the Worker and Redis drain")
     ap.add_argument("--samples", type=int, default=200)
+    ap.add_argument("--baseline", metavar="CHECKOUT",
+                    help="an older vqueues checkout (git worktree) measured first, beside")
     ARGS = ap.parse_args()
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
     asyncio.run(main())
