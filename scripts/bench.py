@@ -522,7 +522,7 @@ async def measure_vqueues(args: argparse.Namespace, bootstrap: str, nodes: int,
             out["reader_after_writer_p50"] = pct(after_writer, .5)
             samples["e2e_busy"] = await vq_e2e_back_to_back(s, route("e2e-2"), "e2e-2",
                                                             args.samples)
-            if code is None:  # work queues: this checkout only (older ones have no leases)
+            if code is None or not args.baseline_without_work:  # older ones: no leases
                 out["lease_throughput"] = await vq_lease_throughput(
                     s, route, args.seconds, args.concurrency)
                 out["lease_throughput_100"] = await vq_lease_throughput(
@@ -815,6 +815,8 @@ def main() -> None:
                     help="also run the vqueues package of this checkout (e.g. a git worktree of "
                          "an older commit) as 'before', alternating with this one")
     ap.add_argument("--rounds", type=int, default=2, help="rounds of each with --baseline")
+    ap.add_argument("--baseline-without-work", action="store_true",
+                    help="the baseline predates work queues and enqueue shapes: skip them there")
     ap.add_argument("--fetch-wait-ms", type=int, default=100,
                     help="the nodes' tail fetch.wait.max.ms (default 100, as the nodes')")
     ap.add_argument("--baseline-fetch-wait-ms", type=int,
