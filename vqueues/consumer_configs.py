@@ -44,11 +44,21 @@ class ConsumerConfigs:
                              min=MIN_VISIBILITY_MS, max=hi)
         return visibility_ms
 
+    def check_in_flight(self, max_in_flight: object, name: str = "max_in_flight") -> int:
+        hi = self.settings.max_lease_window
+        if isinstance(max_in_flight, bool) or not isinstance(max_in_flight, int) or \
+                not 1 <= max_in_flight <= hi:
+            raise BadRequest("limit_out_of_range", f"{name} must be an integer between 1 and "
+                             f"{hi}, or null", parameter=name, min=1, max=hi)
+        return max_in_flight
+
     async def configure(self, queue: str, consumer: str, mode: str | None,
                         max_attempts: int | None, dead_letter_queue: str | bool | None,
-                        visibility_ms: int | None) -> ConsumerSettings:
+                        visibility_ms: int | None, max_in_flight: int | bool | None = False
+                        ) -> ConsumerSettings:
         """Set a consumer's settings (absent ones keep their value, or the defaults).
-        `dead_letter_queue` False means "not given"; None clears it."""
+        `dead_letter_queue` and `max_in_flight`: False means "not given", None clears it. A
+        consumer set here no longer follows a prefix consumer's settings (ADR 13)."""
         if mode is not None and mode not in (CURSOR, LEASE):
             raise BadRequest("invalid_parameter", "mode must be cursor or lease")
         if max_attempts is not None and (isinstance(max_attempts, bool) or not isinstance(
@@ -58,6 +68,8 @@ class ConsumerConfigs:
                              max=MAX_ATTEMPTS_LIMIT)
         if visibility_ms is not None:
             self.check_visibility(visibility_ms)
+        if max_in_flight is not False and max_in_flight is not None:
+            self.check_in_flight(max_in_flight)
         if isinstance(dead_letter_queue, str):
             validate_name(dead_letter_queue, "dead_letter_queue")
             if dead_letter_queue == queue:
@@ -76,7 +88,9 @@ class ConsumerConfigs:
                 old.max_attempts if max_attempts is None else max_attempts,
                 old.dead_letter_queue if dead_letter_queue is False else
                 (dead_letter_queue if isinstance(dead_letter_queue, str) else None),
-                old.visibility_ms if visibility_ms is None else visibility_ms)
+                old.visibility_ms if visibility_ms is None else visibility_ms,
+                old.max_in_flight if max_in_flight is False else
+                (max_in_flight if isinstance(max_in_flight, int) else None))
             entries: list[OffsetEntry] = []
             committed = state.committed(queue, consumer)
             if committed is None:
@@ -85,10 +99,12 @@ class ConsumerConfigs:
             if new.mode == CURSOR:
                 entries += state.window_tombstones(queue, consumer)
             entries.append(ConsumerConfigured(queue, consumer, new.mode, new.max_attempts,
-                                              new.dead_letter_queue, new.visibility_ms))
+                                              new.dead_letter_queue, new.visibility_ms,
+                                              new.max_in_flight))
             await self.queues.write_entries(state, entries)
         return ConsumerSettings(queue, consumer, new.mode, new.max_attempts,
-                                new.dead_letter_queue, new.visibility_ms, committed)
+                                new.dead_letter_queue, new.visibility_ms, committed,
+                                new.max_in_flight)
 
     def settings_of(self, queue: str, consumer: str) -> ConsumerSettings:
         """What `GET .../consumers/{consumer}` answers; 404 for a consumer that does not exist."""
@@ -102,25 +118,28 @@ class ConsumerConfigs:
             d = self.defaults()
             config = ConsumerConfig(CURSOR, d.max_attempts, None, d.visibility_ms)
         return ConsumerSettings(queue, consumer, config.mode, config.max_attempts,
-                                config.dead_letter_queue, config.visibility_ms, committed)
+                                config.dead_letter_queue, config.visibility_ms, committed,
+                                config.max_in_flight, config.prefix)
 
-    async def lease_consumer(self, state: PartitionState, queue: str, consumer: str
+    async def lease_consumer(self, state: PartitionState, queue: str, consumer: str,
+                             start: ConsumerConfig | None = None
                              ) -> tuple[WorkState, ConsumerConfig]:
-        """The consumer's window and settings; a first lease makes it a lease consumer that
-        starts at its committed offset, or at the queue's first retained record. Called under
-        the consumer's lock."""
+        """The consumer's window and settings; a first lease makes it a lease consumer (with
+        `start`'s settings, or the defaults) that starts at its committed offset, or at the
+        queue's first retained record. Called under the consumer's lock."""
         config = state.configs.get((queue, consumer))
         if config is not None and config.mode != LEASE:
             raise Conflict("consumer_mode_mismatch", f"consumer {consumer!r} is a cursor "
                            "consumer: read and ack, or set its mode to lease", mode=config.mode)
         if config is None:
-            config = self.defaults()
+            config = start or self.defaults()
             entries: list[OffsetEntry] = []
             if state.committed(queue, consumer) is None:
                 entries.append(ConsumerAcked(queue, consumer, state.first_offset(queue),
                                              now_ms()))
-            entries.append(ConsumerConfigured(queue, consumer, LEASE, config.max_attempts, None,
-                                              config.visibility_ms))
+            entries.append(ConsumerConfigured(queue, consumer, LEASE, config.max_attempts,
+                                              config.dead_letter_queue, config.visibility_ms,
+                                              config.max_in_flight, config.prefix))
             await self.queues.write_entries(state, entries)
         work = state.work.get((queue, consumer))
         if work is None:  # revoked meanwhile (the write was not applied)

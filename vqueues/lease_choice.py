@@ -55,7 +55,7 @@ class LeaseChoice:
                     d.order_key = found.get(off)
             work.needs_keys = False
             work.indexed = False
-        work.ensure_index(now_ms(), config.max_attempts)
+        work.ensure_index(now_ms(), config.max_attempts, config.max_in_flight is not None)
 
     async def choose(self, state: PartitionState, queue: str, consumer: str, work: WorkState,
                      max_records: int, tag: str | None = None

@@ -21,8 +21,9 @@ from vqueues.records import (
     now_ms,
 )
 
-# A snapshot's rows: (queue, consumer, mode, max_attempts, dead_letter_queue, visibility_ms)
-ConfigRow = tuple[str, str, str, int, str | None, int]
+# A snapshot's rows: (queue, consumer, mode, max_attempts, dead_letter_queue, visibility_ms,
+# max_in_flight, prefix); rows of snapshots before format 7 end after visibility_ms.
+ConfigRow = tuple[Any, ...]
 # (queue, consumer, frontier, dead_lettered, done starts, done ends,
 #  [(offset, attempts, until, leased, order_key, reason, grant)],
 #  seq, deltas_since, [(generation, seq; -1 for a checkpoint)], legacy, needs_keys).
@@ -72,7 +73,7 @@ class LeaseWindows:
         committed offset, one that becomes a cursor loses its window."""
         key = (e.queue, e.consumer)
         self.configs[key] = ConsumerConfig(e.mode, e.max_attempts, e.dead_letter_queue,
-                                           e.visibility_ms)
+                                           e.visibility_ms, e.max_in_flight, e.prefix)
         if e.mode == LEASE:
             if key not in self.work:
                 self.work[key] = WorkState(committed or 0)
@@ -192,8 +193,9 @@ class LeaseWindows:
 
     def capture(self) -> tuple[list[ConfigRow], list[WorkRow]]:
         """Every consumer's settings and every window, as rows."""
-        configs = [(q, c, k.mode, k.max_attempts, k.dead_letter_queue, k.visibility_ms)
-                   for (q, c), k in self.configs.items()]
+        configs: list[ConfigRow] = [
+            (q, c, k.mode, k.max_attempts, k.dead_letter_queue, k.visibility_ms, k.max_in_flight,
+             k.prefix) for (q, c), k in self.configs.items()]
         work: list[WorkRow] = [
             (q, c, w.frontier, w.dead_lettered, list(w.done.starts), list(w.done.ends),
              [(o, d.attempts, d.until, d.leased, d.order_key, d.reason, d.grant)
@@ -205,8 +207,10 @@ class LeaseWindows:
 
     def restore(self, configs: Sequence[ConfigRow], work: Sequence[WorkRow]) -> None:
         """Replace everything with what `capture` described (or an older snapshot's rows)."""
-        self.configs = {(q, c): ConsumerConfig(mode, attempts, dlq, visibility)
-                        for q, c, mode, attempts, dlq, visibility in configs}
+        self.configs = {(str(row[0]), str(row[1])): ConsumerConfig(
+            str(row[2]), int(row[3]), row[4], int(row[5]),
+            int(row[6]) if len(row) > 6 and row[6] is not None else None,
+            row[7] if len(row) > 7 else None) for row in configs}
         self.work = {}
         self.last_attempts = []
         for row in work:

@@ -32,12 +32,16 @@ DLQ_HEADERS = ("vq-dlq-source-queue", "vq-dlq-source-offset", "vq-dlq-consumer",
 
 @dataclass(slots=True, frozen=True)
 class ConsumerConfig:
-    """A consumer's settings (PUT /v1/queues/{queue}/consumers/{consumer})."""
+    """A consumer's settings (PUT /v1/queues/{queue}/consumers/{consumer}): `max_in_flight`
+    caps the records leased at once (None: the window's limit); `prefix` says the settings
+    were copied from the prefix consumer over that prefix (ADR 13)."""
 
     mode: str
     max_attempts: int
     dead_letter_queue: str | None
     visibility_ms: int
+    max_in_flight: int | None = None
+    prefix: str | None = None
 
 
 class Delivery:
@@ -183,9 +187,10 @@ class WorkState:
     A lease then takes the first of `ready` instead of walking the window. Replay leaves the
     index unbuilt (and ordering keys unknown: `needs_keys`); the first lease builds it."""
 
-    __slots__ = ("_by_key", "_exhausted", "_front_at", "_low_at", "_ready", "_ready_set",
-                 "_timers", "dead_lettered", "deliveries", "deltas_since", "done", "frontier",
-                 "indexed", "legacy", "log_keys", "max_attempts", "needs_keys", "seq")
+    __slots__ = ("_by_key", "_exhausted", "_flying", "_front_at", "_low_at", "_ready",
+                 "_ready_set", "_timers", "dead_lettered", "deliveries", "deltas_since", "done",
+                 "frontier", "indexed", "legacy", "log_keys", "max_attempts", "needs_keys",
+                 "seq")
 
     def __init__(self, frontier: int) -> None:
         self.frontier = frontier
@@ -211,6 +216,9 @@ class WorkState:
         self._timers: list[tuple[int, int]] = []  # heap of (until, offset); stale ones skipped
         self._by_key: dict[str, list[int]] = {}
         self._exhausted: set[int] = set()
+        # With an in-flight cap: the records leased now (their lease not run out), counted
+        # exactly; None without one (it costs a set entry per leased record).
+        self._flying: set[int] | None = None
 
     # The window --------------------------------------------------------------------------------
 
@@ -312,6 +320,11 @@ class WorkState:
                     self._ready_set = set(ready)
             if self._exhausted:
                 self._exhausted.discard(offset)
+            if self._flying is not None:
+                if leased and until > now:
+                    self._flying.add(offset)
+                else:
+                    self._flying.discard(offset)
             self._place(offset, d, now)
             if len(self._timers) > 1024 and len(self._timers) > 2 * len(self.deliveries):
                 self._timers = [(d.until, o) for o, d in self.deliveries.items()
@@ -373,6 +386,8 @@ class WorkState:
         self._ready_set.discard(offset)
         if self._exhausted:
             self._exhausted.discard(offset)
+        if self._flying is not None:
+            self._flying.discard(offset)
         key = d.order_key if d is not None else None
         if key is None:
             return
@@ -390,13 +405,21 @@ class WorkState:
 
     # Leasing from the index -------------------------------------------------------------------
 
-    def ensure_index(self, now: int, max_attempts: int) -> None:
+    def ensure_index(self, now: int, max_attempts: int, count_in_flight: bool = False) -> None:
         """Build the lease index (after replay: every delivery's ordering key known), and move
-        what fell due since the last call into it."""
+        what fell due since the last call into it. `count_in_flight`: keep `in_flight` exact
+        (a consumer with an in-flight cap)."""
         self.max_attempts = max_attempts
+        if not count_in_flight:
+            self._flying = None
         if self.indexed:
+            if count_in_flight and self._flying is None:
+                self._flying = {o for o, d in self.deliveries.items()
+                                if d.leased and d.until > now}
             self.advance(now)
             return
+        if count_in_flight:  # kept by the index's changes only while it is built
+            self._flying = {o for o, d in self.deliveries.items() if d.leased and d.until > now}
         self._ready = []
         self._ready_set = set()
         self._exhausted = set()
@@ -419,7 +442,13 @@ class WorkState:
             until, off = heappop(timers)
             d = deliveries.get(off)
             if d is not None and d.until == until:
+                if self._flying is not None:
+                    self._flying.discard(off)  # its lease ran out (or its retry fell due)
                 self._place(off, d, now)
+
+    def in_flight(self) -> int:
+        """Records leased now, as of the last `ensure_index` (with `count_in_flight`)."""
+        return len(self._flying) if self._flying is not None else 0
 
     def _place(self, offset: int, d: Delivery, now: int) -> None:
         if d.until > now:

@@ -9,7 +9,8 @@ JSON arrays, so a queue and a consumer name can never be confused whatever they 
   ["c", queue, consumer] -> tombstone (null)                         the consumer was deleted
   ["q", queue]           -> {"v": 1, "deleted_before": n, "ts": ms}  the queue was deleted at n:
                                                                       its records below n are gone
-  ["s", queue, consumer] -> {"v": 1, "mode", "max_attempts", "dlq", "visibility_ms"}  settings
+  ["s", queue, consumer] -> {"v": 1, "mode", "max_attempts", "dlq", "visibility_ms"} settings,
+                            and "max_in_flight", "prefix" when set (absent: none)
   ["W", queue, consumer, gen]      -> msgpack `WindowDelta` (checkpoint): a lease consumer's
                                       whole window as ranges, written by generation `gen`
   ["w", queue, consumer, gen, seq] -> msgpack `WindowDelta`: one call's changes to the window
@@ -80,7 +81,8 @@ class QueueDeleted:
 
 @dataclass(slots=True, frozen=True)
 class ConsumerConfigured:
-    """A consumer's settings (PUT .../consumers/{consumer}, or a first lease)."""
+    """A consumer's settings (PUT .../consumers/{consumer}, or a first lease; `prefix`: copied
+    from the prefix consumer over that prefix, ADR 13)."""
 
     queue: str
     consumer: str
@@ -88,6 +90,8 @@ class ConsumerConfigured:
     max_attempts: int
     dead_letter_queue: str | None
     visibility_ms: int
+    max_in_flight: int | None = None
+    prefix: str | None = None
 
 
 @dataclass(slots=True, frozen=True)
@@ -212,9 +216,14 @@ def encode_offset_entry(entry: OffsetEntry) -> OffsetRecord:
     if isinstance(entry, QueueDeleted):
         return _key("q", entry.queue), _value(deleted_before=entry.deleted_before)
     if isinstance(entry, ConsumerConfigured):
-        return (_key("s", entry.queue, entry.consumer),
-                _value(mode=entry.mode, max_attempts=entry.max_attempts,
-                       dlq=entry.dead_letter_queue, visibility_ms=entry.visibility_ms))
+        settings: dict[str, int | str | None] = {
+            "mode": entry.mode, "max_attempts": entry.max_attempts,
+            "dlq": entry.dead_letter_queue, "visibility_ms": entry.visibility_ms}
+        if entry.max_in_flight is not None:
+            settings["max_in_flight"] = entry.max_in_flight
+        if entry.prefix is not None:
+            settings["prefix"] = entry.prefix
+        return _key("s", entry.queue, entry.consumer), _body(settings)
     if isinstance(entry, ConsumerConfigCleared):
         return _key("s", entry.queue, entry.consumer), None
     if isinstance(entry, DeliveryUpdated):
@@ -340,9 +349,11 @@ def decode_offset_entry(key: bytes | None, value: bytes | None) -> OffsetEntry |
             if value is None:
                 return ConsumerConfigCleared(str(parts[1]), str(parts[2]))
             b = json.loads(value)
+            cap = b.get("max_in_flight")
             return ConsumerConfigured(str(parts[1]), str(parts[2]), str(b["mode"]),
                                       int(b["max_attempts"]), b.get("dlq"),
-                                      int(b["visibility_ms"]))
+                                      int(b["visibility_ms"]),
+                                      int(cap) if cap is not None else None, b.get("prefix"))
         if parts[0] in ("w", "W") and len(parts) in (4, 5):
             q, c, gen = str(parts[1]), str(parts[2]), int(parts[3])
             seq = int(parts[4]) if parts[0] == "w" and len(parts) == 5 else None

@@ -59,6 +59,8 @@ class ConsumerSettings:
     dead_letter_queue: str | None
     visibility_ms: int
     offset: int | None  # committed offset (None: nothing committed yet)
+    max_in_flight: int | None = None  # records leased at once, at most (None: no cap)
+    prefix: str | None = None  # the settings came from the prefix consumer over this prefix
 
 
 class LeasedRecord(msgspec.Struct, frozen=True, gc=False):

@@ -51,13 +51,14 @@ from vqueues.tag_index import TagIndex
 
 log = logging.getLogger(__name__)
 
-FORMAT_VERSION = 6
-# Format 2 has no lease state; formats 2 and 3 hold the offsets raw, formats 4 to 6
+FORMAT_VERSION = 7
+# Format 2 has no lease state; formats 2 and 3 hold the offsets raw, formats 4 to 7
 # delta-encoded; format 5 adds the idempotency window (before it, a restored window starts
 # empty); format 6 adds each delivery's grant and each window's keys in the offset topic
 # (ADR 12; a window of an older format is taken for ADR 8's, and checkpointed at its first
-# write).
-READABLE_VERSIONS = (2, 3, 4, 5, 6)
+# write); format 7 adds each consumer's in-flight cap and the prefix its settings came from
+# (ADR 13; an older row has neither).
+READABLE_VERSIONS = (2, 3, 4, 5, 6, 7)
 # The narrowest of these that holds every gap: (type, largest value).
 _GAP_TYPES: tuple[tuple[str, int], ...] = (
     ("<u1", 2**8 - 1), ("<u2", 2**16 - 1), ("<u4", 2**32 - 1), ("<i8", 2**63 - 1))

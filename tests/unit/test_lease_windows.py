@@ -108,3 +108,12 @@ def test_seek_finds_what_bisect_finds_from_any_hint():
             offset = rnd.randint(-5, 5005)
             hint = rnd.randint(0, len(offsets) + 10)
             assert seek(offsets, offset, hint) == bisect_left(offsets, offset)
+
+
+def test_a_snapshot_row_of_an_older_format_restores_without_cap_or_prefix():
+    windows = LeaseWindows()
+    windows.restore([("q", "c", LEASE, 3, None, 1000)], [])
+    config = windows.configs[("q", "c")]
+    assert (config.max_attempts, config.max_in_flight, config.prefix) == (3, None, None)
+    rows, _ = windows.capture()
+    assert rows == [("q", "c", LEASE, 3, None, 1000, None, None)]

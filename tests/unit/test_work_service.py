@@ -433,3 +433,53 @@ async def test_an_expired_last_attempt_is_dead_lettered_when_it_expires(node):
         assert dict(dead[0].headers)["vq-dlq-reason"] == b"lease expired"
     finally:
         expiry.cancel()
+
+
+async def test_an_in_flight_cap_holds_exactly_under_concurrent_leases(node):
+    svc, work, *_ = node
+    await _fill(svc, "capped", 30)
+    settings = await work.configure("capped", "w", "lease", None, False, None, 4)
+    assert settings.max_in_flight == 4
+    pages = await asyncio.gather(*(work.lease("capped", "w", 3, 150, 0) for _ in range(6)))
+    held = [r for page in pages for r in page.records]
+    assert len(held) == 4  # 6 concurrent calls of 3: never more than the cap
+    assert (await work.lease("capped", "w", 10, 150, 0)).records == []
+    await work.complete("capped", "w", [held[0].token])
+    more = (await work.lease("capped", "w", 10, 150, 0)).records
+    assert len(more) == 1  # one slot freed
+    await asyncio.sleep(0.2)  # every lease ran out: the cap counts only leases running
+    again = (await work.lease("capped", "w", 10, 1000, 0)).records
+    assert len(again) == 4
+    assert work.consumer_settings("capped", "w").max_in_flight == 4
+    await work.configure("capped", "w", None, None, False, None, None)  # the cap cleared
+    assert len((await work.lease("capped", "w", 10, 1000, 0)).records) == 10
+
+
+async def test_a_long_poll_on_a_capped_consumer_wakes_when_a_lease_is_completed(node):
+    svc, work, *_ = node
+    await _fill(svc, "capwait", 5)
+    await work.configure("capwait", "w", "lease", None, False, None, 1)
+    first = (await work.lease("capwait", "w", 5, 30_000, 0)).records
+    waiting = asyncio.ensure_future(work.lease("capwait", "w", 5, 30_000, 5000))
+    await asyncio.sleep(0.05)
+    assert not waiting.done()
+    await work.complete("capwait", "w", [first[0].token])
+    got = (await asyncio.wait_for(waiting, 2)).records
+    assert len(got) == 1 and got[0].record.offset != first[0].record.offset
+
+
+async def test_a_consumers_cap_and_prefix_survive_replay_and_a_snapshot(node):
+    svc, work, *_ = node
+    from vqueues.records import ConsumerConfigured, decode_offset_entry, encode_offset_entry
+    entry = ConsumerConfigured("q", "c", "lease", 3, "q-dead", 1000, 7, "q")
+    assert decode_offset_entry(*encode_offset_entry(entry)) == entry
+    plain = ConsumerConfigured("q", "c", "lease", 3, None, 1000)
+    key, value = encode_offset_entry(plain)
+    assert b"max_in_flight" not in value and b"prefix" not in value
+    assert decode_offset_entry(key, value) == plain
+    await _fill(svc, "snapcap", 2)
+    await work.configure("snapcap", "w", "lease", 2, None, 1000, 9)
+    state = svc.ownership.require(svc.partition_of("snapcap"))
+    fresh, _ = await snapshot_round_trip(state)
+    assert fresh.configs[("snapcap", "w")] == state.configs[("snapcap", "w")]
+    assert fresh.configs[("snapcap", "w")].max_in_flight == 9

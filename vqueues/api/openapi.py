@@ -107,7 +107,11 @@ def _request_schemas(s: Settings) -> dict[str, Any]:
                                                  "max_attempts are counted and skipped)"},
             "visibility_ms": {"type": "integer", "minimum": MIN_VISIBILITY_MS,
                               "maximum": s.max_visibility_ms,
-                              "default": s.default_visibility_ms}}},
+                              "default": s.default_visibility_ms},
+            "max_in_flight": {"type": ["integer", "null"], "minimum": 1,
+                              "maximum": s.max_lease_window,
+                              "description": "(lease) records leased at once, at most; null: "
+                                             "no cap"}}},
         "LeaseRequest": {"type": "object", "properties": {
             "max_records": params.LEASE_MAX_RECORDS.body_schema(s),
             "visibility_ms": params.LEASE_VISIBILITY_MS.body_schema(s),

@@ -15,7 +15,7 @@ from vqueues.names import validate_name
 from vqueues.results import SettleResult
 from vqueues.tags import check_tag
 
-_SETTINGS_FIELDS = {"mode", "max_attempts", "dead_letter_queue", "visibility_ms"}
+_SETTINGS_FIELDS = {"mode", "max_attempts", "dead_letter_queue", "visibility_ms", "max_in_flight"}
 
 
 def _names(request: web.Request) -> tuple[str, str]:
@@ -57,7 +57,8 @@ async def put_consumer(request: web.Request) -> web.Response:
     if mode is not None and not isinstance(mode, str):
         raise BadRequest("invalid_parameter", "mode must be cursor or lease")
     return respond(await request.app[WORK].configure(
-        queue, consumer, mode, body.get("max_attempts"), dlq, body.get("visibility_ms")))
+        queue, consumer, mode, body.get("max_attempts"), dlq, body.get("visibility_ms"),
+        body.get("max_in_flight", False)))
 
 
 async def get_consumer(request: web.Request) -> web.Response:
