@@ -47,6 +47,7 @@ REGISTRY: dict[str, ErrorSpec] = {
     "queue_not_found": _e(404, False, "the queue has no records and no consumers"),
     "scheduled_not_found": _e(404, False, "the queue has no such record waiting for its due time"),
     "consumer_not_found": _e(404, False, "the queue has no such consumer"),
+    "prefix_consumer_not_found": _e(404, False, "no prefix consumer by that name"),
     "method_not_allowed": _e(405, False, "the route does not take this method"),
     "unsupported_media_type": _e(415, False, "the body's content type is not accepted"),
     # 409: the state does not allow it (wrong_node: ask the owner instead).

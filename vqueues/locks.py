@@ -23,6 +23,21 @@ class KeyedLocks:
     def held(self, key: Hashable) -> bool:
         return key in self._held
 
+    async def acquire(self, key: Hashable) -> None:
+        """Take `key`, waiting for it (then `release` it)."""
+        await _Held(self, key).__aenter__()
+
+    def try_hold(self, key: Hashable) -> bool:
+        """Take `key` now if nobody holds it (then `release` it); never waits."""
+        if key in self._held:
+            return False
+        self._held[key] = deque()
+        return True
+
+    def release(self, key: Hashable) -> None:
+        """Give up a key taken with `acquire` or `try_hold` (to its first waiter, if any)."""
+        self._release(key)
+
     def __len__(self) -> int:
         """Keys currently held or waited for."""
         return len(self._held)

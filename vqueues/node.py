@@ -86,7 +86,7 @@ class Node:
             self._conf(**{"group.id": f"vq-map-{s.effective_node_id}",
                           "fetch.wait.max.ms": s.fetch_wait_max_ms}),
             s.assignment_topic, 1,
-            lambda batch: loop.call_soon_threadsafe(cluster_map.apply, batch))
+            lambda batch: loop.call_soon_threadsafe(self._assignments, batch))
         self._tail.start()
         self.service = QueueService(s, self.ownership, cache, TopicLog(data, s.data_topic),
                                     offset_log, self._fetcher)
@@ -113,6 +113,12 @@ class Node:
         memory.GcPauses().install()
         log.info("node_started", extra={"node": s.effective_node_id, "url": s.effective_url,
                                         "bootstrap": s.bootstrap, "partitions": partitions})
+
+    def _assignments(self, batch: list[tuple[bytes | None, bytes | None]]) -> None:
+        """The assignment topic's records: the cluster map and the prefix consumers."""
+        assert self.ownership is not None
+        self.ownership.cluster_map.apply(batch)
+        self.ownership.prefixes.apply(batch)
 
     async def stop(self) -> None:
         """Stop taking requests, finish those in flight, release the partitions and leave the

@@ -30,6 +30,7 @@ from vqueues.hashing import partition_for
 from vqueues.metrics import Metrics
 from vqueues.offset_replay import OffsetReplay
 from vqueues.partition_state import PartitionState
+from vqueues.prefix_consumers import PrefixConsumers
 from vqueues.records import Record
 from vqueues.snapshot_restore import SnapshotRestore
 from vqueues.storage import Consumed, Log, OffsetLog
@@ -76,7 +77,8 @@ class Ownership:
                  assignment_log: Log | None = None,
                  metrics: Metrics | None = None,
                  snapshot_log: OffsetLog | None = None,
-                 idempotency_window_ms: int = 600_000) -> None:
+                 idempotency_window_ms: int = 600_000,
+                 prefixes: PrefixConsumers | None = None) -> None:
         self.loop = loop
         self.partitions = partitions
         self.idempotency_window_ms = idempotency_window_ms
@@ -84,7 +86,11 @@ class Ownership:
         self.node_id = node_id
         self.url = url
         self.cluster_map = cluster_map or ClusterMap(partitions)
+        # The cluster's prefix consumers: from the assignment topic too (ADR 13).
+        self.prefixes = prefixes or PrefixConsumers()
         self._assignment_log = assignment_log
+        # Called with each partition as it becomes ready (after its replay).
+        self.on_ready: list[Callable[[PartitionState], None]] = []
         self.metrics = metrics or Metrics()
         self._generation = 0
         self.draining = False
@@ -172,7 +178,8 @@ class Ownership:
             if old is not None:
                 old.revoke()
                 self._spawn(self._dismantle([old]))
-            self.states[p] = PartitionState(p, self.cache, self.idempotency_window_ms)
+            self.states[p] = PartitionState(p, self.cache, self.idempotency_window_ms,
+                                            self.prefixes)
             self._assigned_at[p] = time.monotonic()
             fresh.append(p)
         self.metrics.rebalances.inc(len(fresh))
@@ -311,6 +318,8 @@ class Ownership:
         started = self._assigned_at.pop(state.partition, None)
         if state.ready.is_set() and started is not None:
             self.metrics.replay_seconds.observe(time.monotonic() - started)
+            for listener in self.on_ready:
+                listener(state)
             # A replay frees a lot of short-lived memory: hand it back to the system.
             self._spawn(self._release_memory())
             log.info("partition_ready", extra={
@@ -319,6 +328,14 @@ class Ownership:
                 "replay_ms": round((time.monotonic() - started) * 1000)})
         elif started is not None:
             self._assigned_at[state.partition] = started
+
+    async def announce(self, records: list[tuple[bytes, bytes | None]]) -> None:
+        """Write records to the assignment topic (cluster-wide definitions: ADR 13) and apply
+        them here at once; every node applies them from its tail."""
+        if self._assignment_log is None:
+            raise Unavailable("broker_error", "this node writes no assignment topic")
+        await self._assignment_log.append(0, [(k, v, None) for k, v in records])
+        self.prefixes.apply(records)
 
     # Queries ---------------------------------------------------------------------------------
 

@@ -40,8 +40,10 @@ from vqueues.idempotency import IdempotencyWindow
 from vqueues.lease_windows import LeaseWindows
 from vqueues.leases import ConsumerConfig, WorkState
 from vqueues.partition_index import PartitionIndex
+from vqueues.prefix_consumers import PrefixConsumers
 from vqueues.queue_index import NO_CONSUMERS, QueueIndex, StatefulQueueIndex
 from vqueues.queue_map import QUEUE_SHARDS, ColdShards, QueueMap
+from vqueues.ready_queues import ReadyQueues
 from vqueues.records import (
     ConsumerAcked,
     ConsumerConfigCleared,
@@ -75,7 +77,8 @@ class PartitionState:
     indexed in) and its readiness."""
 
     def __init__(self, partition: int, cache: RecordCache,
-                 idempotency_window_ms: int = 600_000) -> None:
+                 idempotency_window_ms: int = 600_000,
+                 prefixes: PrefixConsumers | None = None) -> None:
         self.partition = partition
         self.cache = cache
         self.index = PartitionIndex()
@@ -85,6 +88,8 @@ class PartitionState:
         self.leases = LeaseWindows()
         self.waiters = Waiters()
         self.writes = WritesInFlight()
+        self.prefixes = prefixes  # the cluster's prefix consumers (node-wide)
+        self.ready_queues = ReadyQueues(prefixes.wake if prefixes is not None else None)
         # Late-bound, so what indexes a record can be swapped in a test of the runs.
         self.frontier = Frontier(lambda q, rec, woken: self._index(q, rec, woken),
                                  lambda q, recs, woken: self._index_records(q, recs, woken))
@@ -253,6 +258,10 @@ class PartitionState:
             self.cache.put_run(self.partition, cached)
         if queue in self.waiters.readers:
             woken.add(queue)
+        prefixes = self.prefixes
+        if prefixes is not None and prefixes.by_name and self.ready.is_set():
+            for pc in prefixes.covering(queue):
+                self.ready_queues.add(pc.consumer, queue)
         return records
 
     def apply_own(self, queue: str, records: Sequence[Record]) -> None:
@@ -309,6 +318,8 @@ class PartitionState:
                 if e.low_water is not None:
                     self.index.commit(e.queue, e.consumer, e.low_water, e.ts or now_ms())
                 leases.window_written(e, own, self._offsets_of)
+                if own:
+                    self._window_changed(e.queue, e.consumer)
             elif isinstance(e, WindowKeyCleared):
                 leases.key_cleared(e)
             elif isinstance(e, ConsumerAcked):
@@ -330,6 +341,13 @@ class PartitionState:
                 leases.delivery_cleared(e)
             elif isinstance(e, OwnerFenced):
                 self.fence = max(self.fence, e.generation)
+
+    def _window_changed(self, queue: str, consumer: str) -> None:
+        """A lease window changed (records completed, given back, keys freed): if a prefix
+        consumer leases from it, the queue takes its turn again (ADR 13)."""
+        pc = self.prefixes.by_name.get(consumer) if self.prefixes is not None else None
+        if pc is not None and pc.covers(queue):
+            self.ready_queues.add(consumer, queue)
 
     def _offsets_of(self, queue: str) -> array[int]:
         return self.index.queue(queue).offsets

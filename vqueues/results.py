@@ -163,3 +163,40 @@ class PartitionsInfo:
     owned: list[int]
     ready: list[int]
     details: list[PartitionDetail] = field(default_factory=list)
+
+
+class PrefixLeased(msgspec.Struct, frozen=True, gc=False):
+    """A record a prefix lease handed out: its queue and partition, and the lease."""
+
+    queue: str
+    partition: int
+    leased: LeasedRecord
+
+
+class PrefixLeaseResult(msgspec.Struct, frozen=True, gc=False):
+    consumer: str
+    records: list[PrefixLeased]
+
+
+class PrefixSettleResult(msgspec.Struct, frozen=True, gc=False):
+    """A complete, retry or extend across queues: what it did on each queue."""
+
+    consumer: str
+    queues: list[SettleResult]
+
+
+@dataclass(slots=True, frozen=True)
+class PrefixConsumerInfo:
+    """A prefix consumer's settings, and on the node that answers: the queues under the prefix
+    it has leased from, those waiting for their turn now, and its records in flight."""
+
+    consumer: str
+    prefix: str
+    max_attempts: int
+    visibility_ms: int
+    dead_letter_queue: str | None  # a queue, or a name with {queue} in it: one per queue
+    max_in_flight: int | None  # per queue
+    weights: dict[str, int]
+    queues: int
+    ready_queues: int
+    in_flight: int

@@ -25,14 +25,20 @@ pytestmark = pytest.mark.unit
 PARTITIONS = 2
 
 
-async def _node(data_log, offset_log, settings):
+async def _node(data_log, offset_log, settings, assignment_log=None, partitions=PARTITIONS,
+                cache_bytes=1 << 20):
+    """A node owning every partition, replayed from the logs (`assignment_log`: the prefix
+    consumers' definitions too)."""
     loop = asyncio.get_running_loop()
-    cache = RecordCache(1 << 20)
-    own = Ownership(loop, PARTITIONS, cache, offset_log, node_id="n", url="http://n")
+    cache = RecordCache(cache_bytes)
+    own = Ownership(loop, partitions, cache, offset_log, node_id="n", url="http://n",
+                    assignment_log=assignment_log)
     data_log.tail = own
     svc = QueueService(settings, own, cache, data_log, offset_log, MemoryFetcher(data_log))
-    await asyncio.to_thread(own.assigned, list(range(PARTITIONS)))
-    for p in range(PARTITIONS):
+    if assignment_log is not None:
+        own.prefixes.apply([(k, v) for k, v, _ in assignment_log.partitions.get(0, [])])
+    await asyncio.to_thread(own.assigned, list(range(partitions)))
+    for p in range(partitions):
         batch = [(p, k, rec) for k, rec in _records(data_log, p)]
         if batch:
             await asyncio.to_thread(own.consumed, batch, {p: len(batch)}, {p: len(batch)})

@@ -1,0 +1,260 @@
+"""Prefix consumers through in-memory logs: one lease across every queue under a prefix, fair
+between queues, with a per-queue in-flight cap; tokens of many queues settled at once; each
+queue's state its own lease consumer's (ADR 13)."""
+
+import asyncio
+
+import pytest
+
+from tests.unit.fakes import MemoryLog
+from tests.unit.test_work_service import _node as work_node
+from vqueues.errors import VQError
+from vqueues.prefix_leasing import PrefixLeasing
+from vqueues.settings import Settings
+from vqueues.work_service import COMPLETE, RETRY, Settle
+
+pytestmark = pytest.mark.unit
+PARTITIONS = 4
+
+
+async def _node(data_log, offset_log, assignment_log, settings):
+    svc, work = await work_node(data_log, offset_log, settings, assignment_log, PARTITIONS,
+                                1 << 26)
+    return svc, work, PrefixLeasing(work)
+
+
+@pytest.fixture
+def settings():
+    return Settings(write_visible_timeout_ms=1000)
+
+
+@pytest.fixture
+async def node(settings):
+    logs = MemoryLog(), MemoryLog(), MemoryLog()
+    svc, work, prefix = await _node(*logs, settings)
+    yield svc, work, prefix, logs
+    svc.close()
+
+
+async def _fill(svc, queue, n, headers=()):
+    return (await svc.enqueue(queue, [(f"{queue}:{i}".encode(), list(headers))
+                                      for i in range(n)])).offsets
+
+
+async def _settle_all(prefix, consumer, got):
+    return await prefix.settle(consumer, Settle(COMPLETE),
+                               [(r.queue, r.leased.token) for r in got.records])
+
+
+async def test_a_prefix_consumer_leases_from_every_queue_under_it_and_no_other(node):
+    svc, work, prefix, _ = node
+    await prefix.define("pool", {"prefix": "tenant-", "max_attempts": 3})
+    for q in ("tenant-a", "tenant-b", "tenant-c", "other"):
+        await _fill(svc, q, 3)
+    got = await prefix.lease("pool", 100, 30_000, 0)
+    assert sorted((r.queue, r.leased.record.value) for r in got.records) == sorted(
+        (q, f"{q}:{i}".encode()) for q in ("tenant-a", "tenant-b", "tenant-c") for i in range(3))
+    assert all(r.partition == svc.partition_of(r.queue) for r in got.records)
+    assert (await prefix.lease("pool", 100, 30_000, 0)).records == []
+    done = await _settle_all(prefix, "pool", got)
+    assert sorted(r.queue for r in done.queues) == ["tenant-a", "tenant-b", "tenant-c"]
+    # Each queue keeps its own lease consumer: shown with the queue, settings from the prefix.
+    info = svc.queue_info("tenant-b")
+    (c,) = info.consumers
+    assert (c.consumer, c.mode, c.offset, c.in_flight) == ("pool", "lease", 3, 0)
+    settings = work.consumer_settings("tenant-b", "pool")
+    assert (settings.max_attempts, settings.prefix) == (3, "tenant-")
+    assert svc.queue_info("other").consumers == []
+    # A queue made after the definition is under it too.
+    await _fill(svc, "tenant-new", 2)
+    got = await prefix.lease("pool", 100, 30_000, 0)
+    assert [r.queue for r in got.records] == ["tenant-new", "tenant-new"]
+
+
+async def test_a_backlog_delays_no_other_queue_by_more_than_a_round(node):
+    svc, _, prefix, _ = node
+    await prefix.define("fair", {"prefix": "t-"})
+    await _fill(svc, "t-big", 100_000)
+    for i in range(99):
+        await _fill(svc, f"t-small-{i}", 10)
+    big = small = 0
+    while small < 990:
+        got = await prefix.lease("fair", 10, 60_000, 0)
+        assert got.records
+        for r in got.records:
+            if r.queue == "t-big":
+                big += 1
+            else:
+                small += 1
+        await _settle_all(prefix, "fair", got)
+    # Every small queue's 10 records went out before the big queue's 2,000th: one record per
+    # queue per round, so the big queue had about one turn per round (10 rounds, 10-ish).
+    assert big < 2000
+    assert big <= 20
+
+
+async def test_weights_give_a_queue_more_records_per_turn(node):
+    svc, _, prefix, _ = node
+    await prefix.define("w", {"prefix": "w-", "weights": {"w-vip": 3}})
+    await _fill(svc, "w-vip", 30)
+    await _fill(svc, "w-std", 30)
+    counts = {"w-vip": 0, "w-std": 0}
+    for _ in range(4):
+        got = await prefix.lease("w", 8, 60_000, 0)
+        for r in got.records:
+            counts[r.queue] += 1
+        await _settle_all(prefix, "w", got)
+    assert counts == {"w-vip": 24, "w-std": 8}
+
+
+async def test_a_per_queue_in_flight_cap_holds_across_concurrent_prefix_leases(node):
+    svc, _, prefix, _ = node
+    await prefix.define("cap", {"prefix": "c-", "max_in_flight": 2})
+    queues = [f"c-{i}" for i in range(5)]
+    for q in queues:
+        await _fill(svc, q, 10)
+    pages = await asyncio.gather(*(prefix.lease("cap", 10, 60_000, 0) for _ in range(8)))
+    held = [r for page in pages for r in page.records]
+    per_queue = {q: sum(1 for r in held if r.queue == q) for q in queues}
+    assert per_queue == {q: 2 for q in queues}
+    assert (await prefix.lease("cap", 10, 60_000, 0)).records == []
+    one = next(r for r in held if r.queue == "c-3")
+    await prefix.settle("cap", Settle(COMPLETE), [("c-3", one.leased.token)])
+    got = await prefix.lease("cap", 10, 60_000, 0)
+    assert [r.queue for r in got.records] == ["c-3"]  # the one slot it freed
+
+
+async def test_a_long_poll_wakes_on_a_record_in_any_queue_under_the_prefix(node):
+    svc, _, prefix, _ = node
+    await prefix.define("lp", {"prefix": "lp-"})
+    waiting = asyncio.ensure_future(prefix.lease("lp", 5, 60_000, 5000))
+    await asyncio.sleep(0.05)
+    assert not waiting.done()
+    await _fill(svc, "lp-late", 1)
+    got = await asyncio.wait_for(waiting, 2)
+    assert [r.queue for r in got.records] == ["lp-late"]
+
+
+async def test_retries_and_expired_leases_come_back_at_their_time(node):
+    svc, _, prefix, _ = node
+    await prefix.define("t", {"prefix": "tm-"})
+    await _fill(svc, "tm-a", 1)
+    await _fill(svc, "tm-b", 1)
+    got = await prefix.lease("t", 10, 200, 0)  # visibility 200 ms
+    a = next(r for r in got.records if r.queue == "tm-a")
+    await prefix.settle("t", Settle(RETRY, 300, "later"), [("tm-a", a.leased.token)])
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    again = await prefix.lease("t", 10, 60_000, 2000)  # tm-b's lease runs out first
+    assert [r.queue for r in again.records] == ["tm-b"] and again.records[0].leased.attempt == 2
+    later = await prefix.lease("t", 10, 60_000, 2000)
+    assert [r.queue for r in later.records] == ["tm-a"]
+    assert loop.time() - started >= 0.25
+
+
+async def test_settling_many_queues_is_all_or_nothing(node):
+    svc, _, prefix, _ = node
+    await prefix.define("s", {"prefix": "s-"})
+    for q in ("s-1", "s-2", "s-3"):
+        await _fill(svc, q, 2)
+    got = await prefix.lease("s", 10, 60_000, 0)
+    pairs = [(r.queue, r.leased.token) for r in got.records]
+    with pytest.raises(VQError) as err:
+        await prefix.settle("s", Settle(COMPLETE), [*pairs, ("s-2", "99.1.abc")])
+    assert (err.value.code, err.value.details["stale"]) == (
+        "lease_expired", [{"queue": "s-2", "token": "99.1.abc"}])
+    for q in ("s-1", "s-2", "s-3"):
+        assert svc.queue_info(q).consumers[0].in_flight == 2  # nothing was completed
+    with pytest.raises(VQError) as err:
+        await prefix.settle("s", Settle(COMPLETE), [("elsewhere", "1.1.a")])
+    assert err.value.code == "invalid_parameter"
+    done = await prefix.settle("s", Settle(COMPLETE), pairs)
+    assert sum(len(r.done) for r in done.queues) == 6
+
+
+async def test_a_queue_consumer_of_the_same_name_shares_the_window_and_others_coexist(node):
+    svc, work, prefix, _ = node
+    await prefix.define("shared", {"prefix": "sh-"})
+    await _fill(svc, "sh-q", 6)
+    by_queue_route = await work.lease("sh-q", "shared", 3, 60_000, 0)
+    by_prefix = await prefix.lease("shared", 10, 60_000, 0)
+    offsets = [r.record.offset for r in by_queue_route.records] + \
+        [r.leased.record.offset for r in by_prefix.records]
+    assert len(offsets) == len(set(offsets)) == 6  # one window: no record twice
+    other = await work.lease("sh-q", "auditor", 10, 60_000, 0)  # another consumer: all of it
+    assert len(other.records) == 6
+
+
+async def test_queues_follow_a_change_of_the_prefix_consumers_settings_unless_set_alone(node):
+    svc, work, prefix, _ = node
+    await prefix.define("chg", {"prefix": "ch-", "max_attempts": 5})
+    await _fill(svc, "ch-a", 2)
+    await _fill(svc, "ch-b", 2)
+    got = await prefix.lease("chg", 1, 60_000, 0)
+    got = await prefix.lease("chg", 10, 60_000, 0)
+    await work.configure("ch-b", "chg", None, 9, False, None)  # ch-b set on its own
+    await prefix.define("chg", {"prefix": "ch-", "max_attempts": 2})
+    await prefix.settle("chg", Settle(RETRY, 0, None),
+                        [(r.queue, r.leased.token) for r in got.records])
+    await prefix.lease("chg", 10, 60_000, 0)
+    assert work.consumer_settings("ch-a", "chg").max_attempts == 2
+    assert work.consumer_settings("ch-b", "chg").max_attempts == 9
+    assert work.consumer_settings("ch-b", "chg").prefix is None
+
+
+async def test_a_new_owner_replays_each_queues_state_and_serves_the_prefix(node, settings):
+    svc, _, prefix, logs = node
+    await prefix.define("fo", {"prefix": "fo-", "max_attempts": 4})
+    for i in range(6):
+        await _fill(svc, f"fo-{i}", 4)
+    first = await prefix.lease("fo", 9, 60_000, 0)
+    await prefix.settle("fo", Settle(COMPLETE),
+                        [(r.queue, r.leased.token) for r in first.records[:4]])
+    before = {q: svc.ownership.require(svc.partition_of(q)).work.get((q, "fo"))
+              for q in (f"fo-{i}" for i in range(6))}
+    svc2, _, prefix2 = await _node(*logs, settings)
+    for q, work in before.items():
+        if work is None:
+            continue
+        after = svc2.ownership.require(svc2.partition_of(q)).work[(q, "fo")]
+        assert list(after.done.ranges()) == list(work.done.ranges())
+        assert {o: (d.attempts, d.until, d.leased, d.grant)
+                for o, d in after.deliveries.items() if d.attempts} == \
+            {o: (d.attempts, d.until, d.leased, d.grant)
+             for o, d in work.deliveries.items() if d.attempts}
+    await asyncio.sleep(0.05)  # the new owner's turns are built once its partitions serve
+    rest = await prefix2.lease("fo", 100, 60_000, 0)
+    # The 5 still leased are not handed out again; the other 15 are, once each.
+    assert len(rest.records) == 24 - 9
+    held = {(r.queue, r.leased.record.offset) for r in first.records}
+    assert not held & {(r.queue, r.leased.record.offset) for r in rest.records}
+    # A token the old owner handed out still works with the new one.
+    done = await prefix2.settle("fo", Settle(COMPLETE),
+                                [(r.queue, r.leased.token) for r in first.records[4:]])
+    assert sum(len(r.done) for r in done.queues) == 5
+    svc2.close()
+
+
+async def test_bad_definitions_get_the_registrys_errors(node):
+    _, _, prefix, _ = node
+    for body, code in [({}, "invalid_parameter"), ({"prefix": ""}, "invalid_parameter"),
+                       ({"prefix": "x-", "nope": 1}, "invalid_parameter"),
+                       ({"prefix": "x-", "dead_letter_queue": "x-dead"}, "invalid_parameter"),
+                       ({"prefix": "x-", "dead_letter_queue": "{queue}-dead"},
+                        "invalid_parameter"),
+                       ({"prefix": "x-", "weights": {"y-1": 2}}, "invalid_parameter"),
+                       ({"prefix": "x-", "weights": {"x-1": 0}}, "limit_out_of_range"),
+                       ({"prefix": "x-", "max_in_flight": 0}, "limit_out_of_range"),
+                       ({"prefix": "x-", "max_attempts": 0}, "limit_out_of_range")]:
+        with pytest.raises(VQError) as err:
+            await prefix.define("bad", body)
+        assert err.value.code == code, body
+    with pytest.raises(VQError) as err:
+        await prefix.lease("missing", 1, None, 0)
+    assert (err.value.code, err.value.status) == ("prefix_consumer_not_found", 404)
+    pc = await prefix.define("ok", {"prefix": "x-", "dead_letter_queue": "dead-{queue}"})
+    assert pc.dead_letter_queue == "dead-{queue}"
+    assert prefix.get("ok").dead_letter_queue_of("x-1") == "dead-x-1"
+    await prefix.delete("ok")
+    with pytest.raises(VQError):
+        prefix.info("ok")

@@ -1,0 +1,358 @@
+"""Leasing across a prefix: one pool of workers for every queue under a prefix consumer's
+prefix, fair between the queues (docs/work-queues.md, ADR 13).
+
+A prefix lease serves this node's partitions in turn, and in each partition the queues that
+may have records in turn (`ReadyQueues`), `weight` records of a queue per turn (1 unless its
+weight says), never past a queue's in-flight cap. Every queue served has its own lease
+consumer: the lease decides each one's share under that queue's lock (a queue another call
+holds is passed over this turn, never waited for), and writes the decisions of one partition
+together, in one submission. Settling takes tokens of many queues; all are checked before any
+is acted on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Sequence
+
+from vqueues import prefix_consumers, settlement
+from vqueues.errors import BadRequest, Conflict, NotFound, VQError
+from vqueues.leases import LEASE, new_grant
+from vqueues.partition_state import PartitionState
+from vqueues.prefix_consumers import MAX_PREFIX_CONSUMERS, PrefixConsumer, PrefixConsumers
+from vqueues.records import ConsumerConfigured, OffsetEntry, now_ms
+from vqueues.results import (
+    PrefixConsumerInfo,
+    PrefixLeased,
+    PrefixLeaseResult,
+    PrefixSettleResult,
+    SettleResult,
+)
+from vqueues.work_service import LeaseDecision, Settle, SettleDecision, WorkService
+
+log = logging.getLogger(__name__)
+
+BUILD_STEP = 5000  # queue names looked at per loop turn when a partition's turns are built
+
+
+class PrefixLeasing:
+    """Prefix consumers: their definitions (written to the assignment topic), leases across
+    their queues, and settling tokens of many queues at once."""
+
+    def __init__(self, work: WorkService) -> None:
+        self.work = work
+        self.queues = work.queues
+        self.ownership = work.ownership
+        self.prefixes: PrefixConsumers = work.ownership.prefixes
+        self._locks = work.queues.locks
+        # consumer -> (the partition whose turn it is, queues left in its turn; 0: a new turn)
+        self._turn: dict[str, tuple[int, int]] = {}
+        self._building: set[asyncio.Task[None]] = set()
+        self.ownership.on_ready.append(self._partition_ready)
+        self.prefixes.watch(self._definition_changed)
+        for state in self.ownership.states.values():  # ready before this was made
+            if state.ready.is_set():
+                self._partition_ready(state)
+
+    # Definitions -------------------------------------------------------------------------------
+
+    def get(self, consumer: str) -> PrefixConsumer:
+        pc = self.prefixes.by_name.get(consumer)
+        if pc is None:
+            raise NotFound("prefix_consumer_not_found", f"no prefix consumer {consumer!r}")
+        return pc
+
+    async def define(self, consumer: str, body: dict[str, object]) -> PrefixConsumerInfo:
+        """Create or change a prefix consumer (cluster-wide; durable before the answer)."""
+        settings = self.work.settings
+        defaults = self.work.configs.defaults()
+        pc = prefix_consumers.checked(consumer, body, defaults, settings.max_visibility_ms,
+                                      settings.max_lease_window)
+        if consumer not in self.prefixes.by_name and \
+                len(self.prefixes.by_name) >= MAX_PREFIX_CONSUMERS:
+            raise BadRequest("limit_out_of_range", f"at most {MAX_PREFIX_CONSUMERS} prefix "
+                             "consumers", max=MAX_PREFIX_CONSUMERS)
+        await self.ownership.announce([prefix_consumers.encode(pc)])
+        return self.info(consumer)
+
+    async def delete(self, consumer: str) -> PrefixConsumerInfo:
+        """Stop leasing across the prefix; each queue's consumer stays as it is."""
+        info = self.info(consumer)
+        await self.ownership.announce([prefix_consumers.encode_deleted(consumer)])
+        return info
+
+    def info(self, consumer: str) -> PrefixConsumerInfo:
+        """A prefix consumer and, on this node, its queues in turn and its records in
+        flight (from the windows of the queues it leased from)."""
+        pc = self.get(consumer)
+        ready = in_flight = queues = 0
+        now = now_ms()
+        for state in self.ownership.states.values():
+            if not state.ready.is_set():
+                continue
+            ready += state.ready_queues.size(consumer)
+            for (queue, c), work in state.work.items():
+                if c == consumer and pc.covers(queue):
+                    queues += 1
+                    q = state.queues.get(queue)
+                    if q is not None:
+                        in_flight += work.counts(q.offsets, state.committed(queue, c) or 0,
+                                                 now)[0]
+        return PrefixConsumerInfo(pc.consumer, pc.prefix, pc.max_attempts, pc.visibility_ms,
+                                  pc.dead_letter_queue, pc.max_in_flight, dict(pc.weights),
+                                  queues, ready, in_flight)
+
+    def infos(self) -> list[PrefixConsumerInfo]:
+        return [self.info(c) for c in sorted(self.prefixes.by_name)]
+
+    # Leasing -----------------------------------------------------------------------------------
+
+    async def lease(self, consumer: str, max_records: int, visibility_ms: int | None,
+                    wait_ms: int) -> PrefixLeaseResult:
+        """Up to `max_records` records from the queues under the prefix, in this node's
+        partitions, queue by queue in turn; waits up to `wait_ms` for one."""
+        pc = self.get(consumer)
+        if visibility_ms is not None:
+            self.work.check_visibility(visibility_ms)
+        deadline = time.monotonic() + wait_ms / 1000
+        while True:
+            got = await self._lease_once(pc, max_records, visibility_ms)
+            if got:
+                self.work.metrics.records_leased.inc(len(got))
+                return PrefixLeaseResult(consumer, got)
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or self.ownership.draining:
+                return PrefixLeaseResult(consumer, [])
+            soonest = min((at for s in self.ownership.states.values()
+                           if (at := s.ready_queues.next_at(consumer)) is not None),
+                          default=None)
+            if soonest is not None:  # a lease runs out or a retry falls due before then
+                remaining = min(remaining, max(0.001, (soonest - now_ms()) / 1000 + 0.001))
+            await self.prefixes.wait(consumer, remaining)
+            pc = self.get(consumer)
+
+    def _partitions_in_turn(self, consumer: str) -> list[PartitionState]:
+        """This node's serving partitions, the one whose turn it is first."""
+        states = sorted((s for s in self.ownership.states.values()
+                         if s.ready.is_set() and not s.revoked), key=lambda s: s.partition)
+        current, _ = self._turn.get(consumer, (-1, 0))
+        start = next((i for i, s in enumerate(states) if s.partition >= current), 0)
+        return states[start:] + states[:start]
+
+    async def _lease_once(self, pc: PrefixConsumer, max_records: int,
+                          visibility_ms: int | None) -> list[PrefixLeased]:
+        """Partitions in turn, and in each its queues in turn (one round of them), round after
+        round until `max_records` or a round that found nothing."""
+        consumer = pc.consumer
+        out: list[PrefixLeased] = []
+        now = now_ms()
+        while len(out) < max_records:
+            states = self._partitions_in_turn(consumer)
+            progressed = False
+            for i, state in enumerate(states):
+                rq = state.ready_queues
+                rq.due(consumer, now)
+                current, left = self._turn.get(consumer, (-1, 0))
+                if state.partition != current or left <= 0:
+                    left = rq.size(consumer)  # a new turn: every queue waiting in it, once
+                had = len(out)
+                left = await self._lease_partition(state, pc, max_records - len(out),
+                                                   visibility_ms, left, out)
+                progressed = progressed or len(out) > had
+                if len(out) >= max_records and left > 0:
+                    self._turn[consumer] = (state.partition, left)  # its turn goes on
+                    return out
+                self._turn[consumer] = (states[(i + 1) % len(states)].partition, 0)
+                if len(out) >= max_records:
+                    return out
+            if not progressed:
+                break
+        return out
+
+    async def _lease_partition(self, state: PartitionState, pc: PrefixConsumer, wanted: int,
+                               visibility_ms: int | None, left: int,
+                               out: list[PrefixLeased]) -> int:
+        """Lease up to `wanted` records from `state`'s queues in turn, taking at most `left`
+        turns; the records go to `out`. Returns the turns left."""
+        consumer, rq = pc.consumer, state.ready_queues
+        held: list[tuple[str, str, str]] = []
+        decisions: list[LeaseDecision] = []
+        entries: list[OffsetEntry] = []
+        grant = new_grant()
+        taken = 0
+        try:
+            while taken < wanted and left > 0:
+                queue = rq.take(consumer)
+                if queue is None:
+                    break
+                left -= 1
+                key = ("c", queue, consumer)
+                if not self._locks.try_hold(key):
+                    rq.add(consumer, queue)  # another call is at it: its turn comes again
+                    continue
+                held.append(key)
+                share = min(pc.weight_of(queue), wanted - taken)
+                decision = await self._decide(state, pc, queue, share, visibility_ms, grant,
+                                              entries)
+                if state.revoked:
+                    return left
+                if decision is not None:
+                    decisions.append(decision)
+                    entries += decision.entries
+                    taken += len(decision.chosen)
+                got = len(decision.chosen) if decision is not None else 0
+                work = state.work.get((queue, consumer))
+                if got >= share:
+                    rq.add(consumer, queue)  # it may have more: its next turn comes
+                elif work is not None:  # nothing more now: back when a lease runs out
+                    change = work.next_change(now_ms())
+                    if change is not None:
+                        rq.later(consumer, queue, change)
+            durable = (self.queues.submit_entries(state, entries, applied=True)
+                       if entries and not state.revoked else None)
+        finally:
+            for key in held:
+                self._locks.release(key)
+        if durable is None:
+            return left
+        try:
+            await durable
+        except BaseException:
+            for decision in decisions:
+                decision.undo()
+            raise
+        for decision in decisions:
+            for leased in await self.work.leased(state, decision):
+                out.append(PrefixLeased(decision.queue, state.partition, leased))
+        return left
+
+    async def _decide(self, state: PartitionState, pc: PrefixConsumer, queue: str, share: int,
+                      visibility_ms: int | None, grant: int, entries: list[OffsetEntry]
+                      ) -> LeaseDecision | None:
+        """One queue's share of a prefix lease (under its lock). Its consumer is made a lease
+        consumer with the prefix consumer's settings on the first lease, and follows a change
+        of them (a settings entry ahead of the lease's, in the same write) unless it was set
+        on its own since."""
+        q = state.queues.get(queue)
+        if q is None or not q.offsets:
+            return None  # gone, or nothing left to lease
+        consumer = pc.consumer
+        config = state.configs.get((queue, consumer))
+        work = state.work.get((queue, consumer))
+        wanted = pc.config_for(queue)
+        if config is None or work is None:
+            try:
+                work, config = await self.work.configs.lease_consumer(state, queue, consumer,
+                                                                      wanted)
+            except VQError:
+                return None  # a cursor consumer by that name, or revoked meanwhile
+        elif config.mode != LEASE:
+            return None  # a cursor consumer by that name: not the prefix consumer's
+        elif config.prefix == pc.prefix and config != wanted:
+            change = ConsumerConfigured(queue, consumer, LEASE, wanted.max_attempts,
+                                        wanted.dead_letter_queue, wanted.visibility_ms,
+                                        wanted.max_in_flight, wanted.prefix)
+            state.apply_offset_entries([change])
+            entries.append(change)
+            config = wanted
+        return await self.work.decide_lease(state, queue, consumer, work, config, share,
+                                            visibility_ms, None, grant)
+
+    # Building the turns -----------------------------------------------------------------------
+
+    def _partition_ready(self, state: PartitionState) -> None:
+        for pc in list(self.prefixes.by_name.values()):
+            self._spawn_build(state, pc)
+
+    def _definition_changed(self, consumer: str, pc: PrefixConsumer | None) -> None:
+        for state in self.ownership.states.values():
+            state.ready_queues.forget(consumer)
+            if pc is not None and state.ready.is_set():
+                self._spawn_build(state, pc)
+        self._turn.pop(consumer, None)
+        self.prefixes.wake(consumer)
+
+    def _spawn_build(self, state: PartitionState, pc: PrefixConsumer) -> None:
+        task = self.ownership.loop.create_task(self._build(state, pc))
+        self._building.add(task)
+        task.add_done_callback(self._building.discard)
+
+    async def _build(self, state: PartitionState, pc: PrefixConsumer) -> None:
+        """Every queue under the prefix holding records takes a turn: the partition's sorted
+        names, from the prefix on, BUILD_STEP per loop turn."""
+        for count, name in enumerate(state.queue_names(pc.prefix, None), 1):
+            if not name.startswith(pc.prefix):
+                break
+            if state.revoked or self.prefixes.by_name.get(pc.consumer) is not pc:
+                return
+            q = state.queues.get(name)
+            if q is not None and q.offsets:
+                state.ready_queues.add(pc.consumer, name)
+            if count % BUILD_STEP == 0:
+                await asyncio.sleep(0)
+
+    # Settling ----------------------------------------------------------------------------------
+
+    async def settle(self, consumer: str, how: Settle, tokens: Sequence[tuple[str, str]]
+                     ) -> PrefixSettleResult:
+        """Complete, retry or extend leases of many queues: (queue, token) pairs. All or
+        nothing: if any token is stale, 409 names every stale one and nothing is done."""
+        pc = self.get(consumer)
+        by_queue: dict[str, list[str]] = {}
+        for queue, token in tokens:
+            if not pc.covers(queue):
+                raise BadRequest("invalid_parameter", f"queue {queue!r} is not under the "
+                                 f"prefix {pc.prefix!r}")
+            by_queue.setdefault(queue, []).append(token)
+        checked = {q: settlement.parse_tokens(t) for q, t in by_queue.items()}
+        states = {q: self.ownership.require(self.queues.partition_of(q)) for q in checked}
+        keys = sorted(("c", q, consumer) for q in checked)  # one order: no two calls deadlock
+        held = []
+        durables: list[Awaitable[None]] = []
+        decisions: list[tuple[PartitionState, SettleDecision]] = []
+        try:
+            for key in keys:
+                await self._locks.acquire(key)
+                held.append(key)
+            stale = self._stale(states, consumer, checked, how)
+            if stale:
+                raise Conflict("lease_expired", f"{len(stale)} token(s) are not current",
+                               stale=stale)
+            by_partition: dict[int, list[OffsetEntry]] = {}
+            for queue, toks in checked.items():
+                state = states[queue]
+                decision = await self.work.decide_settle(state, queue, consumer, how, toks)
+                decisions.append((state, decision))
+                if decision.submitted is not None:
+                    durables.append(decision.submitted)
+                by_partition.setdefault(state.partition, []).extend(decision.entries)
+            for queue_state in {s.partition: s for s in states.values()}.values():
+                entries = by_partition.get(queue_state.partition)
+                if entries:
+                    durables.append(self.queues.submit_entries(queue_state, entries,
+                                                               applied=True))
+        finally:
+            for key in held:
+                self._locks.release(key)
+        for durable in durables:
+            await durable
+        results: list[SettleResult] = [self.work.settled(state, decision)
+                                       for state, decision in decisions]
+        return PrefixSettleResult(consumer, results)
+
+    @staticmethod
+    def _stale(states: dict[str, PartitionState], consumer: str,
+               checked: dict[str, list[str]], how: Settle) -> list[dict[str, str]]:
+        stale: list[dict[str, str]] = []
+        for queue, toks in checked.items():
+            try:
+                settlement.check_tokens(states[queue], queue, consumer, toks,
+                                        how.kind == "complete")
+            except Conflict as exc:
+                if exc.code != "lease_expired":
+                    raise
+                stale += [{"queue": queue, "token": str(t)}
+                          for t in exc.details.get("stale") or toks]
+        return stale

@@ -1,0 +1,74 @@
+"""One partition's queues that may have records for each prefix consumer (ADR 13): kept as
+records arrive and windows change, so that a prefix lease never looks at an idle queue.
+
+Per prefix consumer, a turn order of queues (a deque, and the set of queues in it: the queue
+whose turn it is comes first; one served goes to the back) and a heap of (time, queue) for queues
+with nothing to lease until a lease runs out or a retry falls due. A queue may be in the order
+and turn out to have nothing (records completed meanwhile): it is dropped when its turn comes.
+A queue never leased and holding no record is in neither: an idle queue costs nothing here.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Iterable
+from heapq import heappop, heappush
+
+
+class ReadyQueues:
+    __slots__ = ("_on_ready", "_orders", "_timers")
+
+    def __init__(self, on_ready: Callable[[str], None] | None = None) -> None:
+        self._orders: dict[str, tuple[deque[str], set[str]]] = {}
+        self._timers: dict[str, list[tuple[int, str]]] = {}
+        self._on_ready = on_ready  # a queue may have records for this consumer now
+
+    def add(self, consumer: str, queue: str) -> None:
+        """`queue` may have records for `consumer`: it takes its turn (at the back)."""
+        order = self._orders.get(consumer)
+        if order is None:
+            order = self._orders[consumer] = (deque(), set())
+        turns, members = order
+        if queue not in members:
+            members.add(queue)
+            turns.append(queue)
+            if self._on_ready is not None:
+                self._on_ready(consumer)
+
+    def add_many(self, consumer: str, queues: Iterable[str]) -> None:
+        for queue in queues:
+            self.add(consumer, queue)
+
+    def later(self, consumer: str, queue: str, at_ms: int) -> None:
+        """`queue` has nothing for `consumer` until `at_ms` (a lease runs out, a retry)."""
+        heappush(self._timers.setdefault(consumer, []), (at_ms, queue))
+
+    def due(self, consumer: str, now_ms: int) -> None:
+        """Queues whose time came take their turn."""
+        timers = self._timers.get(consumer)
+        while timers and timers[0][0] <= now_ms:
+            self.add(consumer, heappop(timers)[1])
+
+    def next_at(self, consumer: str) -> int | None:
+        timers = self._timers.get(consumer)
+        return timers[0][0] if timers else None
+
+    def take(self, consumer: str) -> str | None:
+        """The queue whose turn it is, out of the order (the caller adds it back if it still
+        has records)."""
+        order = self._orders.get(consumer)
+        if order is None or not order[0]:
+            return None
+        queue = order[0].popleft()
+        order[1].discard(queue)
+        return queue
+
+    def size(self, consumer: str) -> int:
+        """Queues in `consumer`'s turn order now."""
+        order = self._orders.get(consumer)
+        return len(order[0]) if order is not None else 0
+
+    def forget(self, consumer: str) -> None:
+        """The prefix consumer went (or changed): its orders start over."""
+        self._orders.pop(consumer, None)
+        self._timers.pop(consumer, None)
