@@ -7,11 +7,12 @@ from collections.abc import AsyncIterator
 
 from aiohttp import web
 
-from vqueues.api import compat, console, handlers, stream, work
-from vqueues.api.keys import AUTH, QUOTAS, SERVICE, SETTINGS, WORK
+from vqueues.api import compat, console, handlers, prefix, stream, work
+from vqueues.api.keys import AUTH, PREFIX, QUOTAS, SERVICE, SETTINGS, WORK
 from vqueues.api.middlewares import auth_middleware, error_middleware, metrics_middleware
 from vqueues.api.proxy import forward_middleware, proxy_session
 from vqueues.auth import Authenticator
+from vqueues.prefix_leasing import PrefixLeasing
 from vqueues.quotas import QuotaFile, Quotas
 from vqueues.service import QueueService
 from vqueues.settings import Settings
@@ -59,6 +60,7 @@ def create_app(service: QueueService, settings: Settings) -> web.Application:
     app[SERVICE] = service
     app[SETTINGS] = settings
     app[WORK] = WorkService(settings, service)
+    app[PREFIX] = PrefixLeasing(app[WORK])
     if auth is not None:
         app[AUTH] = auth
     if settings.quota_file:
@@ -83,6 +85,15 @@ def create_app(service: QueueService, settings: Settings) -> web.Application:
     app.router.add_get(q, handlers.queue_info)
     app.router.add_delete(q, handlers.delete_queue)
     app.router.add_get("/v1/queues", handlers.list_queues)
+    pc = "/v1/prefix-consumers/{consumer:[^/]+}"
+    app.router.add_get("/v1/prefix-consumers", prefix.list_prefix_consumers)
+    app.router.add_put(pc, prefix.put_prefix_consumer)
+    app.router.add_get(pc, prefix.get_prefix_consumer)
+    app.router.add_delete(pc, prefix.delete_prefix_consumer)
+    app.router.add_post(f"{pc}/lease", prefix.lease)
+    app.router.add_post(f"{pc}/complete", prefix.complete)
+    app.router.add_post(f"{pc}/retry", prefix.retry)
+    app.router.add_post(f"{pc}/extend", prefix.extend)
     app.router.add_get("/v1/partitions", handlers.partitions)
     app.router.add_get("/v1/openapi.json", handlers.openapi)
     app.router.add_routes(compat.routes())

@@ -72,6 +72,27 @@ def encode_leased(leased: LeasedRecord, encoding: str) -> LeasedOut:
                      leased.attempt, leased.deadline, out.encoding)
 
 
+class PrefixLeasedOut(LeasedOut, kw_only=True):
+    """A record a prefix lease handed out: the leased record, and its queue and partition."""
+
+    queue: str
+    partition: int
+
+
+class PrefixLeasePage(msgspec.Struct):
+    consumer: str
+    records: list[PrefixLeasedOut]
+
+
+def encode_prefix_leased(queue: str, partition: int, leased: LeasedRecord, encoding: str
+                         ) -> PrefixLeasedOut:
+    out = encode_leased(leased, encoding)
+    return PrefixLeasedOut(offset=out.offset, timestamp=out.timestamp, value=out.value,
+                           headers=out.headers, token=out.token, attempt=out.attempt,
+                           deadline=out.deadline, encoding=out.encoding, queue=queue,
+                           partition=partition)
+
+
 class ReadPage(msgspec.Struct):
     partition: int
     records: list[RecordOut]

@@ -5,7 +5,8 @@ from __future__ import annotations
 import aiohttp
 from aiohttp import web
 
-from vqueues.auth import Authenticator
+from vqueues.auth import Authenticator, Identity
+from vqueues.prefix_leasing import PrefixLeasing
 from vqueues.quotas import QuotaFile
 from vqueues.service import QueueService
 from vqueues.settings import Settings
@@ -14,6 +15,9 @@ from vqueues.work_service import WorkService
 SERVICE = web.AppKey("service", QueueService)
 SETTINGS = web.AppKey("settings", Settings)
 WORK = web.AppKey("work", WorkService)
+PREFIX = web.AppKey("prefix", PrefixLeasing)
+# The caller, with auth on (set by the auth middleware; a handler checks a body's queue names).
+IDENTITY = web.RequestKey("identity", Identity)
 PROXY = web.AppKey("proxy", aiohttp.ClientSession)
 AUTH = web.AppKey("auth", Authenticator)
 QUOTAS = web.AppKey("quotas", QuotaFile)

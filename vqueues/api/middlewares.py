@@ -10,7 +10,7 @@ from collections.abc import Awaitable, Callable
 from aiohttp import web
 
 from vqueues.api.codec import respond
-from vqueues.api.keys import AUTH, SERVICE, SETTINGS
+from vqueues.api.keys import AUTH, IDENTITY, PREFIX, SERVICE, SETTINGS
 from vqueues.auth import required_scope
 from vqueues.errors import Unavailable, VQError
 
@@ -70,6 +70,23 @@ async def metrics_middleware(request: web.Request, handler: Handler) -> web.Stre
         timer.observe(time.perf_counter() - started)
 
 
+def _scoped_queue(request: web.Request, route: str) -> str | None:
+    """What a route's scope is checked on: its queue; the prefix of a listing or of a prefix
+    consumer (the scope must reach every queue under it); "" (every queue) for a compat
+    route. None: the handler checks (a new prefix consumer's prefix is in its body)."""
+    queue = request.match_info.get("queue")
+    if queue is not None:
+        return queue
+    if route == "/v1/queues":
+        return request.query.get("prefix", "")
+    if route.startswith("/v1/prefix-consumers/"):
+        pc = request.app[PREFIX].prefixes.by_name.get(request.match_info.get("consumer", ""))
+        if pc is not None:
+            return pc.prefix
+        return None if request.method == "PUT" else ""
+    return ""
+
+
 @web.middleware
 async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     """With auth on: who is calling (401 if nobody known) and whether their scopes reach this
@@ -81,11 +98,10 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
     if need is None or (need == "metrics" and not request.app[SETTINGS].metrics_auth):
         return await handler(request)
     identity = auth.identify(request.headers.get("Authorization"))
+    request[IDENTITY] = identity
     if need not in ("any", "metrics"):
-        queue = request.match_info.get("queue")
-        if queue is None:  # the listing (its prefix), or a compat route (every queue)
-            queue = request.query.get("prefix", "") if route == "/v1/queues" else ""
-        if not identity.allows(need, queue):
+        queue = _scoped_queue(request, route)
+        if queue is not None and not identity.allows(need, queue):
             raise VQError("forbidden", f"token {identity.name!r} has no {need!r} scope on queue "
                           f"{queue!r}", scope=need)
     return await handler(request)

@@ -65,8 +65,9 @@ async def get_consumer(request: web.Request) -> web.Response:
     return respond(request.app[WORK].consumer_settings(*_names(request)))
 
 
-async def lease(request: web.Request) -> web.Response:
-    queue, consumer = _names(request)
+async def lease_request(request: web.Request
+                        ) -> tuple[dict[str, Any], str, int, int, int | None]:
+    """A lease's body, and from it: encoding, max_records, wait_ms, visibility_ms."""
     body = await _optional_body(request)
     settings = request.app[SETTINGS]
     encoding = _encoding(body)
@@ -74,6 +75,12 @@ async def lease(request: web.Request) -> web.Response:
     wait_ms = params.LEASE_WAIT_MS.from_body(body, settings)
     visibility_ms = params.LEASE_VISIBILITY_MS.from_body(body, settings)
     assert max_records is not None and wait_ms is not None
+    return body, encoding, max_records, wait_ms, visibility_ms
+
+
+async def lease(request: web.Request) -> web.Response:
+    queue, consumer = _names(request)
+    body, encoding, max_records, wait_ms, visibility_ms = await lease_request(request)
     tag = _tag(body.get("tag"))
     result = await request.app[WORK].lease(queue, consumer, max_records, visibility_ms, wait_ms,
                                            tag)

@@ -34,12 +34,15 @@ class Record:
 
 @dataclass(frozen=True, slots=True)
 class Lease:
-    """A leased record: complete, retry or extend it by `token` before `deadline`."""
+    """A leased record: complete, retry or extend it by `token` before `deadline`. A prefix
+    lease says which `queue` (and `partition`) each record came from."""
 
     record: Record
     token: str
     attempt: int  # 1 on the first delivery
     deadline: int  # UTC epoch ms
+    queue: str | None = None  # (prefix leases)
+    partition: int | None = None  # (prefix leases)
 
     @property
     def offset(self) -> int:
@@ -262,6 +265,31 @@ class AsyncClient:
             if url_override is None:
                 await asyncio.sleep(min(remaining, random.uniform(0, delay)))  # full jitter
                 delay = min(self.backoff_max_s, delay * 2)
+
+    async def _call_node(self, url: str, method: str, path: str, *, json: Any = None,
+                         deadline_s: float | None = None) -> dict[str, Any]:
+        """One call to one node (a prefix consumer's calls: the node holds those queues),
+        retried like `_call` while it fails retriably, but never sent elsewhere."""
+        deadline = time.monotonic() + (self.deadline_s if deadline_s is None else deadline_s)
+        delay = self.backoff_initial_s
+        while True:
+            try:
+                async with self.session.request(method, url + path, json=json,
+                                                headers=self.headers) as r:
+                    body = await r.json(content_type=None) if r.content_length != 0 else None
+                    if r.status < 300:
+                        assert isinstance(body, dict), body
+                        return body
+                    last = _error_from(r.status, body, r.reason or "")
+                    if not last.retriable or last.code == "wrong_node":
+                        raise last
+            except (aiohttp.ClientConnectionError, TimeoutError) as exc:
+                last = VQError(0, "connection_error", f"{url}: {exc}", retriable=True)
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise DeadlineExceeded(last)
+            await asyncio.sleep(min(remaining, random.uniform(0, delay)))
+            delay = min(self.backoff_max_s, delay * 2)
 
     async def _call_obj(self, method: str, queue: str | None, path: str, **kw: Any
                         ) -> dict[str, Any] | None:
@@ -489,3 +517,84 @@ class AsyncClient:
                                          "visibility_ms": visibility_ms})
         assert out is not None
         return out
+
+    # Prefix consumers: one pool of workers for every queue under a prefix ------------------------
+
+    def _p(self, consumer: str) -> str:
+        return f"/v1/prefix-consumers/{self._q(consumer)}"
+
+    async def configure_prefix_consumer(self, consumer: str, prefix: str, *,
+                                        max_attempts: int | None = None,
+                                        visibility_ms: int | None = None,
+                                        dead_letter_queue: str | None = None,
+                                        max_in_flight: int | None = None,
+                                        weights: dict[str, int] | None = None
+                                        ) -> dict[str, Any]:
+        """Define (or redefine) `consumer` over every queue whose name starts with `prefix`
+        (docs/work-queues.md); `dead_letter_queue` may hold `{queue}`: one per queue."""
+        body: dict[str, Any] = {"prefix": prefix}
+        for name, value in (("max_attempts", max_attempts), ("visibility_ms", visibility_ms),
+                            ("dead_letter_queue", dead_letter_queue),
+                            ("max_in_flight", max_in_flight), ("weights", weights)):
+            if value is not None:
+                body[name] = value
+        out = await self._call_obj("PUT", None, self._p(consumer), json=body)
+        assert out is not None
+        return out
+
+    async def delete_prefix_consumer(self, consumer: str) -> dict[str, Any] | None:
+        return await self._call_obj("DELETE", None, self._p(consumer), ok404=True)
+
+    async def prefix_consumers(self) -> list[dict[str, Any]]:
+        """Every prefix consumer, with its queues, queues waiting for a turn and records in
+        flight summed over the nodes."""
+        merged: dict[str, dict[str, Any]] = {}
+        for url in await self.node_urls():
+            status, body = await self._get_node(url, "/v1/prefix-consumers")
+            if status != 200:
+                raise _error_from(status, body)
+            for info in body["prefix_consumers"]:
+                seen = merged.setdefault(info["consumer"], {**info, "queues": 0,
+                                                            "ready_queues": 0, "in_flight": 0})
+                for count in ("queues", "ready_queues", "in_flight"):
+                    seen[count] += info[count]
+        return [merged[c] for c in sorted(merged)]
+
+    async def lease_prefix(self, consumer: str, node: str, *, max_records: int = 1,
+                           visibility_ms: int | None = None, wait_ms: int = 0) -> list[Lease]:
+        """Lease up to `max_records` records from the queues under `consumer`'s prefix that
+        `node` (a URL of `node_urls()`) owns, queue by queue in turn. Settle them with the
+        same node."""
+        body: dict[str, Any] = {"max_records": max_records, "wait_ms": wait_ms}
+        if visibility_ms is not None:
+            body["visibility_ms"] = visibility_ms
+        out = await self._call_node(node, "POST", self._p(consumer) + "/lease", json=body,
+                                    deadline_s=self.deadline_s + wait_ms / 1000)
+        return [Lease(_decode_record(r), r["token"], r["attempt"], r["deadline"], r["queue"],
+                      r["partition"]) for r in out["records"]]
+
+    @staticmethod
+    def _pairs(leases: list[Lease]) -> list[dict[str, str]]:
+        if any(x.queue is None for x in leases):
+            raise ValueError("prefix calls take leases from a prefix lease (they name a queue)")
+        return [{"queue": str(x.queue), "token": x.token} for x in leases]
+
+    async def complete_prefix(self, consumer: str, node: str, leases: list[Lease]
+                              ) -> dict[str, Any]:
+        """Complete leases of many queues at once; all or nothing (409 `lease_expired` names
+        every stale one as {"queue", "token"})."""
+        return await self._call_node(node, "POST", self._p(consumer) + "/complete",
+                                     json={"tokens": self._pairs(leases)})
+
+    async def retry_prefix(self, consumer: str, node: str, leases: list[Lease], *,
+                           delay_ms: int = 0, reason: str | None = None) -> dict[str, Any]:
+        body: dict[str, Any] = {"tokens": self._pairs(leases), "delay_ms": delay_ms}
+        if reason is not None:
+            body["reason"] = reason
+        return await self._call_node(node, "POST", self._p(consumer) + "/retry", json=body)
+
+    async def extend_prefix(self, consumer: str, node: str, leases: list[Lease],
+                            visibility_ms: int) -> dict[str, Any]:
+        return await self._call_node(node, "POST", self._p(consumer) + "/extend",
+                                     json={"tokens": self._pairs(leases),
+                                           "visibility_ms": visibility_ms})

@@ -12,6 +12,11 @@ dead-letter queue). A lease close to its deadline (a slow handler, or a record w
 buffer) is extended, in one call per queue; others never are. `stop()` stops leasing, gives the
 records still in the buffer back and lets running handlers finish, or, with `finish=False`,
 cancels them and gives their records back at once.
+
+`Worker(vq, None, "pool", handle, prefix=True)` leases from the prefix consumer "pool" (one
+pool for every queue under its prefix, docs/work-queues.md): a leaser per node of the cluster
+map (each node leases from the queues it owns, in turn), settling with that node; the map is
+refreshed every `map_refresh_s` and on a node's `wrong_node`, leasers following it.
 """
 
 from __future__ import annotations
@@ -31,22 +36,94 @@ from vqueues_client.errors import VQError
 log = logging.getLogger(__name__)
 
 Handler = Callable[[Lease], Awaitable[Any]] | Callable[[Lease], Any]
-_Item = tuple[str, Lease]
+
+
+class _Source:
+    """Where records come from and go back to: a queue, or one node of a prefix consumer."""
+
+    def __init__(self, client: AsyncClient, consumer: str, queue: str | None = None,
+                 node: str | None = None) -> None:
+        self.client = client
+        self.consumer = consumer
+        self.queue = queue
+        self.node = node
+        self.name = queue if queue is not None else f"{consumer}@{node}"
+
+    def id_of(self, lease: Lease) -> tuple[str, str]:
+        """A lease's name in this worker: tokens are unique per queue, not across queues."""
+        return (lease.queue or self.queue or ""), lease.token
+
+    def stale(self, exc: VQError) -> set[tuple[str, str]]:
+        """The leases a `lease_expired` refusal names."""
+        if exc.code != "lease_expired":
+            return set()
+        out = set()
+        for item in exc.details.get("stale", []):
+            if isinstance(item, dict):
+                out.add((str(item.get("queue")), str(item.get("token"))))
+            else:
+                out.add((self.queue or "", str(item)))
+        return out
+
+    async def lease(self, n: int, visibility_ms: int, wait_ms: int) -> list[Lease]:
+        if self.queue is not None:
+            return await self.client.lease(self.queue, self.consumer, max_records=n,
+                                           visibility_ms=visibility_ms, wait_ms=wait_ms)
+        assert self.node is not None
+        return await self.client.lease_prefix(self.consumer, self.node, max_records=n,
+                                              visibility_ms=visibility_ms, wait_ms=wait_ms)
+
+    async def complete(self, leases: list[Lease]) -> None:
+        if self.queue is not None:
+            await self.client.complete(self.queue, self.consumer, leases)
+        else:
+            assert self.node is not None
+            await self.client.complete_prefix(self.consumer, self.node, leases)
+
+    async def retry(self, leases: list[Lease], delay_ms: int = 0,
+                    reason: str | None = None) -> None:
+        if self.queue is not None:
+            await self.client.retry(self.queue, self.consumer, leases, delay_ms=delay_ms,
+                                    reason=reason)
+        else:
+            assert self.node is not None
+            await self.client.retry_prefix(self.consumer, self.node, leases, delay_ms=delay_ms,
+                                           reason=reason)
+
+    async def extend(self, leases: list[Lease], visibility_ms: int
+                     ) -> dict[tuple[str, str], int]:
+        """The new deadline of each lease extended, by its id."""
+        if self.queue is not None:
+            out = await self.client.extend(self.queue, self.consumer, leases, visibility_ms)
+            return {self.id_of(x): int(out.get("deadline") or 0) for x in leases}
+        assert self.node is not None
+        out = await self.client.extend_prefix(self.consumer, self.node, leases, visibility_ms)
+        by_queue = {r["queue"]: int(r.get("deadline") or 0) for r in out.get("queues", [])}
+        return {self.id_of(x): by_queue.get(x.queue or "", 0) for x in leases}
+
+
+_Item = tuple[_Source, Lease]
 
 
 class Worker:
     """`await Worker(vq, "jobs", "workers", handle, concurrency=8).run()` until `stop()`."""
 
-    def __init__(self, client: AsyncClient, queues: str | list[str], consumer: str,
+    def __init__(self, client: AsyncClient, queues: str | list[str] | None, consumer: str,
                  handler: Handler, *, concurrency: int = 8, visibility_ms: int = 30_000,
                  wait_ms: int = 1000, idle_sleep_s: float = 0.05,
                  backoff_initial_ms: int = 1000, backoff_max_ms: int = 60_000,
                  prefetch: int | None = None, max_batch: int = 100,
-                 complete_delay_ms: float = 5.0) -> None:
+                 complete_delay_ms: float = 5.0, prefix: bool = False,
+                 map_refresh_s: float = 5.0) -> None:
         self.client = client
-        self.queues = [queues] if isinstance(queues, str) else list(queues)
-        if not self.queues:
-            raise ValueError("a Worker needs at least one queue")
+        self.prefix = prefix
+        self.queues = [] if queues is None else [queues] if isinstance(queues, str) \
+            else list(queues)
+        if prefix and self.queues:
+            raise ValueError("a prefix Worker leases from the prefix consumer: give no queues")
+        if not prefix and not self.queues:
+            raise ValueError("a Worker needs at least one queue (or prefix=True)")
+        self.map_refresh_s = map_refresh_s
         if concurrency < 1 or max_batch < 1:
             raise ValueError("concurrency and max_batch must be at least 1")
         self.consumer = consumer
@@ -71,10 +148,12 @@ class Worker:
         self._buffer: asyncio.Queue[_Item] = asyncio.Queue()
         self._held = 0  # records leased and not yet settled, plus slots reserved for a lease
         self._room = asyncio.Event()  # set when `_held` falls
-        self._leases: dict[str, tuple[str, Lease]] = {}  # token -> (queue, lease): unsettled
-        self._deadlines: dict[str, int] = {}  # token -> deadline (UTC ms), extended ones too
-        self._done: dict[str, list[Lease]] = {}  # queue -> handled, to complete
-        self._flushers: dict[str, asyncio.Task[None]] = {}
+        # Unsettled leases by id ((queue, token)), and their deadlines (UTC ms, extended too).
+        self._leases: dict[tuple[str, str], tuple[_Source, Lease]] = {}
+        self._deadlines: dict[tuple[str, str], int] = {}
+        self._done: dict[_Source, list[Lease]] = {}  # handled, to complete
+        self._flushers: dict[_Source, asyncio.Task[None]] = {}
+        self._leasers: dict[str, asyncio.Task[None]] = {}  # by source name
         self._running: set[asyncio.Task[Any]] = set()
         self._tasks: list[asyncio.Task[None]] = []
         self._started = False
@@ -84,16 +163,19 @@ class Worker:
 
     async def run(self) -> None:
         """Lease and handle until `stop()` (then return once everything is settled)."""
-        leasers = [asyncio.create_task(self._leaser(q)) for q in self.queues]
+        for q in self.queues:
+            self._start_leaser(_Source(self.client, self.consumer, queue=q))
         slots = [asyncio.create_task(self._slot()) for _ in range(self.concurrency)]
         keeper = asyncio.create_task(self._keeper())
-        self._tasks = [*leasers, *slots, keeper]
+        self._tasks = [*slots, keeper]
+        if self.prefix:
+            self._tasks.append(asyncio.create_task(self._follow_map()))
         self._started = True
         try:
             await self._stopping.wait()
             # Each leaser ends after its call in progress (at most `wait_ms`): a call cut off
             # could lose records the server had just granted (until their deadline).
-            await asyncio.gather(*leasers, return_exceptions=True)
+            await asyncio.gather(*self._leasers.values(), return_exceptions=True)
             await self._give_back_buffered()
             if not self._finish:
                 self._abandoning = True
@@ -104,10 +186,28 @@ class Worker:
                 t.cancel()
             await self._flush_all()
         finally:
-            for t in self._tasks:
+            for t in [*self._tasks, *self._leasers.values()]:
                 t.cancel()
-            await asyncio.gather(*self._tasks, return_exceptions=True)
+            await asyncio.gather(*self._tasks, *self._leasers.values(), return_exceptions=True)
             self._stopped.set()
+
+    def _start_leaser(self, source: _Source) -> None:
+        self._leasers[source.name] = asyncio.create_task(self._leaser(source))
+
+    async def _follow_map(self) -> None:
+        """A prefix worker's leasers: one per node of the cluster map, as it changes."""
+        while not self._stopping.is_set():
+            try:
+                nodes = await self.client.node_urls()
+            except VQError as exc:
+                log.warning("map_refresh_failed", extra={"error": str(exc)})
+                nodes = []
+            for url in nodes:
+                name = f"{self.consumer}@{url}"
+                if name not in self._leasers or self._leasers[name].done():
+                    self._start_leaser(_Source(self.client, self.consumer, node=url))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stopping.wait(), self.map_refresh_s)
 
     async def stop(self, finish: bool = True) -> None:
         """Stop leasing and return once `run` has returned. `finish`: running handlers complete
@@ -142,7 +242,7 @@ class Worker:
         self._held -= n
         self._room.set()
 
-    async def _leaser(self, queue: str) -> None:
+    async def _leaser(self, source: _Source) -> None:
         idle = False  # the last lease found nothing: long-poll with one slot reserved
         while not self._stopping.is_set():
             # A queue with records leases in calls of at least a quarter of the room (or
@@ -153,12 +253,13 @@ class Worker:
             if not n:
                 return
             try:
-                got = await self.client.lease(queue, self.consumer, max_records=n,
-                                              visibility_ms=self.visibility_ms,
-                                              wait_ms=self.wait_ms if idle else 0)
+                got = await source.lease(n, self.visibility_ms, self.wait_ms if idle else 0)
             except VQError as exc:
                 self._release(n)
-                log.warning("lease_failed", extra={"queue": queue, "error": str(exc)})
+                log.warning("lease_failed", extra={"source": source.name, "error": str(exc)})
+                if source.node is not None and exc.code in ("wrong_node", "connection_error",
+                                                            "deadline_exceeded"):
+                    return  # that node is gone or holds nothing now: the map says who does
                 await asyncio.sleep(self.idle_sleep_s)
                 continue
             except BaseException:
@@ -167,33 +268,34 @@ class Worker:
             self._release(n - len(got))
             idle = not got
             for lease in got:
-                self._leases[lease.token] = (queue, lease)
-                self._deadlines[lease.token] = lease.deadline
-                self._buffer.put_nowait((queue, lease))
+                lease_id = source.id_of(lease)
+                self._leases[lease_id] = (source, lease)
+                self._deadlines[lease_id] = lease.deadline
+                self._buffer.put_nowait((source, lease))
 
     async def _give_back_buffered(self) -> None:
         """Records leased ahead that no handler took: back to the queue at once."""
-        by_queue: dict[str, list[Lease]] = {}
+        by_source: dict[_Source, list[Lease]] = {}
         while not self._buffer.empty():
-            queue, lease = self._buffer.get_nowait()
-            by_queue.setdefault(queue, []).append(lease)
+            source, lease = self._buffer.get_nowait()
+            by_source.setdefault(source, []).append(lease)
             self._buffer.task_done()
-        for queue, leases in by_queue.items():
+        for source, leases in by_source.items():
             with contextlib.suppress(VQError):
-                await self.client.retry(queue, self.consumer, leases, reason="worker stopped")
-            self._settled(leases)
+                await source.retry(leases, reason="worker stopped")
+            self._settled(source, leases)
 
     # Handling --------------------------------------------------------------------------------
 
     async def _slot(self) -> None:
         while True:
-            queue, lease = await self._buffer.get()
+            source, lease = await self._buffer.get()
             try:
-                await self._handle(queue, lease)
+                await self._handle(source, lease)
             finally:
                 self._buffer.task_done()
 
-    async def _handle(self, queue: str, lease: Lease) -> None:
+    async def _handle(self, source: _Source, lease: Lease) -> None:
         # The handler runs in the slot's own task (a task per record cost the client more
         # than the rest of its work on the record); stop(finish=False) cancels busy slots.
         me = asyncio.current_task()
@@ -206,26 +308,25 @@ class Worker:
                 raise  # the worker itself is being torn down: leave the lease as it is
             # stop(finish=False) cancelled the handler: the record goes back at once.
             with contextlib.suppress(VQError):
-                await self.client.retry(queue, self.consumer, lease, reason="worker stopped")
-            self._settled([lease])
+                await source.retry([lease], reason="worker stopped")
+            self._settled(source, [lease])
             raise
         except Exception as exc:
             self.failed += 1
             with contextlib.suppress(VQError):
-                await self.client.retry(queue, self.consumer, lease,
-                                        delay_ms=self.backoff_ms(lease.attempt),
-                                        reason=f"{type(exc).__name__}: {exc}"[:1000])
-            self._settled([lease])
+                await source.retry([lease], delay_ms=self.backoff_ms(lease.attempt),
+                                   reason=f"{type(exc).__name__}: {exc}"[:1000])
+            self._settled(source, [lease])
             return
         finally:
             self._running.discard(me)
         # Handled: its room goes to the next lease now, not once the completion is back.
-        self._handled(lease)
-        self._done.setdefault(queue, []).append(lease)
-        if len(self._done[queue]) >= self.max_batch:
-            await self._flush(queue)
-        elif queue not in self._flushers:
-            self._flushers[queue] = asyncio.create_task(self._flush_later(queue))
+        self._handled(source, lease)
+        self._done.setdefault(source, []).append(lease)
+        if len(self._done[source]) >= self.max_batch:
+            await self._flush(source)
+        elif source not in self._flushers:
+            self._flushers[source] = asyncio.create_task(self._flush_later(source))
 
     async def _call(self, lease: Lease) -> Any:
         if self._is_async:
@@ -234,79 +335,82 @@ class Worker:
 
     # Completing in batches -------------------------------------------------------------------
 
-    async def _flush_later(self, queue: str) -> None:
+    async def _flush_later(self, source: _Source) -> None:
         await asyncio.sleep(self.complete_delay_s)
-        self._flushers.pop(queue, None)
-        await self._flush(queue)
+        self._flushers.pop(source, None)
+        await self._flush(source)
 
     async def _flush_all(self) -> None:
         for task in list(self._flushers.values()):
             task.cancel()
         self._flushers.clear()
-        for queue in list(self._done):
-            await self._flush(queue)
+        for source in list(self._done):
+            await self._flush(source)
 
-    async def _flush(self, queue: str) -> None:
-        """Complete what the handlers of `queue` finished, in one call; a token gone stale
+    async def _flush(self, source: _Source) -> None:
+        """Complete what the handlers of `source` finished, in one call; a token gone stale
         (its lease expired and another worker has the record) is dropped and the rest sent
         again (a complete is all or nothing)."""
-        leases = self._done.pop(queue, [])
+        leases = self._done.pop(source, [])
         while leases:
             try:
-                await self.client.complete(queue, self.consumer, leases)
+                await source.complete(leases)
                 self.completed += len(leases)
                 break
             except VQError as exc:
-                stale = set(exc.details.get("stale", [])) if exc.code == "lease_expired" else set()
+                stale = source.stale(exc)
                 if not stale:
-                    log.warning("complete_failed", extra={"queue": queue, "error": str(exc)})
+                    log.warning("complete_failed", extra={"source": source.name,
+                                                          "error": str(exc)})
                     break
-                log.warning("complete_stale", extra={"queue": queue, "stale": len(stale)})
-                self._settled([x for x in leases if x.token in stale])
-                leases = [x for x in leases if x.token not in stale]
-        self._settled(leases)
+                log.warning("complete_stale", extra={"source": source.name,
+                                                     "stale": len(stale)})
+                self._settled(source, [x for x in leases if source.id_of(x) in stale])
+                leases = [x for x in leases if source.id_of(x) not in stale]
+        self._settled(source, leases)
 
-    def _handled(self, lease: Lease) -> None:
+    def _handled(self, source: _Source, lease: Lease) -> None:
         """The record needs no room and no extending any more (its completion is pending)."""
-        if self._leases.pop(lease.token, None) is not None:
+        lease_id = source.id_of(lease)
+        if self._leases.pop(lease_id, None) is not None:
             self._release(1)
-        self._deadlines.pop(lease.token, None)
+        self._deadlines.pop(lease_id, None)
 
-    def _settled(self, leases: list[Lease]) -> None:
+    def _settled(self, source: _Source, leases: list[Lease]) -> None:
         for lease in leases:
-            self._handled(lease)
+            self._handled(source, lease)
 
     # Extending only what needs it ------------------------------------------------------------
 
     async def _keeper(self) -> None:
         """Every sixth of `visibility_ms`, extend the unsettled leases whose deadline is less
-        than a third of it away: one call per queue."""
+        than a third of it away: one call per queue (per node for a prefix worker)."""
         period = max(0.05, self.visibility_ms / 6000)
         while True:
             await asyncio.sleep(period)
             soon = time.time() * 1000 + self.visibility_ms / 3
-            due: dict[str, list[Lease]] = {}
-            for token, deadline in self._deadlines.items():
+            due: dict[_Source, list[Lease]] = {}
+            for lease_id, deadline in self._deadlines.items():
                 if deadline < soon:
-                    queue, lease = self._leases[token]
-                    due.setdefault(queue, []).append(lease)
-            for queue, leases in due.items():
-                await self._extend(queue, leases)
+                    source, lease = self._leases[lease_id]
+                    due.setdefault(source, []).append(lease)
+            for source, leases in due.items():
+                await self._extend(source, leases)
 
-    async def _extend(self, queue: str, leases: list[Lease]) -> None:
+    async def _extend(self, source: _Source, leases: list[Lease]) -> None:
         while leases:
             try:
-                out = await self.client.extend(queue, self.consumer, leases, self.visibility_ms)
+                deadlines = await source.extend(leases, self.visibility_ms)
             except VQError as exc:
-                stale = set(exc.details.get("stale", [])) if exc.code == "lease_expired" else set()
-                log.warning("extend_failed", extra={"queue": queue, "error": str(exc)})
+                stale = source.stale(exc)
+                log.warning("extend_failed", extra={"source": source.name, "error": str(exc)})
                 if not stale:
                     return
-                for token in stale:  # lost: nothing to keep alive
-                    self._deadlines.pop(token, None)
-                leases = [x for x in leases if x.token not in stale]
+                for lease_id in stale:  # lost: nothing to keep alive
+                    self._deadlines.pop(lease_id, None)
+                leases = [x for x in leases if source.id_of(x) not in stale]
                 continue
-            for lease in leases:
-                if lease.token in self._deadlines:
-                    self._deadlines[lease.token] = int(out.get("deadline") or 0)
+            for lease_id, deadline in deadlines.items():
+                if lease_id in self._deadlines:
+                    self._deadlines[lease_id] = deadline
             return

@@ -1,0 +1,99 @@
+"""The prefix-consumer handlers: define, show and delete a prefix consumer; lease across its
+queues; complete, retry and extend tokens of many queues (docs/work-queues.md, ADR 13)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aiohttp import web
+
+from vqueues.api import params
+from vqueues.api.codec import PrefixLeasePage, encode_prefix_leased, read_body, respond
+from vqueues.api.keys import AUTH, IDENTITY, PREFIX, SETTINGS, WORK
+from vqueues.api.work import lease_request
+from vqueues.errors import BadRequest, VQError
+from vqueues.names import validate_name
+from vqueues.work_service import COMPLETE, EXTEND, RETRY, Settle
+
+
+def _consumer(request: web.Request) -> str:
+    return validate_name(request.match_info["consumer"], "consumer")
+
+
+async def list_prefix_consumers(request: web.Request) -> web.Response:
+    return respond({"prefix_consumers": request.app[PREFIX].infos()})
+
+
+async def get_prefix_consumer(request: web.Request) -> web.Response:
+    return respond(request.app[PREFIX].info(_consumer(request)))
+
+
+async def put_prefix_consumer(request: web.Request) -> web.Response:
+    consumer = _consumer(request)
+    body = await read_body(request)
+    identity = request.get(IDENTITY)
+    prefix = body.get("prefix")
+    if AUTH in request.app and identity is not None and isinstance(prefix, str) and \
+            not identity.allows("admin", prefix):
+        raise VQError("forbidden", f"token {identity.name!r} has no 'admin' scope on queue "
+                      f"{prefix!r}", scope="admin")
+    return respond(await request.app[PREFIX].define(consumer, body))
+
+
+async def delete_prefix_consumer(request: web.Request) -> web.Response:
+    return respond(await request.app[PREFIX].delete(_consumer(request)))
+
+
+async def lease(request: web.Request) -> web.Response:
+    consumer = _consumer(request)
+    _, encoding, max_records, wait_ms, visibility_ms = await lease_request(request)
+    result = await request.app[PREFIX].lease(consumer, max_records, visibility_ms, wait_ms)
+    return respond(PrefixLeasePage(consumer, [
+        encode_prefix_leased(r.queue, r.partition, r.leased, encoding) for r in result.records]))
+
+
+def _pairs(raw: Any) -> list[tuple[str, str]]:
+    """`tokens` of a prefix settle: [{"queue": q, "token": t}, ...], checked (400)."""
+    if not isinstance(raw, list) or not raw:
+        raise BadRequest("invalid_token", "`tokens` must be a non-empty list of "
+                         '{"queue": ..., "token": ...} objects')
+    out = []
+    for item in raw:
+        if not isinstance(item, dict) or not isinstance(item.get("queue"), str) or \
+                not isinstance(item.get("token"), str):
+            raise BadRequest("invalid_token", "each of `tokens` must be an object with a "
+                             "string `queue` and a string `token`")
+        out.append((validate_name(item["queue"], "queue"), item["token"]))
+    return out
+
+
+async def _settle(request: web.Request, kind: str) -> web.Response:
+    consumer = _consumer(request)
+    body = await read_body(request)
+    pairs = _pairs(body.get("tokens"))
+    work = request.app[WORK]
+    settings = request.app[SETTINGS]
+    if kind == RETRY:
+        delay_ms = params.RETRY_DELAY_MS.from_body(body, settings)
+        assert delay_ms is not None
+        how = Settle(RETRY, delay_ms, work.check_retry(delay_ms, body.get("reason")))
+    elif kind == EXTEND:
+        visibility_ms = params.LEASE_VISIBILITY_MS.from_body(body, settings)
+        if visibility_ms is None:
+            raise BadRequest("invalid_parameter", "extend needs `visibility_ms`")
+        how = Settle(EXTEND, work.check_visibility(visibility_ms))
+    else:
+        how = Settle(COMPLETE)
+    return respond(await request.app[PREFIX].settle(consumer, how, pairs))
+
+
+async def complete(request: web.Request) -> web.Response:
+    return await _settle(request, COMPLETE)
+
+
+async def retry(request: web.Request) -> web.Response:
+    return await _settle(request, RETRY)
+
+
+async def extend(request: web.Request) -> web.Response:
+    return await _settle(request, EXTEND)
