@@ -1,6 +1,7 @@
 """The admin CLI against a real node: `vqueues queues|consumers|cluster`, run as a user would
 (a subprocess), with --json for checks and the tables people read."""
 
+import asyncio
 import json
 import os
 import subprocess
@@ -123,3 +124,28 @@ def test_cluster_shows_nodes_partitions_owners_readiness_and_replay(node, topics
     assert table.returncode == 0
     assert "PARTITION" in table.stdout and "REPLAY" in table.stdout
     assert table.stdout.count("done") == topics.partitions
+
+
+def test_consumers_prefixes_shows_each_prefix_consumer_with_backlog_and_in_flight(node, queue):
+    with Client(node.url) as c:
+        c.configure_prefix_consumer("crew", queue + "/", max_attempts=7)
+        c.enqueue(queue + "/a", ["1", "2", "3"])
+        c.enqueue(queue + "/b", ["1"])
+
+    async def lease_two() -> None:
+        from vqueues_client import AsyncClient
+        async with AsyncClient(node.url) as avq:
+            got: list = []
+            for _ in range(50):
+                got += await avq.lease_prefix("crew", node.url, max_records=2 - len(got))
+                # (one node: it wrote the definition, so it knows it at once)
+                if len(got) == 2:
+                    return
+                await asyncio.sleep(0.1)
+    asyncio.run(lease_two())
+    rows = vq_json(node, "consumers", "prefixes")
+    crew = next(r for r in rows if r["consumer"] == "crew")
+    assert (crew["prefix"], crew["queues"], crew["in_flight"], crew["backlog"],
+            crew["max_attempts"]) == (queue + "/", 2, 2, 4, 7)
+    table = vq(node, "consumers", "prefixes")
+    assert table.returncode == 0 and "BACKLOG" in table.stdout and "crew" in table.stdout

@@ -3,6 +3,7 @@ two real nodes with auth on: the token entered once, the cluster map, the search
 a queue page with consumers and the latest records, live refresh, and delete with confirmation.
 Screenshots go to test-artifacts/console/."""
 
+import contextlib
 import json
 import os
 import shutil
@@ -11,7 +12,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from vqueues_client import Client
+from vqueues_client import Client, VQError
 
 from tests.support import NodeProcess, queues_in_partition, wait_settled
 from vqueues.auth import token_hash
@@ -175,3 +176,24 @@ def test_delete_asks_for_confirmation(page, nodes, queues):
         page.get_by_test_id("deleted").wait_for()
         assert vq.queue_info(victim) is None
     page.screenshot(path=str(ARTIFACTS / "5-deleted.png"))
+
+
+def test_the_workers_page_shows_prefix_consumers_summed_over_the_nodes(page, nodes, queues):
+    run, names = queues
+    with Client(nodes[0].url, token=TOKEN) as vq:
+        records = sum(vq.queue_info(n)["records"] for n in names)  # type: ignore[index]
+        vq.configure_prefix_consumer("pool", f"shop-{run}/", max_in_flight=5)
+        for n in nodes:  # a lease from each node, once it learnt of the prefix consumer
+            for _ in range(50):
+                with contextlib.suppress(VQError):  # 404 until the node's tail brings it
+                    if vq.lease_prefix("pool", n.url, max_records=1):
+                        break
+                time.sleep(0.1)
+    page.goto(f"{nodes[0].url}/ui/#/workers")
+    page.get_by_test_id("workers").locator("tbody tr").filter(has_text="pool").wait_for()
+    row = page.get_by_test_id("workers").locator("tbody tr").filter(
+        has_text="pool").inner_text().split("\t")
+    # consumer, prefix, queues, waiting, backlog, in flight, max in flight, attempts
+    assert row[:3] == ["pool", f"shop-{run}/", "2"]
+    assert row[4:7] == [str(records), "2", "5"]  # nothing completed: every record
+    page.screenshot(path=str(ARTIFACTS / "6-workers.png"), full_page=True)

@@ -90,6 +90,8 @@ def add_commands(sub: Any) -> None:
     p = cs.add_parser("delete", parents=[common, destroy], help="delete a consumer")
     p.add_argument("queue", metavar="QUEUE")
     p.add_argument("consumer", metavar="CONSUMER")
+    cs.add_parser("prefixes", parents=[common], help="prefix consumers across the cluster: "
+                  "queues, backlog, in flight")
 
     sub.add_parser("cluster", parents=[common], help="the cluster map: nodes, partitions, "
                    "owners, readiness and replay progress")
@@ -149,7 +151,8 @@ class Admin:
             "queues list": self.queues_list, "queues stats": self.queues_stats,
             "queues delete": self.queues_delete, "queues tail": self.queues_tail,
             "consumers list": self.consumers_list, "consumers reset": self.consumers_reset,
-            "consumers delete": self.consumers_delete, "cluster": self.cluster}
+            "consumers delete": self.consumers_delete,
+            "consumers prefixes": self.consumers_prefixes, "cluster": self.cluster}
         async with AsyncClient(urls or ["http://127.0.0.1:8080"], token=token,
                                ca_file=ca_file, deadline_s=self.args.deadline_s) as vq:
             try:
@@ -342,6 +345,18 @@ class Admin:
             self.emit_json(info["consumers"])
         else:
             self._consumer_table(info)
+        return EXIT_OK
+
+    async def consumers_prefixes(self, vq: AsyncClient) -> int:
+        rows = await vq.prefix_consumers()
+        if self.args.json:
+            self.emit_json(rows)
+            return EXIT_OK
+        self.table(("CONSUMER", "PREFIX", "QUEUES", "WAITING", "BACKLOG", "IN FLIGHT",
+                    "MAX IN FLIGHT", "ATTEMPTS", "DEAD LETTERS"),
+                   [(r["consumer"], r["prefix"], r["queues"], r["ready_queues"], r["backlog"],
+                     r["in_flight"], r["max_in_flight"], r["max_attempts"],
+                     r["dead_letter_queue"]) for r in rows])
         return EXIT_OK
 
     async def consumers_reset(self, vq: AsyncClient) -> int:

@@ -84,25 +84,33 @@ class PrefixLeasing:
         return info
 
     def info(self, consumer: str) -> PrefixConsumerInfo:
-        """A prefix consumer and, on this node, its queues in turn and its records in
-        flight (from the windows of the queues it leased from)."""
+        """A prefix consumer and, on this node: the queues under the prefix it leased from,
+        those waiting for a turn, its records in flight, and its backlog (records not done:
+        those of the queues it leased from, from their low-water marks, and every record of
+        a queue waiting for its first turn). Counted from the windows and the turn orders: no
+        idle queue is looked at."""
         pc = self.get(consumer)
-        ready = in_flight = queues = 0
+        ready = in_flight = queues = backlog = 0
         now = now_ms()
         for state in self.ownership.states.values():
             if not state.ready.is_set():
                 continue
             ready += state.ready_queues.size(consumer)
+            for queue in state.ready_queues.waiting(consumer):
+                q = state.queues.get(queue)
+                if q is not None and (queue, consumer) not in state.work:
+                    backlog += len(q.offsets)
             for (queue, c), work in state.work.items():
                 if c == consumer and pc.covers(queue):
                     queues += 1
                     q = state.queues.get(queue)
                     if q is not None:
-                        in_flight += work.counts(q.offsets, state.committed(queue, c) or 0,
-                                                 now)[0]
+                        counts = work.counts(q.offsets, state.committed(queue, c) or 0, now)
+                        in_flight += counts[0]
+                        backlog += sum(counts)
         return PrefixConsumerInfo(pc.consumer, pc.prefix, pc.max_attempts, pc.visibility_ms,
                                   pc.dead_letter_queue, pc.max_in_flight, dict(pc.weights),
-                                  queues, ready, in_flight)
+                                  queues, ready, in_flight, backlog)
 
     def infos(self) -> list[PrefixConsumerInfo]:
         return [self.info(c) for c in sorted(self.prefixes.by_name)]

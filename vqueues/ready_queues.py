@@ -63,6 +63,11 @@ class ReadyQueues:
         order[1].discard(queue)
         return queue
 
+    def waiting(self, consumer: str) -> list[str]:
+        """The queues in `consumer`'s turn order now, in turn."""
+        order = self._orders.get(consumer)
+        return list(order[0]) if order is not None else []
+
     def size(self, consumer: str) -> int:
         """Queues in `consumer`'s turn order now."""
         order = self._orders.get(consumer)

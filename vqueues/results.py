@@ -188,7 +188,8 @@ class PrefixSettleResult(msgspec.Struct, frozen=True, gc=False):
 @dataclass(slots=True, frozen=True)
 class PrefixConsumerInfo:
     """A prefix consumer's settings, and on the node that answers: the queues under the prefix
-    it has leased from, those waiting for their turn now, and its records in flight."""
+    it has leased from, those waiting for their turn now, its records in flight and its
+    backlog."""
 
     consumer: str
     prefix: str
@@ -200,3 +201,4 @@ class PrefixConsumerInfo:
     queues: int
     ready_queues: int
     in_flight: int
+    backlog: int  # records not done (in flight, delayed, available) in this node's queues

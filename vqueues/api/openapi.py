@@ -13,16 +13,19 @@ import msgspec
 
 from vqueues import __version__
 from vqueues.api import params
-from vqueues.api.codec import LeasePage, ReadPage
+from vqueues.api.codec import LeasePage, PrefixLeasePage, ReadPage
 from vqueues.consumer_configs import MAX_ATTEMPTS_LIMIT
 from vqueues.errors import REGISTRY
 from vqueues.names import MAX_NAME_BYTES
+from vqueues.prefix_consumers import MAX_WEIGHT, MAX_WEIGHTS
 from vqueues.results import (
     AckResult,
     ConsumerDeletion,
     ConsumerSettings,
     EnqueueResult,
     PartitionsInfo,
+    PrefixConsumerInfo,
+    PrefixSettleResult,
     QueueDeletion,
     QueueInfo,
     QueueList,
@@ -35,8 +38,11 @@ from vqueues.work_service import MAX_REASON_CHARS
 
 _ANSWERS = (EnqueueResult, ReadPage, AckResult, ConsumerDeletion, QueueInfo, QueueDeletion,
             QueueList, PartitionsInfo, ConsumerSettings, LeasePage, SettleResult,
-            ScheduledCancellation)
+            ScheduledCancellation, PrefixConsumerInfo, PrefixLeasePage, PrefixSettleResult)
 _TEMPLATE = "#/components/schemas/{name}"
+_PREFIX_TOKENS = {"type": "array", "minItems": 1, "items": {
+    "type": "object", "required": ["queue", "token"],
+    "properties": {"queue": {"type": "string"}, "token": {"type": "string"}}}}
 _TAG_PARAM = {"name": "tag", "in": "query", "schema": {"type": "string"},
               "description": "only records carrying this tag (from the tag index)"}
 
@@ -128,6 +134,37 @@ def _request_schemas(s: Settings) -> dict[str, Any]:
         "ExtendRequest": {"type": "object", "required": ["tokens", "visibility_ms"],
                           "properties": {
             "tokens": {"type": "array", "minItems": 1, "items": {"type": "string"}},
+            "visibility_ms": params.LEASE_VISIBILITY_MS.body_schema(s)}},
+        "PrefixConsumerRequest": {"type": "object", "required": ["prefix"],
+                                  "additionalProperties": False, "properties": {
+            "prefix": {"type": "string", "minLength": 1,
+                       "description": "every queue whose name starts with it, now or later"},
+            "max_attempts": {"type": "integer", "minimum": 1, "maximum": MAX_ATTEMPTS_LIMIT,
+                             "default": s.default_max_attempts},
+            "visibility_ms": {"type": "integer", "minimum": MIN_VISIBILITY_MS,
+                              "maximum": s.max_visibility_ms,
+                              "default": s.default_visibility_ms},
+            "dead_letter_queue": {"type": ["string", "null"],
+                                  "description": "a queue name, or one with {queue} in it (one "
+                                                 "per queue, e.g. {queue}-dead); never under "
+                                                 "the prefix; null: none"},
+            "max_in_flight": {"type": ["integer", "null"], "minimum": 1,
+                              "maximum": s.max_lease_window,
+                              "description": "records of one queue leased at once, at most"},
+            "weights": {"type": "object", "maxProperties": MAX_WEIGHTS,
+                        "additionalProperties": {"type": "integer", "minimum": 1,
+                                                 "maximum": MAX_WEIGHT},
+                        "description": "queue (under the prefix) -> records per turn "
+                                       "(default 1)"}}},
+        "PrefixTokensRequest": {"type": "object", "required": ["tokens"], "properties": {
+            "tokens": _PREFIX_TOKENS}},
+        "PrefixRetryRequest": {"type": "object", "required": ["tokens"], "properties": {
+            "tokens": _PREFIX_TOKENS,
+            "delay_ms": params.RETRY_DELAY_MS.body_schema(s),
+            "reason": {"type": "string", "maxLength": MAX_REASON_CHARS}}},
+        "PrefixExtendRequest": {"type": "object", "required": ["tokens", "visibility_ms"],
+                                "properties": {
+            "tokens": _PREFIX_TOKENS,
             "visibility_ms": params.LEASE_VISIBILITY_MS.body_schema(s)}},
         "Error": {"type": "object", "required": ["error"], "properties": {"error": {
             "type": "object", "required": ["code", "message", "retriable"],
@@ -255,6 +292,43 @@ def openapi_document(s: Settings) -> dict[str, Any]:
                                             "(records, offsets, consumers, worst lag)"}],
                         "responses": {"200": _ok("QueueList"), "400": _ERR}},
             },
+            "/v1/prefix-consumers": {"get": {
+                "summary": "Every prefix consumer, with this node's queues, queues waiting for "
+                           "a turn and records in flight",
+                "responses": {"200": _ok("Object")}}},
+            "/v1/prefix-consumers/{consumer}": {
+                "put": {"summary": "Define a lease consumer over every queue under a prefix "
+                                   "(for the whole cluster; docs/work-queues.md)",
+                        "parameters": [consumer_p],
+                        "requestBody": _body("PrefixConsumerRequest"),
+                        "responses": {"200": _ok("PrefixConsumerInfo"), **errors}},
+                "get": {"summary": "A prefix consumer, with this node's figures",
+                        "parameters": [consumer_p],
+                        "responses": {"200": _ok("PrefixConsumerInfo"), "404": _ERR,
+                                      **errors}},
+                "delete": {"summary": "Stop leasing across the prefix (each queue's consumer "
+                                      "stays)",
+                           "parameters": [consumer_p],
+                           "responses": {"200": _ok("PrefixConsumerInfo"), "404": _ERR,
+                                         **errors}},
+            },
+            "/v1/prefix-consumers/{consumer}/lease": {"post": {
+                "summary": "Lease records from the queues under the prefix in this node's "
+                           "partitions, queue by queue in turn (long poll with wait_ms)",
+                "parameters": [consumer_p], "requestBody": _body("LeaseRequest"),
+                "responses": {"200": _ok("PrefixLeasePage"), "404": _ERR, **errors}}},
+            "/v1/prefix-consumers/{consumer}/complete": {"post": {
+                "summary": "Finish leased records of many queues (all, or 409 and none)",
+                "parameters": [consumer_p], "requestBody": _body("PrefixTokensRequest"),
+                "responses": {"200": _ok("PrefixSettleResult"), "404": _ERR, **errors}}},
+            "/v1/prefix-consumers/{consumer}/retry": {"post": {
+                "summary": "Give leased records of many queues back",
+                "parameters": [consumer_p], "requestBody": _body("PrefixRetryRequest"),
+                "responses": {"200": _ok("PrefixSettleResult"), "404": _ERR, **errors}}},
+            "/v1/prefix-consumers/{consumer}/extend": {"post": {
+                "summary": "Move leases of many queues to now + visibility_ms",
+                "parameters": [consumer_p], "requestBody": _body("PrefixExtendRequest"),
+                "responses": {"200": _ok("PrefixSettleResult"), "404": _ERR, **errors}}},
             "/v1/partitions": {"get": {"summary": "The cluster map and this node's partitions",
                                        "responses": {"200": _ok("PartitionsInfo")}}},
             "/v1/openapi.json": {"get": {"summary": "This document",

@@ -183,6 +183,29 @@ async function queuesView(view) {
       s.max_lag]), "queues"));
 }
 
+// Prefix consumers: each node counts its own partitions; the figures are summed.
+async function workersView(view) {
+  const map = await clusterMap();
+  const merged = new Map();
+  for (const url of nodeUrls(map)) {
+    const body = await api(url, "/v1/prefix-consumers");
+    for (const p of body.prefix_consumers) {
+      const m = merged.get(p.consumer) ||
+        { ...p, queues: 0, ready_queues: 0, in_flight: 0, backlog: 0 };
+      for (const k of ["queues", "ready_queues", "in_flight", "backlog"]) m[k] += p[k];
+      merged.set(p.consumer, m);
+    }
+  }
+  const rows = [...merged.values()].sort((a, b) => (a.consumer < b.consumer ? -1 : 1));
+  view.replaceChildren(el("h1", {}, "Workers"),
+    el("p", {}, "Prefix consumers: one pool of workers for every queue under a prefix."),
+    table(["Consumer", "Prefix", "Queues#", "Waiting#", "Backlog#", "In flight#",
+           "Max in flight#", "Attempts#", "Dead letters"],
+          rows.map((p) => [p.consumer, p.prefix, p.queues, p.ready_queues, p.backlog,
+                           p.in_flight, p.max_in_flight, p.max_attempts, p.dead_letter_queue]),
+          "workers"));
+}
+
 async function peek(queue, info) {
   if (info.last_offset === null) return [];
   let span = PEEK;
@@ -269,6 +292,7 @@ function confirmDelete(queue) {
 function parseRoute() {
   const hash = location.hash.replace(/^#\/?/, "");
   if (hash.startsWith("queue/")) return ["queue", decodeURIComponent(hash.slice(6))];
+  if (hash === "workers") return ["workers", null];
   return [hash === "queues" ? "queues" : "cluster", null];
 }
 
@@ -286,6 +310,7 @@ async function refresh() {
   try {
     if (name === "cluster") await clusterView(view);
     else if (name === "queues") await queuesView(view);
+    else if (name === "workers") await workersView(view);
     else await queueView(view, arg);
     setStatus(`updated ${new Date().toLocaleTimeString()}`, false);
   } catch (e) {

@@ -62,6 +62,8 @@ class Lease:
 
 
 _UNSET: Any = object()
+# A prefix consumer's figures that each node gives for its own partitions.
+_COUNTS = ("queues", "ready_queues", "in_flight", "backlog")
 
 
 @dataclass(frozen=True, slots=True)
@@ -546,17 +548,16 @@ class AsyncClient:
         return await self._call_obj("DELETE", None, self._p(consumer), ok404=True)
 
     async def prefix_consumers(self) -> list[dict[str, Any]]:
-        """Every prefix consumer, with its queues, queues waiting for a turn and records in
-        flight summed over the nodes."""
+        """Every prefix consumer, with its queues, queues waiting for a turn, records in flight
+        and backlog summed over the nodes."""
         merged: dict[str, dict[str, Any]] = {}
         for url in await self.node_urls():
             status, body = await self._get_node(url, "/v1/prefix-consumers")
             if status != 200:
                 raise _error_from(status, body)
             for info in body["prefix_consumers"]:
-                seen = merged.setdefault(info["consumer"], {**info, "queues": 0,
-                                                            "ready_queues": 0, "in_flight": 0})
-                for count in ("queues", "ready_queues", "in_flight"):
+                seen = merged.setdefault(info["consumer"], {**info, **dict.fromkeys(_COUNTS, 0)})
+                for count in _COUNTS:
                     seen[count] += info[count]
         return [merged[c] for c in sorted(merged)]
 

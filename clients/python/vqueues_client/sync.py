@@ -100,10 +100,34 @@ class Client:
                ) -> dict[str, Any]:
         return self._run(self._async.extend(queue, consumer, leases, visibility_ms))
 
-    def work(self, queues: str | list[str], consumer: str, handler: Any,
+    def configure_prefix_consumer(self, consumer: str, prefix: str, **settings: Any
+                                  ) -> dict[str, Any]:
+        return self._run(self._async.configure_prefix_consumer(consumer, prefix, **settings))
+
+    def prefix_consumers(self) -> list[dict[str, Any]]:
+        return self._run(self._async.prefix_consumers())
+
+    def delete_prefix_consumer(self, consumer: str) -> dict[str, Any] | None:
+        return self._run(self._async.delete_prefix_consumer(consumer))
+
+    def lease_prefix(self, consumer: str, node: str, **kw: Any) -> list[Lease]:
+        return self._run(self._async.lease_prefix(consumer, node, **kw))
+
+    def complete_prefix(self, consumer: str, node: str, leases: list[Lease]) -> dict[str, Any]:
+        return self._run(self._async.complete_prefix(consumer, node, leases))
+
+    def retry_prefix(self, consumer: str, node: str, leases: list[Lease], **kw: Any
+                     ) -> dict[str, Any]:
+        return self._run(self._async.retry_prefix(consumer, node, leases, **kw))
+
+    def extend_prefix(self, consumer: str, node: str, leases: list[Lease], visibility_ms: int
+                      ) -> dict[str, Any]:
+        return self._run(self._async.extend_prefix(consumer, node, leases, visibility_ms))
+
+    def work(self, queues: str | list[str] | None, consumer: str, handler: Any,
              stop: threading.Event, **options: Any) -> None:
         """Run a `Worker` (handler: a plain function, run in threads) until `stop` is set;
-        running handlers finish first."""
+        running handlers finish first (`queues` None and `prefix=True`: a prefix consumer)."""
         from vqueues_client.worker import Worker
 
         async def go() -> None:
