@@ -31,6 +31,19 @@ ConfigRow = tuple[Any, ...]
 WorkRow = tuple[Any, ...]
 
 
+def _shared(config: ConsumerConfig) -> ConsumerConfig:
+    """One object for equal settings: the queues under a prefix consumer share them."""
+    found = _CONFIGS.get(config)
+    if found is None:
+        if len(_CONFIGS) >= 10_000:
+            _CONFIGS.clear()
+        found = _CONFIGS[config] = config
+    return found
+
+
+_CONFIGS: dict[ConsumerConfig, ConsumerConfig] = {}
+
+
 class LeaseWindows:
     """Consumers with settings (`configs`) and the lease consumers' windows (`work`)."""
 
@@ -72,8 +85,8 @@ class LeaseWindows:
         """New settings; a consumer that becomes a lease consumer starts its window at its
         committed offset, one that becomes a cursor loses its window."""
         key = (e.queue, e.consumer)
-        self.configs[key] = ConsumerConfig(e.mode, e.max_attempts, e.dead_letter_queue,
-                                           e.visibility_ms, e.max_in_flight, e.prefix)
+        self.configs[key] = _shared(ConsumerConfig(e.mode, e.max_attempts, e.dead_letter_queue,
+                                                   e.visibility_ms, e.max_in_flight, e.prefix))
         if e.mode == LEASE:
             if key not in self.work:
                 self.work[key] = WorkState(committed or 0)
@@ -119,6 +132,7 @@ class LeaseWindows:
                 work.frontier = e.low_water
         if e.dead_lettered is not None:
             work.dead_lettered = e.dead_lettered
+        work.release_index()  # if the window is empty now
 
     def key_cleared(self, e: WindowKeyCleared) -> None:
         work = self.work.get((e.queue, e.consumer))
@@ -207,10 +221,10 @@ class LeaseWindows:
 
     def restore(self, configs: Sequence[ConfigRow], work: Sequence[WorkRow]) -> None:
         """Replace everything with what `capture` described (or an older snapshot's rows)."""
-        self.configs = {(str(row[0]), str(row[1])): ConsumerConfig(
+        self.configs = {(str(row[0]), str(row[1])): _shared(ConsumerConfig(
             str(row[2]), int(row[3]), row[4], int(row[5]),
             int(row[6]) if len(row) > 6 and row[6] is not None else None,
-            row[7] if len(row) > 7 else None) for row in configs}
+            row[7] if len(row) > 7 else None)) for row in configs}
         self.work = {}
         self.last_attempts = []
         for row in work:

@@ -208,14 +208,14 @@ class WorkState:
         self.max_attempts = 0  # as of the last `ensure_index` / `advance`
         # Records a lease may take now: a heap of offsets and the set of those still in it
         # (an offset leaves the set at once; its heap entry is skipped when it comes up).
-        self._ready: list[int] = []
-        self._ready_set: set[int] = set()
+        self._ready: list[int] = _NO_READY
+        self._ready_set: set[int] = _NO_MEMBERS
         # Where the low-water mark and the frontier were last found among the queue's
         # records: the next search starts there (`seek`).
         self._low_at = self._front_at = 0
-        self._timers: list[tuple[int, int]] = []  # heap of (until, offset); stale ones skipped
-        self._by_key: dict[str, list[int]] = {}
-        self._exhausted: set[int] = set()
+        self._timers: list[tuple[int, int]] = _NO_TIMERS  # heap of (until, offset); stale
+        self._by_key: dict[str, list[int]] = _NO_KEYS  # ones skipped
+        self._exhausted: set[int] = _NO_MEMBERS
         # With an in-flight cap: the records leased now (their lease not run out), counted
         # exactly; None without one (it costs a set entry per leased record).
         self._flying: set[int] | None = None
@@ -446,6 +446,22 @@ class WorkState:
                     self._flying.discard(off)  # its lease ran out (or its retry fell due)
                 self._place(off, d, now)
 
+    def release_index(self) -> None:
+        """An empty window (nothing in flight, waiting or done above the mark) lets go of its
+        lease index until the next lease builds it again: an idle queue's window costs about
+        a third as much (a queue a prefix consumer leased from and left idle, ADR 13)."""
+        if self.deliveries or self.done.starts or not self.indexed:
+            return
+        self.indexed = False
+        self.deliveries = {}  # a dict keeps its table when emptied
+        self._ready = _NO_READY
+        self._ready_set = _NO_MEMBERS
+        self._exhausted = _NO_MEMBERS
+        self._by_key = _NO_KEYS
+        self._timers = _NO_TIMERS
+        if self._flying is not None:
+            self._flying = None  # built again with the index (`ensure_index`)
+
     def in_flight(self) -> int:
         """Records leased now, as of the last `ensure_index` (with `count_in_flight`)."""
         return len(self._flying) if self._flying is not None else 0
@@ -487,6 +503,14 @@ class WorkState:
     def exhausted(self) -> list[int]:
         """Records whose last attempt's lease expired (for the dead letters), in order."""
         return sorted(self._exhausted)
+
+# An unindexed window's index parts: shared and empty, never changed (every change to them
+# happens on an indexed window, whose `ensure_index` made its own).
+_NO_READY: list[int] = []
+_NO_MEMBERS: set[int] = set()
+_NO_KEYS: dict[str, list[int]] = {}
+_NO_TIMERS: list[tuple[int, int]] = []
+
 
 def new_grant() -> int:
     """A lease call's number: random, so a token names one delivery whoever granted it (a
