@@ -13,6 +13,9 @@ Starts the embedded broker (or uses --bootstrap) and one node process, then meas
   lease end-to-end     enqueue -> a lease long-polling the queue (p50/p99)
   enqueue shapes       the throughput run with an idempotency key on every record, and with
                        10% of the records scheduled; scheduled records' lateness (p50/p99)
+  prefix consumer      lease -> complete across the queues under a prefix (--prefix-queues
+                       queues, each leased from once and idle, 1,000 with records) beside the
+                       per-queue lease on the same node
 and the same workloads through a raw Producer/Consumer (acks=all), printing the ratio.
 With --cluster N (default 3) the same workloads also run on N nodes, clients routing by the
 cluster map, reported beside the single node. Then, on a topic already holding --many-queues
@@ -376,7 +379,7 @@ async def vq_lease_throughput(s: aiohttp.ClientSession, route, seconds: float, w
     """Lease -> complete with `workers` workers over `queues` prefilled queues, `batch` records
     per lease: records completed per second."""
     names = [f"lw-{uuid.uuid4().hex[:6]}-{i}" for i in range(queues)]
-    per_queue = 6000 if batch <= 10 else 20_000  # enough not to run dry in the window
+    per_queue = 6000 if batch <= 10 else 40_000  # enough not to run dry in the window
     body = json.dumps({"records": [{"value": VALUE}] * 500})
     for q in names:
         for _ in range(per_queue // 500):
@@ -557,7 +560,8 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def prefill(bootstrap: str, topic: str, queues: int, per_queue: int) -> None:
+def prefill(bootstrap: str, topic: str, queues: int, per_queue: int, name: str = "tp-"
+            ) -> None:
     """`queues` x `per_queue` records of 100 B with a plain producer (keys tp-0 ...)."""
     p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "partitioner": "murmur2",
                   "queue.buffering.max.messages": 500000, "compression.type": "lz4"})
@@ -566,7 +570,7 @@ def prefill(bootstrap: str, topic: str, queues: int, per_queue: int) -> None:
         for k in range(queues):
             while True:
                 try:
-                    p.produce(topic, key=f"tp-{k}".encode(), value=value)
+                    p.produce(topic, key=f"{name}{k}".encode(), value=value)
                     break
                 except BufferError:
                     p.poll(0.05)
@@ -603,6 +607,79 @@ async def measure_many_queues(args: argparse.Namespace, bootstrap: str, broker_p
             cpu0, w0 = cpu_seconds(broker_pid), time.perf_counter()
             await asyncio.sleep(3.0)
             out["broker_cpu_idle"] = (cpu_seconds(broker_pid) - cpu0) / (time.perf_counter() - w0)
+        return out
+    finally:
+        stop_nodes(procs)
+
+
+async def vq_prefix_throughput(s: aiohttp.ClientSession, url: str, consumer: str,
+                               seconds: float, workers: int, batch: int) -> float:
+    """Prefix lease -> complete (tokens of many queues in one call), `workers` workers on one
+    node: records completed per second."""
+    count = 0
+    stop = time.perf_counter() + seconds
+    base = f"{url}/v1/prefix-consumers/{consumer}"
+
+    async def worker() -> None:
+        nonlocal count
+        while time.perf_counter() < stop:
+            async with s.post(base + "/lease", json={"max_records": batch}) as r:
+                got = (await r.json())["records"]
+            if got:
+                async with s.post(base + "/complete", json={"tokens": [
+                        {"queue": x["queue"], "token": x["token"]} for x in got]}) as r:
+                    assert r.status == 200, await r.text()
+                count += len(got)
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(workers)))
+    return count / (time.perf_counter() - t0)
+
+
+async def measure_prefix(args: argparse.Namespace, bootstrap: str) -> dict[str, float]:
+    """A prefix consumer over `--prefix-queues` queues (100,000), every one leased from once
+    and now idle, of which 1,000 get records: prefix lease -> complete beside the per-queue
+    lease on the same node (16 workers over 10 queues), at 10 and 100 records per call."""
+    prefix = f"bench{uuid.uuid4().hex[:6]}"
+    Admin({"bootstrap.servers": bootstrap}).create(vq_topics.specs(
+        f"{prefix}-data", f"{prefix}-offsets", f"{prefix}-assignments", args.partitions))
+    n = args.prefix_queues
+    await asyncio.to_thread(prefill, bootstrap, f"{prefix}-data", n, 1, "pq-")
+    procs, urls = start_nodes(bootstrap, prefix, 1)
+    out: dict[str, float] = {}
+    try:
+        owners = await wait_ready(urls, args.partitions)
+
+        def route(q: str) -> str:
+            return owners[partition_for(q, args.partitions)]
+
+        async with aiohttp.ClientSession() as s:
+            async with s.put(f"{urls[0]}/v1/prefix-consumers/pool",
+                             json={"prefix": "pq-"}) as r:
+                assert r.status == 200, await r.text()
+            t0, done = time.perf_counter(), 0  # every queue leased from once: then idle
+            while done < n:
+                async with s.post(f"{urls[0]}/v1/prefix-consumers/pool/lease",
+                                  json={"max_records": 1000, "wait_ms": 1000}) as r:
+                    got = (await r.json())["records"]
+                assert got, f"{done} of {n} leased, then nothing"
+                async with s.post(f"{urls[0]}/v1/prefix-consumers/pool/complete", json={
+                        "tokens": [{"queue": x["queue"], "token": x["token"]}
+                                   for x in got]}) as r:
+                    assert r.status == 200, await r.text()
+                done += len(got)
+            out["first_pass"] = n / (time.perf_counter() - t0)
+            busy = [f"pq-{k}" for k in range(0, n, max(1, n // 1000))][:1000]
+            body = json.dumps({"records": [{"value": VALUE}] * 200})
+            for q in busy:
+                async with s.post(route(q) + f"/v1/queues/{q}/records", data=body,
+                                  headers={"Content-Type": "application/json"}) as r:
+                    assert r.status == 200, await r.text()
+            for batch in (10, 100):
+                out[f"queue_{batch}"] = await vq_lease_throughput(
+                    s, route, args.seconds, args.concurrency, batch=batch)
+                out[f"prefix_{batch}"] = await vq_prefix_throughput(
+                    s, urls[0], "pool", args.seconds, args.concurrency, batch)
         return out
     finally:
         stop_nodes(procs)
@@ -734,6 +811,7 @@ async def measure_broker(args: argparse.Namespace, bootstrap: str, label: str,
                                                                    args.cluster)
         if args.many_queues:
             many["1 node"] = await measure_many_queues(args, bootstrap, pid)
+    prefix = await measure_prefix(args, bootstrap) if args.prefix_queues else None
     head = " | ".join(f"vqueues {m} | ratio" for m in modes)
     lines = [f"# vqueues bench, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: "
              f"{args.partitions} partitions, broker {label}, "
@@ -788,6 +866,16 @@ async def measure_broker(args: argparse.Namespace, bootstrap: str, label: str,
             "raw)" + (f"; broker CPU {res['broker_cpu_load']:.0%} of a core under that load, "
                       f"{res['broker_cpu_idle']:.0%} idle (the node's tail alone)"
                       if "broker_cpu_load" in res else ""))
+    if prefix is not None:
+        lines.append(
+            f"prefix consumer over {args.prefix_queues:,} queues (each leased from once, "
+            f"{prefix['first_pass']:,.0f} rec/s, then idle), 1,000 of them with records, "
+            f"{args.concurrency} workers on one node: lease -> complete "
+            f"{prefix['prefix_10']:,.0f} rec/s at 10 per call "
+            f"({prefix['prefix_10'] / prefix['queue_10']:.2f}x the per-queue lease's "
+            f"{prefix['queue_10']:,.0f} on the same node), {prefix['prefix_100']:,.0f} at 100 "
+            f"({prefix['prefix_100'] / prefix['queue_100']:.2f}x its "
+            f"{prefix['queue_100']:,.0f})")
     if args.baseline:
         lines.append(f"(before = the vqueues package at {args.baseline}; before and after "
                      f"alternate, {args.rounds} rounds each, medians)")
@@ -822,6 +910,8 @@ def main() -> None:
     ap.add_argument("--baseline-fetch-wait-ms", type=int,
                     help="the baseline's nodes' tail fetch.wait.max.ms (default: "
                          "--fetch-wait-ms), e.g. an older package's own default")
+    ap.add_argument("--prefix-queues", type=int, default=100_000,
+                    help="queues under the prefix consumer of the prefix run (0: no run)")
     ap.add_argument("--many-queues", type=int, default=100_000,
                     help="also measure one node over this many queues x 2 records (0: skip)")
     args = ap.parse_args()

@@ -30,16 +30,20 @@ QUEUE_PLACEHOLDER = "{queue}"
 MAX_PREFIX_CONSUMERS = 100
 MAX_WEIGHTS = 1000  # queues with a weight of their own, per prefix consumer
 MAX_WEIGHT = 100
+# A queue's turn takes up to this many records (times its weight): the round's quantum. One
+# per turn is the strictest fairness, but a prefix lease then writes one window per record.
+RECORDS_PER_TURN = 10
+MAX_RECORDS_PER_TURN = 1000
 FIELDS = {"prefix", "max_attempts", "visibility_ms", "dead_letter_queue", "max_in_flight",
-          "weights"}
+          "weights", "records_per_turn"}
 
 
 @dataclass(frozen=True, slots=True)
 class PrefixConsumer:
     """`consumer` leasing from every queue whose name starts with `prefix`. A queue's records
-    are leased in turns, `weights[queue]` (default 1) at a time; `max_in_flight` caps each
-    queue's records leased at once; `dead_letter_queue` is a queue, or a name with
-    `{queue}` in it, one per queue."""
+    are leased in turns, `records_per_turn` times `weights[queue]` (default 1) at a time;
+    `max_in_flight` caps each queue's records leased at once; `dead_letter_queue` is a
+    queue, or a name with `{queue}` in it, one per queue."""
 
     consumer: str
     prefix: str
@@ -48,6 +52,7 @@ class PrefixConsumer:
     dead_letter_queue: str | None = None
     max_in_flight: int | None = None
     weights: Mapping[str, int] = field(default_factory=dict)
+    records_per_turn: int = RECORDS_PER_TURN
 
     def covers(self, queue: str) -> bool:
         return queue.startswith(self.prefix)
@@ -84,6 +89,7 @@ def checked(consumer: str, body: Mapping[str, Any], defaults: ConsumerConfig,
     cap = body.get("max_in_flight")
     if cap is not None:
         cap = _int(body, "max_in_flight", None, 1, max_in_flight)
+    per_turn = _int(body, "records_per_turn", RECORDS_PER_TURN, 1, MAX_RECORDS_PER_TURN)
     dlq = body.get("dead_letter_queue")
     if dlq is not None:
         if not isinstance(dlq, str):
@@ -103,7 +109,8 @@ def checked(consumer: str, body: Mapping[str, Any], defaults: ConsumerConfig,
             raise BadRequest("invalid_parameter", f"weights: queue {queue!r} is not under "
                              f"the prefix {prefix!r}")
         _int(weights, queue, None, 1, MAX_WEIGHT, f"weights[{queue!r}]")
-    return PrefixConsumer(consumer, prefix, attempts, visibility, dlq, cap, dict(weights))
+    return PrefixConsumer(consumer, prefix, attempts, visibility, dlq, cap, dict(weights),
+                          per_turn)
 
 
 def _int(body: Mapping[str, Any], name: str, default: int | None, lo: int, hi: int,
@@ -126,7 +133,8 @@ def encode(pc: PrefixConsumer) -> tuple[bytes, bytes]:
         "v": 1, "prefix": pc.prefix, "max_attempts": pc.max_attempts,
         "visibility_ms": pc.visibility_ms, "dlq": pc.dead_letter_queue,
         "max_in_flight": pc.max_in_flight, "weights": dict(pc.weights),
-        "ts": int(time.time() * 1000)}, ensure_ascii=False, separators=(",", ":")).encode()
+        "records_per_turn": pc.records_per_turn, "ts": int(time.time() * 1000)},
+        ensure_ascii=False, separators=(",", ":")).encode()
 
 
 def encode_deleted(consumer: str) -> tuple[bytes, None]:
@@ -149,7 +157,8 @@ def decode(key: bytes | None, value: bytes | None) -> tuple[str, PrefixConsumer 
         return consumer, PrefixConsumer(
             consumer, str(b["prefix"]), int(b["max_attempts"]), int(b["visibility_ms"]),
             b.get("dlq"), int(cap) if cap is not None else None,
-            {str(q): int(w) for q, w in (b.get("weights") or {}).items()})
+            {str(q): int(w) for q, w in (b.get("weights") or {}).items()},
+            int(b.get("records_per_turn", RECORDS_PER_TURN)))
     except (ValueError, KeyError, TypeError, AttributeError):
         return None
 

@@ -18,11 +18,11 @@ import time
 from collections.abc import Awaitable, Sequence
 
 from vqueues import prefix_consumers, settlement
-from vqueues.errors import BadRequest, Conflict, NotFound, VQError
+from vqueues.errors import BadRequest, Conflict, NotFound
 from vqueues.leases import LEASE, new_grant
 from vqueues.partition_state import PartitionState
 from vqueues.prefix_consumers import MAX_PREFIX_CONSUMERS, PrefixConsumer, PrefixConsumers
-from vqueues.records import ConsumerConfigured, OffsetEntry, now_ms
+from vqueues.records import ConsumerAcked, ConsumerConfigured, OffsetEntry, now_ms
 from vqueues.results import (
     PrefixConsumerInfo,
     PrefixLeased,
@@ -192,32 +192,47 @@ class PrefixLeasing:
         taken = 0
         try:
             while taken < wanted and left > 0:
-                queue = rq.take(consumer)
-                if queue is None:
+                # The queues of the next turns, as many as the records still wanted need.
+                turns: list[tuple[str, int]] = []  # (queue, records its turn may take)
+                need = wanted - taken
+                while need > 0 and left > 0:
+                    found = rq.take(consumer)
+                    if found is None:
+                        break
+                    queue, owed = found
+                    left -= 1
+                    key = ("c", queue, consumer)
+                    if self._locks.try_hold(key):
+                        held.append(key)
+                        turn = owed or pc.records_per_turn * pc.weight_of(queue)
+                        turns.append((queue, turn))
+                        need -= turn
+                    else:
+                        rq.add(consumer, queue)  # another call is at it: its turn comes again
+                if not turns:
                     break
-                left -= 1
-                key = ("c", queue, consumer)
-                if not self._locks.try_hold(key):
-                    rq.add(consumer, queue)  # another call is at it: its turn comes again
-                    continue
-                held.append(key)
-                share = min(pc.weight_of(queue), wanted - taken)
-                decision = await self._decide(state, pc, queue, share, visibility_ms, grant,
-                                              entries)
-                if state.revoked:
-                    return left
-                if decision is not None:
-                    decisions.append(decision)
-                    entries += decision.entries
-                    taken += len(decision.chosen)
-                got = len(decision.chosen) if decision is not None else 0
-                work = state.work.get((queue, consumer))
-                if got >= share:
-                    rq.add(consumer, queue)  # it may have more: its next turn comes
-                elif work is not None:  # nothing more now: back when a lease runs out
-                    change = work.next_change(now_ms())
-                    if change is not None:
-                        rq.later(consumer, queue, change)
+                await self._make_consumers(state, pc, [q for q, _ in turns])
+                for queue, turn in turns:
+                    share = min(turn, wanted - taken)
+                    decision = await self._decide(state, pc, queue, share, visibility_ms,
+                                                  grant, entries)
+                    if state.revoked:
+                        return left
+                    got = len(decision.chosen) if decision is not None else 0
+                    if decision is not None:
+                        decisions.append(decision)
+                        entries += decision.entries
+                        taken += got
+                    work = state.work.get((queue, consumer))
+                    if got >= share and share < turn:  # the call's end cut its turn short
+                        rq.resume(consumer, queue, turn - share)
+                        left += 1  # its turn goes on: not yet taken from this round
+                    elif got >= share:
+                        rq.add(consumer, queue)  # it may have more: its next turn comes
+                    elif work is not None:  # nothing more now: back when a lease runs out
+                        change = work.next_change(now_ms())
+                        if change is not None:
+                            rq.later(consumer, queue, change)
             durable = (self.queues.submit_entries(state, entries, applied=True)
                        if entries and not state.revoked else None)
         finally:
@@ -236,35 +251,49 @@ class PrefixLeasing:
                 out.append(PrefixLeased(decision.queue, state.partition, leased))
         return left
 
+    async def _make_consumers(self, state: PartitionState, pc: PrefixConsumer,
+                              queues: list[str]) -> None:
+        """The queues of these turns whose consumer does not exist yet get it, with the prefix
+        consumer's settings, in one durable write (under their locks)."""
+        consumer = pc.consumer
+        entries: list[OffsetEntry] = []
+        now = now_ms()
+        for queue in queues:
+            q = state.queues.get(queue)
+            if q is None or not q.offsets or (queue, consumer) in state.configs:
+                continue
+            if state.committed(queue, consumer) is None:
+                entries.append(ConsumerAcked(queue, consumer, state.first_offset(queue), now))
+            c = pc.config_for(queue)
+            entries.append(ConsumerConfigured(queue, consumer, LEASE, c.max_attempts,
+                                              c.dead_letter_queue, c.visibility_ms,
+                                              c.max_in_flight, c.prefix))
+        if entries:
+            await self.queues.write_entries(state, entries)
+
     async def _decide(self, state: PartitionState, pc: PrefixConsumer, queue: str, share: int,
                       visibility_ms: int | None, grant: int, entries: list[OffsetEntry]
                       ) -> LeaseDecision | None:
-        """One queue's share of a prefix lease (under its lock). Its consumer is made a lease
-        consumer with the prefix consumer's settings on the first lease, and follows a change
-        of them (a settings entry ahead of the lease's, in the same write) unless it was set
-        on its own since."""
+        """One queue's share of a prefix lease (under its lock; its consumer made by
+        `_make_consumers`). The consumer follows a change of the prefix consumer's settings (a
+        settings entry ahead of the lease's, in the same write) unless it was set on its own
+        since; a cursor consumer by that name keeps the queue out."""
         q = state.queues.get(queue)
         if q is None or not q.offsets:
             return None  # gone, or nothing left to lease
         consumer = pc.consumer
         config = state.configs.get((queue, consumer))
         work = state.work.get((queue, consumer))
+        if config is None or work is None or config.mode != LEASE:
+            return None
         wanted = pc.config_for(queue)
-        if config is None or work is None:
-            try:
-                work, config = await self.work.configs.lease_consumer(state, queue, consumer,
-                                                                      wanted)
-            except VQError:
-                return None  # a cursor consumer by that name, or revoked meanwhile
-        elif config.mode != LEASE:
-            return None  # a cursor consumer by that name: not the prefix consumer's
-        elif config.prefix == pc.prefix and config != wanted:
+        if config.prefix == pc.prefix and config != wanted:
             change = ConsumerConfigured(queue, consumer, LEASE, wanted.max_attempts,
                                         wanted.dead_letter_queue, wanted.visibility_ms,
                                         wanted.max_in_flight, wanted.prefix)
             state.apply_offset_entries([change])
             entries.append(change)
-            config = wanted
+            config = state.configs[(queue, consumer)]
         return await self.work.decide_lease(state, queue, consumer, work, config, share,
                                             visibility_ms, None, grant)
 
@@ -324,14 +353,15 @@ class PrefixLeasing:
             for key in keys:
                 await self._locks.acquire(key)
                 held.append(key)
-            stale = self._stale(states, consumer, checked, how)
+            found, stale = self._check(states, consumer, checked, how)
             if stale:
                 raise Conflict("lease_expired", f"{len(stale)} token(s) are not current",
                                stale=stale)
             by_partition: dict[int, list[OffsetEntry]] = {}
             for queue, toks in checked.items():
                 state = states[queue]
-                decision = await self.work.decide_settle(state, queue, consumer, how, toks)
+                decision = await self.work.decide_settle(state, queue, consumer, how, toks,
+                                                         found[queue])
                 decisions.append((state, decision))
                 if decision.submitted is not None:
                     durables.append(decision.submitted)
@@ -351,16 +381,19 @@ class PrefixLeasing:
         return PrefixSettleResult(consumer, results)
 
     @staticmethod
-    def _stale(states: dict[str, PartitionState], consumer: str,
-               checked: dict[str, list[str]], how: Settle) -> list[dict[str, str]]:
+    def _check(states: dict[str, PartitionState], consumer: str,
+               checked: dict[str, list[str]], how: Settle
+               ) -> tuple[dict[str, settlement.Checked], list[dict[str, str]]]:
+        """Every queue's tokens checked: what each check found, and the stale tokens."""
+        found: dict[str, settlement.Checked] = {}
         stale: list[dict[str, str]] = []
         for queue, toks in checked.items():
             try:
-                settlement.check_tokens(states[queue], queue, consumer, toks,
-                                        how.kind == "complete")
+                found[queue] = settlement.check_tokens(states[queue], queue, consumer, toks,
+                                                       how.kind == "complete")
             except Conflict as exc:
                 if exc.code != "lease_expired":
                     raise
                 stale += [{"queue": queue, "token": str(t)}
                           for t in exc.details.get("stale") or toks]
-        return stale
+        return found, stale

@@ -16,12 +16,15 @@ from heapq import heappop, heappush
 
 
 class ReadyQueues:
-    __slots__ = ("_on_ready", "_orders", "_timers")
+    __slots__ = ("_on_ready", "_orders", "_owed", "_timers")
 
     def __init__(self, on_ready: Callable[[str], None] | None = None) -> None:
         self._orders: dict[str, tuple[deque[str], set[str]]] = {}
         self._timers: dict[str, list[tuple[int, str]]] = {}
         self._on_ready = on_ready  # a queue may have records for this consumer now
+        # (consumer, queue) -> records left of a turn a lease call's end cut short: the
+        # queue is first in turn, and its next turn takes just these.
+        self._owed: dict[tuple[str, str], int] = {}
 
     def add(self, consumer: str, queue: str) -> None:
         """`queue` may have records for `consumer`: it takes its turn (at the back)."""
@@ -53,15 +56,31 @@ class ReadyQueues:
         timers = self._timers.get(consumer)
         return timers[0][0] if timers else None
 
-    def take(self, consumer: str) -> str | None:
+    def take(self, consumer: str) -> tuple[str, int | None] | None:
         """The queue whose turn it is, out of the order (the caller adds it back if it still
-        has records)."""
+        has records), and what is left of its turn if a call's end cut it short (None: a
+        whole turn)."""
         order = self._orders.get(consumer)
         if order is None or not order[0]:
             return None
         queue = order[0].popleft()
         order[1].discard(queue)
-        return queue
+        return queue, self._owed.pop((consumer, queue), None)
+
+    def resume(self, consumer: str, queue: str, records: int) -> None:
+        """`queue`'s turn was cut short with `records` left: it is first in turn again."""
+        order = self._orders.get(consumer)
+        if order is None:
+            order = self._orders[consumer] = (deque(), set())
+        turns, members = order
+        if queue in members:  # put back meanwhile (its window's write): just now, at the end
+            if turns[-1] == queue:
+                turns.pop()
+            else:
+                turns.remove(queue)
+        members.add(queue)
+        turns.appendleft(queue)
+        self._owed[(consumer, queue)] = records
 
     def waiting(self, consumer: str) -> list[str]:
         """The queues in `consumer`'s turn order now, in turn."""
@@ -77,3 +96,5 @@ class ReadyQueues:
         """The prefix consumer went (or changed): its orders start over."""
         self._orders.pop(consumer, None)
         self._timers.pop(consumer, None)
+        for key in [k for k in self._owed if k[0] == consumer]:
+            del self._owed[key]

@@ -38,8 +38,12 @@ class Tokens(list[str]):
         self.parsed = parsed
 
 
+# A check's result: (window, [(token, offset)] to act on, tokens already done).
+Checked = tuple[WorkState, list[tuple[str, int]], list[str]]
+
+
 def check_tokens(state: PartitionState, queue: str, consumer: str, tokens: Sequence[str],
-                 done_ok: bool) -> tuple[WorkState, list[tuple[str, int]], list[str]]:
+                 done_ok: bool) -> Checked:
     """(window, [(token, offset)] to act on, tokens already done); 409 if any is stale.
     A done record's token counts as done only if the record's last delivery could have been
     that one; a record completed since is `already` for a complete (idempotent)."""

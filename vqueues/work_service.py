@@ -284,12 +284,14 @@ class WorkService:
         return self.settled(state, decision)
 
     async def decide_settle(self, state: PartitionState, queue: str, consumer: str,
-                            how: Settle, tokens: list[str]) -> SettleDecision:
+                            how: Settle, tokens: list[str],
+                            checked: settlement.Checked | None = None) -> SettleDecision:
         """Under the consumer's lock: a complete, retry or extend of `tokens` (409 and nothing
-        done if any is stale) applied to the window, and its write (not yet submitted). A
-        retry's records past their attempts go to the dead letters here, durably."""
-        work, act, already = settlement.check_tokens(state, queue, consumer, tokens,
-                                                     how.kind == COMPLETE)
+        done if any is stale; `checked`: what `settlement.check_tokens` said of them just
+        now) applied to the window, and its write (not yet submitted). A retry's records past
+        their attempts go to the dead letters here, durably."""
+        work, act, already = checked or settlement.check_tokens(
+            state, queue, consumer, tokens, how.kind == COMPLETE)
         write = WindowWrite(state, queue, consumer, work)
         dead_tokens: list[str] = []
         until = None

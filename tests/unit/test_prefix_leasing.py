@@ -95,7 +95,7 @@ async def test_a_backlog_delays_no_other_queue_by_more_than_a_round(node):
 
 async def test_weights_give_a_queue_more_records_per_turn(node):
     svc, _, prefix, _ = node
-    await prefix.define("w", {"prefix": "w-", "weights": {"w-vip": 3}})
+    await prefix.define("w", {"prefix": "w-", "weights": {"w-vip": 3}, "records_per_turn": 1})
     await _fill(svc, "w-vip", 30)
     await _fill(svc, "w-std", 30)
     counts = {"w-vip": 0, "w-std": 0}
@@ -105,6 +105,22 @@ async def test_weights_give_a_queue_more_records_per_turn(node):
             counts[r.queue] += 1
         await _settle_all(prefix, "w", got)
     assert counts == {"w-vip": 24, "w-std": 8}
+
+
+async def test_a_turn_takes_records_per_turn_from_a_queue_then_the_next_queue_goes(node):
+    svc, _, prefix, _ = node
+    await prefix.define("q", {"prefix": "q-", "records_per_turn": 4})
+    same = [n for n in (f"q-{i}" for i in range(100))
+            if svc.partition_of(n) == svc.partition_of("q-0")][:3]  # one partition's turns
+    for q in same:
+        await _fill(svc, q, 10)
+    got = await prefix.lease("q", 10, 60_000, 0)
+    # 4 from the first queue in turn, 4 from the second, 2 from the third; the third's turn
+    # goes on in the next call, then the first queue's next turn.
+    a, b, c = same
+    assert [r.queue for r in got.records] == [a] * 4 + [b] * 4 + [c] * 2
+    got = await prefix.lease("q", 6, 60_000, 0)
+    assert [r.queue for r in got.records] == [c] * 2 + [a] * 4
 
 
 async def test_a_per_queue_in_flight_cap_holds_across_concurrent_prefix_leases(node):
