@@ -110,7 +110,7 @@ class PrefixLeasing:
                         backlog += sum(counts)
         return PrefixConsumerInfo(pc.consumer, pc.prefix, pc.max_attempts, pc.visibility_ms,
                                   pc.dead_letter_queue, pc.max_in_flight, dict(pc.weights),
-                                  queues, ready, in_flight, backlog)
+                                  pc.records_per_turn, queues, ready, in_flight, backlog)
 
     def infos(self) -> list[PrefixConsumerInfo]:
         return [self.info(c) for c in sorted(self.prefixes.by_name)]

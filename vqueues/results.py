@@ -198,6 +198,7 @@ class PrefixConsumerInfo:
     dead_letter_queue: str | None  # a queue, or a name with {queue} in it: one per queue
     max_in_flight: int | None  # per queue
     weights: dict[str, int]
+    records_per_turn: int
     queues: int
     ready_queues: int
     in_flight: int

@@ -17,7 +17,12 @@ from vqueues.api.codec import LeasePage, PrefixLeasePage, ReadPage
 from vqueues.consumer_configs import MAX_ATTEMPTS_LIMIT
 from vqueues.errors import REGISTRY
 from vqueues.names import MAX_NAME_BYTES
-from vqueues.prefix_consumers import MAX_WEIGHT, MAX_WEIGHTS
+from vqueues.prefix_consumers import (
+    MAX_RECORDS_PER_TURN,
+    MAX_WEIGHT,
+    MAX_WEIGHTS,
+    RECORDS_PER_TURN,
+)
 from vqueues.results import (
     AckResult,
     ConsumerDeletion,
@@ -151,6 +156,10 @@ def _request_schemas(s: Settings) -> dict[str, Any]:
             "max_in_flight": {"type": ["integer", "null"], "minimum": 1,
                               "maximum": s.max_lease_window,
                               "description": "records of one queue leased at once, at most"},
+            "records_per_turn": {"type": "integer", "minimum": 1,
+                                 "maximum": MAX_RECORDS_PER_TURN, "default": RECORDS_PER_TURN,
+                                 "description": "records a queue gives in its turn (times its "
+                                                "weight)"},
             "weights": {"type": "object", "maxProperties": MAX_WEIGHTS,
                         "additionalProperties": {"type": "integer", "minimum": 1,
                                                  "maximum": MAX_WEIGHT},

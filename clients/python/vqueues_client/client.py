@@ -530,14 +530,16 @@ class AsyncClient:
                                         visibility_ms: int | None = None,
                                         dead_letter_queue: str | None = None,
                                         max_in_flight: int | None = None,
-                                        weights: dict[str, int] | None = None
+                                        weights: dict[str, int] | None = None,
+                                        records_per_turn: int | None = None
                                         ) -> dict[str, Any]:
         """Define (or redefine) `consumer` over every queue whose name starts with `prefix`
         (docs/work-queues.md); `dead_letter_queue` may hold `{queue}`: one per queue."""
         body: dict[str, Any] = {"prefix": prefix}
         for name, value in (("max_attempts", max_attempts), ("visibility_ms", visibility_ms),
                             ("dead_letter_queue", dead_letter_queue),
-                            ("max_in_flight", max_in_flight), ("weights", weights)):
+                            ("max_in_flight", max_in_flight), ("weights", weights),
+                            ("records_per_turn", records_per_turn)):
             if value is not None:
                 body[name] = value
         out = await self._call_obj("PUT", None, self._p(consumer), json=body)
