@@ -654,8 +654,8 @@ async def measure_prefix(args: argparse.Namespace, bootstrap: str) -> dict[str, 
             return owners[partition_for(q, args.partitions)]
 
         async with aiohttp.ClientSession() as s:
-            async with s.put(f"{urls[0]}/v1/prefix-consumers/pool",
-                             json={"prefix": "pq-"}) as r:
+            async with s.put(f"{urls[0]}/v1/prefix-consumers/pool", json={
+                    "prefix": "pq-", "records_per_turn": args.prefix_records_per_turn}) as r:
                 assert r.status == 200, await r.text()
             t0, done = time.perf_counter(), 0  # every queue leased from once: then idle
             while done < n:
@@ -868,7 +868,8 @@ async def measure_broker(args: argparse.Namespace, bootstrap: str, label: str,
                       if "broker_cpu_load" in res else ""))
     if prefix is not None:
         lines.append(
-            f"prefix consumer over {args.prefix_queues:,} queues (each leased from once, "
+            f"prefix consumer over {args.prefix_queues:,} queues (records_per_turn "
+            f"{args.prefix_records_per_turn}; each leased from once, "
             f"{prefix['first_pass']:,.0f} rec/s, then idle), 1,000 of them with records, "
             f"{args.concurrency} workers on one node: lease -> complete "
             f"{prefix['prefix_10']:,.0f} rec/s at 10 per call "
@@ -912,6 +913,8 @@ def main() -> None:
                          "--fetch-wait-ms), e.g. an older package's own default")
     ap.add_argument("--prefix-queues", type=int, default=100_000,
                     help="queues under the prefix consumer of the prefix run (0: no run)")
+    ap.add_argument("--prefix-records-per-turn", type=int, default=10,
+                    help="the prefix consumer's records_per_turn in the prefix run")
     ap.add_argument("--many-queues", type=int, default=100_000,
                     help="also measure one node over this many queues x 2 records (0: skip)")
     args = ap.parse_args()

@@ -346,7 +346,13 @@ class PartitionState:
         """A lease window changed (records completed, given back, keys freed): if a prefix
         consumer leases from it, the queue takes its turn again (ADR 13)."""
         pc = self.prefixes.by_name.get(consumer) if self.prefixes is not None else None
-        if pc is not None and pc.covers(queue):
+        if pc is None or not pc.covers(queue):
+            return
+        work = self.leases.work.get((queue, consumer))
+        q = self.queues.get(queue)
+        # Not a queue it has emptied: nothing in its window and no record past it.
+        if work is not None and q is not None and (
+                work.deliveries or (q.offsets and q.offsets[-1] >= work.frontier)):
             self.ready_queues.add(consumer, queue)
 
     def _offsets_of(self, queue: str) -> array[int]:

@@ -286,8 +286,11 @@ class PrefixLeasing:
         work = state.work.get((queue, consumer))
         if config is None or work is None or config.mode != LEASE:
             return None
-        wanted = pc.config_for(queue)
-        if config.prefix == pc.prefix and config != wanted:
+        if config.prefix == pc.prefix and (
+                config.max_attempts != pc.max_attempts or config.visibility_ms != pc.visibility_ms
+                or config.max_in_flight != pc.max_in_flight
+                or config.dead_letter_queue != pc.dead_letter_queue_of(queue)):
+            wanted = pc.config_for(queue)
             change = ConsumerConfigured(queue, consumer, LEASE, wanted.max_attempts,
                                         wanted.dead_letter_queue, wanted.visibility_ms,
                                         wanted.max_in_flight, wanted.prefix)
