@@ -274,3 +274,21 @@ async def test_bad_definitions_get_the_registrys_errors(node):
     await prefix.delete("ok")
     with pytest.raises(VQError):
         prefix.info("ok")
+
+
+async def test_queues_a_pool_emptied_take_no_turn_until_a_record_comes(node):
+    svc, _, prefix, _ = node
+    await prefix.define("e", {"prefix": "e-"})
+    queues = [f"e-{i}" for i in range(40)]
+    for q in queues:
+        await _fill(svc, q, 3)
+    while got := await prefix.lease("e", 50, 60_000, 0):
+        if not got.records:
+            break
+        await _settle_all(prefix, "e", got)
+    states = {svc.ownership.require(svc.partition_of(q)) for q in queues}
+    assert sum(s.ready_queues.size("e") for s in states) == 0  # no idle queue left in turn
+    await _fill(svc, "e-7", 1)
+    assert sum(s.ready_queues.size("e") for s in states) == 1
+    got = await prefix.lease("e", 50, 60_000, 0)
+    assert [r.queue for r in got.records] == ["e-7"]
