@@ -154,6 +154,7 @@ class Worker:
         self._done: dict[_Source, list[Lease]] = {}  # handled, to complete
         self._flushers: dict[_Source, asyncio.Task[None]] = {}
         self._leasers: dict[str, asyncio.Task[None]] = {}  # by source name
+        self._map_stale = asyncio.Event()  # a prefix leaser found its node gone
         self._running: set[asyncio.Task[Any]] = set()
         self._tasks: list[asyncio.Task[None]] = []
         self._started = False
@@ -206,8 +207,14 @@ class Worker:
                 name = f"{self.consumer}@{url}"
                 if name not in self._leasers or self._leasers[name].done():
                     self._start_leaser(_Source(self.client, self.consumer, node=url))
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stopping.wait(), self.map_refresh_s)
+            self._map_stale.clear()
+            waits = [asyncio.ensure_future(e.wait()) for e in (self._stopping, self._map_stale)]
+            try:
+                await asyncio.wait(waits, timeout=self.map_refresh_s,
+                                   return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for w in waits:
+                    w.cancel()
 
     async def stop(self, finish: bool = True) -> None:
         """Stop leasing and return once `run` has returned. `finish`: running handlers complete
@@ -259,7 +266,8 @@ class Worker:
                 log.warning("lease_failed", extra={"source": source.name, "error": str(exc)})
                 if source.node is not None and exc.code in ("wrong_node", "connection_error",
                                                             "deadline_exceeded"):
-                    return  # that node is gone or holds nothing now: the map says who does
+                    self._map_stale.set()  # the map says who holds those queues now
+                    return
                 await asyncio.sleep(self.idle_sleep_s)
                 continue
             except BaseException:
