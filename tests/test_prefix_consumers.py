@@ -1,7 +1,7 @@
 """Prefix consumers against the real broker and node processes: defined over HTTP for the whole
 cluster, leased and settled across queues, and a prefix `Worker` draining every queue under
-the prefix once across a two-node cluster while one node stops (docs/work-queues.md,
-ADR 13)."""
+the prefix once across a two-node cluster while one node stops and comes back (it follows
+the cluster map; docs/work-queues.md, ADR 13)."""
 
 import asyncio
 import time
@@ -11,7 +11,7 @@ from collections import Counter
 import pytest
 from vqueues_client import AsyncClient, NewRecord, VQError, Worker
 
-from tests.support import create_topics, http, start_cluster
+from tests.support import create_topics, http, start_cluster, wait_settled
 
 
 def prefix() -> str:
@@ -112,13 +112,23 @@ def test_a_prefix_worker_drains_every_queue_once_across_a_cluster_while_a_node_s
             await asyncio.to_thread(nodes[1].terminate)  # its partitions move to node 0
             while len(seen) < 2000 and time.monotonic() < deadline:
                 await asyncio.sleep(0.1)
+            assert len(seen) == 2000
+            # A node joins: the worker finds it in the cluster map and leases from it (a
+            # prefix lease answers from the node's own partitions only).
+            await asyncio.to_thread(nodes[1].start, False)
+            owners = await asyncio.to_thread(wait_settled, nodes, topics.partitions)
+            assert nodes[1].url in owners.values()
+            for q in queues:
+                await vq.enqueue(q, [NewRecord(f"{q}:late")])
+            while len(seen) < 2040 and time.monotonic() < deadline:
+                await asyncio.sleep(0.1)
             await asyncio.sleep(1.0)
             await worker.stop()
             await runner
-            assert len(seen) == 2000
+            assert len(seen) == 2040
             # Records completed were never handed out again; only records leased from the
             # stopped node and not completed by its end could come twice.
-            assert sum(seen.values()) - 2000 <= 8 * 12
+            assert sum(seen.values()) - 2040 <= 8 * 12
             for q in queues[:3]:
                 info = await vq.queue_info(q)
                 assert info is not None

@@ -271,7 +271,9 @@ class AsyncClient:
     async def _call_node(self, url: str, method: str, path: str, *, json: Any = None,
                          deadline_s: float | None = None) -> dict[str, Any]:
         """One call to one node (a prefix consumer's calls: the node holds those queues),
-        retried like `_call` while it fails retriably, but never sent elsewhere."""
+        retried like `_call` while it fails retriably, but never sent elsewhere. A node that
+        refuses the connection is gone: that fails at once (`connection_error`), for the
+        caller to follow the cluster map."""
         deadline = time.monotonic() + (self.deadline_s if deadline_s is None else deadline_s)
         delay = self.backoff_initial_s
         while True:
@@ -287,6 +289,8 @@ class AsyncClient:
                         raise last
             except (aiohttp.ClientConnectionError, TimeoutError) as exc:
                 last = VQError(0, "connection_error", f"{url}: {exc}", retriable=True)
+                if isinstance(exc, aiohttp.ClientConnectorError):
+                    raise last from None
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise DeadlineExceeded(last)
