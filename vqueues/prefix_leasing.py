@@ -2,12 +2,12 @@
 prefix, fair between the queues (docs/work-queues.md, ADR 13).
 
 A prefix lease serves this node's partitions in turn, and in each partition the queues that
-may have records in turn (`ReadyQueues`), `weight` records of a queue per turn (1 unless its
-weight says), never past a queue's in-flight cap. Every queue served has its own lease
-consumer: the lease decides each one's share under that queue's lock (a queue another call
-holds is passed over this turn, never waited for), and writes the decisions of one partition
-together, in one submission. Settling takes tokens of many queues; all are checked before any
-is acted on.
+may have records in turn (`ReadyQueues`), up to `records_per_turn` × the queue's `weight`
+records of a queue per turn, never past a queue's in-flight cap. Every queue served has its
+own lease consumer: the lease decides each one's share under that queue's lock (a queue
+another call holds is passed over this turn, never waited for), and writes the decisions of
+one partition together, in one submission. Settling takes tokens of many queues; all are
+checked before any is acted on.
 """
 
 from __future__ import annotations
