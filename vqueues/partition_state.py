@@ -16,8 +16,9 @@ waiting readers. Each kind of state is a part of its own, named after it:
 - `leases` (`lease_windows.LeaseWindows`): consumer settings and lease windows;
 - `waiters` (`waiters.Waiters`) and `writes` (`writes_in_flight.WritesInFlight`).
 
-This class indexes records at the frontier, hands offset-topic entries to the parts they
-concern, and answers whether the partition is ready. Snapshots (`snapshot.py`) capture and
+This class keeps the frontier (records are indexed into the parts by `record_indexing`),
+hands offset-topic entries to the parts they concern, and answers whether the partition is
+ready. Snapshots (`snapshot.py`) capture and
 restore each part through the part's own `capture`/`restore`.
 """
 
@@ -44,6 +45,7 @@ from vqueues.prefix_consumers import PrefixConsumers
 from vqueues.queue_index import NO_CONSUMERS, QueueIndex, StatefulQueueIndex
 from vqueues.queue_map import QUEUE_SHARDS, ColdShards, QueueMap
 from vqueues.ready_queues import ReadyQueues
+from vqueues.record_indexing import RecordIndexer
 from vqueues.records import (
     ConsumerAcked,
     ConsumerConfigCleared,
@@ -59,9 +61,8 @@ from vqueues.records import (
     WindowKeyCleared,
     now_ms,
 )
-from vqueues.schedule import Schedule, control_of
+from vqueues.schedule import Schedule
 from vqueues.tag_index import TagIndex
-from vqueues.tags import tags_of
 from vqueues.waiters import Waiters
 from vqueues.writes_in_flight import WritesInFlight
 
@@ -90,12 +91,12 @@ class PartitionState:
         self.writes = WritesInFlight()
         self.prefixes = prefixes  # the cluster's prefix consumers (node-wide)
         self.ready_queues = ReadyQueues(prefixes.wake if prefixes is not None else None)
+        self.indexer = RecordIndexer(self)
         # Late-bound, so what indexes a record can be swapped in a test of the runs.
-        self.frontier = Frontier(lambda q, rec, woken: self._index(q, rec, woken),
-                                 lambda q, recs, woken: self._index_records(q, recs, woken))
+        self.frontier = Frontier(lambda q, rec, woken: self.indexer.index(q, rec, woken),
+                                 lambda q, recs, woken: self.indexer.index_records(q, recs, woken))
         self.offsets_position = 0  # every offset-topic entry below it is applied
         self.replay_target: int | None = None  # the end seen at assignment
-        self._uncached_below = 0  # records below this offset are not cached (replay)
         self.data_replayed = False
         self.offsets_replayed = False
         self.revoked = False
@@ -156,42 +157,6 @@ class PartitionState:
 
     # Indexing records at the frontier ----------------------------------------------------------
 
-    def _index(self, queue: str, rec: Record, woken: set[str]) -> None:
-        """Index `rec` at the frontier (its offset is the frontier or past a known gap)."""
-        if rec.headers and self._control(queue, rec):
-            return
-        if self._index_many(queue, (rec,), woken) and rec.headers:
-            self._index_headers(queue, rec)
-
-    def _index_headers(self, queue: str, rec: Record, now: int = 0) -> None:
-        """What a record's headers ask the index to remember: its tags, its idempotency key."""
-        tags = tags_of(rec.headers)
-        if tags:
-            self.tags.add(queue, rec.offset, tags)
-        self.idempotency.remember(queue, rec, now or now_ms())
-
-    def _control(self, queue: str, rec: Record) -> bool:
-        """Scheduled records: a record to deliver later goes to the schedule, not the queue; a
-        cancellation or a delivered one removes it. True if `rec` is not a queue record."""
-        ctl = control_of(rec.headers)
-        if ctl is None:
-            return False
-        kind, number = ctl
-        if kind == "from":
-            self.schedule.remove(queue, number)
-            return False
-        q = self.queues.get(queue)
-        if q is not None and rec.offset < q.deleted_before:
-            return True
-        if kind == "at":
-            self.schedule.add(queue, rec.offset, number)
-            self.idempotency.remember(queue, rec, now_ms())  # a repeat must not schedule twice
-            if rec.offset >= self._uncached_below:
-                self.cache.put(self.partition, rec)  # the move reads it back at its due time
-        else:
-            self.schedule.remove(queue, number)
-        return True
-
     def _after_indexing(self, woken: set[str]) -> None:
         for queue in woken:
             self.waiters.wake(queue)
@@ -205,64 +170,11 @@ class PartitionState:
             # While replaying, a record more than a cache's worth below that end would be
             # evicted before the replay ends: not caching it saves two thirds of the indexing
             # work (1.27 -> 0.40 s per million records, measured). Reset once ready.
-            self._uncached_below = max(0, high_watermark - self.cache.capacity)
+            self.indexer.uncached_below = max(0, high_watermark - self.cache.capacity)
         woken: set[str] = set()
         self.frontier.tail(records, woken)
         self._check_data_replayed()
         self._after_indexing(woken)
-
-    def _index_records(self, queue: str, records: Sequence[Record], woken: set[str]) -> None:
-        """Index one queue's consecutive `records` (at the frontier) as runs: a scheduled
-        record's control (its due time, a cancellation) alone, in its place; the rest, moved
-        copies of scheduled records included, as one run, then what their headers ask for
-        (keyed or 10% scheduled batches went record by record: 2.6x the indexing CPU)."""
-        start = 0
-        for i, rec in enumerate(records):
-            if rec.headers:
-                ctl = control_of(rec.headers)
-                if ctl is None:
-                    continue
-                if ctl[0] == "from":  # a moved copy: a record of the queue, in the run
-                    self.schedule.remove(queue, ctl[1])
-                    continue
-                if start < i:
-                    self._index_with_headers(queue, records[start:i], woken)
-                self._index(queue, rec, woken)
-                start = i + 1
-        if start == 0:
-            self._index_with_headers(queue, records, woken)
-        elif start < len(records):
-            self._index_with_headers(queue, records[start:], woken)
-
-    def _index_with_headers(self, queue: str, records: Sequence[Record], woken: set[str]
-                            ) -> None:
-        now = 0
-        for rec in self._index_many(queue, records, woken):
-            if rec.headers:
-                now = now or now_ms()
-                self._index_headers(queue, rec, now)
-
-    def _index_many(self, queue: str, records: Sequence[Record], woken: set[str]
-                    ) -> Sequence[Record]:
-        """Index one queue's `records` (ascending, at the frontier; what their headers ask for
-        is the caller's): the queue is looked up, extended, cached and woken once. Records
-        below the queue's deletion floor are dropped; returns those kept."""
-        records = self.index.append(queue, records)
-        if not records:
-            return records
-        uncached_below = self._uncached_below
-        if records[-1].offset >= uncached_below:
-            cached = records
-            if records[0].offset < uncached_below:  # the run crosses it: once per replay
-                cached = [rec for rec in records if rec.offset >= uncached_below]
-            self.cache.put_run(self.partition, cached)
-        if queue in self.waiters.readers:
-            woken.add(queue)
-        prefixes = self.prefixes
-        if prefixes is not None and prefixes.by_name and self.ready.is_set():
-            for pc in prefixes.covering(queue):
-                self.ready_queues.add(pc.consumer, queue)
-        return records
 
     def apply_own(self, queue: str, records: Sequence[Record]) -> None:
         """Index records this node wrote, at once, from their delivery reports (offset order)."""
@@ -277,7 +189,7 @@ class PartitionState:
         record under load, measured). False, touching nothing, for any other write."""
         if not self.frontier.at_run(records):
             return False
-        self._index_records(queue, records, woken)  # records below a deletion floor: dropped
+        self.indexer.index_records(queue, records, woken)  # below a deletion floor: dropped
         self.frontier.ran(records[0].offset, records[-1].offset)
         return True
 
@@ -372,7 +284,7 @@ class PartitionState:
 
     def _update_ready(self) -> None:
         if self.data_replayed and self.offsets_replayed and not self.revoked:
-            self._uncached_below = 0
+            self.indexer.uncached_below = 0
             self.ready.set()
 
     def revoke(self) -> None:

@@ -257,8 +257,8 @@ async def test_own_writes_indexed_as_a_run_leave_the_state_indexing_them_one_by_
     runs = PartitionState(0, RecordCache(30 * 300))
     ones = PartitionState(0, RecordCache(30 * 300))
     monkeypatch.setattr(ones, "_index_run", lambda *_: False)
-    monkeypatch.setattr(ones, "_index_records", lambda queue, recs, woken: [
-        ones._index(queue, r, woken) for r in recs] and None)
+    monkeypatch.setattr(ones.indexer, "index_records", lambda queue, recs, woken: [
+        ones.indexer.index(queue, r, woken) for r in recs] and None)
 
     def headers(offset):
         roll = rng.random()

@@ -114,7 +114,7 @@ def test_what_a_tagged_record_costs_in_the_index():
     before = tracemalloc.get_traced_memory()[0]
     s.tags.clear()
     for _, rec in recs:
-        s._index_headers("q", rec)
+        s.indexer.headers("q", rec)
     per_record = (tracemalloc.get_traced_memory()[0] - before) / len(recs)
     tracemalloc.stop()
     assert per_record < 10, per_record
