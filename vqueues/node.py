@@ -10,7 +10,7 @@ from typing import Any
 
 from aiohttp import web
 
-from vqueues import api, memory, topics
+from vqueues import api, memory, node_status, topics
 from vqueues.api.keys import WORK
 from vqueues.cache import RecordCache
 from vqueues.cluster_map import ClusterMap
@@ -90,7 +90,7 @@ class Node:
         self._tail.start()
         self.service = QueueService(s, self.ownership, cache, TopicLog(data, s.data_topic),
                                     offset_log, self._fetcher)
-        self.service.register_gauges()
+        node_status.register_gauges(self.ownership)
         self._group = GroupMember(self._conf(**{
             "group.id": s.group_id, "session.timeout.ms": s.session_timeout_ms,
             "heartbeat.interval.ms": s.heartbeat_interval_ms,

@@ -12,7 +12,6 @@ import time
 from collections.abc import Awaitable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
-from vqueues import memory
 from vqueues.cache import RecordCache
 from vqueues.errors import BadRequest, Conflict, NotFound
 from vqueues.hashing import partition_for
@@ -35,9 +34,6 @@ from vqueues.results import (
     ConsumerDeletion,
     ConsumerInfo,
     EnqueueResult,
-    OwnerInfo,
-    PartitionDetail,
-    PartitionsInfo,
     QueueDeletion,
     QueueInfo,
     QueueList,
@@ -464,34 +460,6 @@ class QueueService:
         """The data partition's first retained offset, read off the loop."""
         return asyncio.get_running_loop().run_in_executor(
             self._fetch_pool, self._fetcher.log_start, partition)
-
-    def partitions_info(self) -> PartitionsInfo:
-        states = self.ownership.states
-        cmap = self.ownership.cluster_map
-        return PartitionsInfo(
-            partitions=cmap.partitions, generation=cmap.generation,
-            owners={str(p): OwnerInfo(o.node, o.url) for p, o in sorted(cmap.owners.items())},
-            node=self.settings.effective_node_id, url=self.settings.effective_url,
-            owned=sorted(states), ready=sorted(p for p, s in states.items() if s.ready.is_set()),
-            details=[PartitionDetail(p, s.ready.is_set(), len(s.queues), s.log_start,
-                                     s.tail_offset, s.replay_target)
-                     for p, s in sorted(states.items())])
-
-    def register_gauges(self) -> None:
-        states = self.ownership.states
-        m = self.metrics
-        m.gauge("vq_partitions_owned", "partitions this node owns", lambda: len(states))
-        m.gauge("vq_partitions_ready", "owned partitions that finished replay",
-                lambda: sum(1 for s in states.values() if s.ready.is_set()))
-        m.gauge("vq_queues", "queues held in the owned partitions",
-                lambda: sum(len(s.queues) for s in states.values()))
-        m.gauge("vq_cache_bytes", "recent-record cache size", lambda: self.cache.bytes)
-        m.gauge("vq_cache_records", "records in the recent-record cache",
-                lambda: len(self.cache))
-        m.gauge("vq_cluster_generation", "highest generation in the cluster map",
-                lambda: self.ownership.cluster_map.generation)
-        m.gauge("vq_heap_in_use_bytes", "memory the C allocator has handed out (live), beside "
-                "process_resident_memory_bytes", memory.heap_in_use)
 
     def close(self) -> None:
         self._fetch_pool.shutdown(wait=True, cancel_futures=True)

@@ -6,6 +6,7 @@ import msgspec
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from vqueues import node_status
 from vqueues.api import params
 from vqueues.api.codec import (
     ENCODINGS,
@@ -118,7 +119,7 @@ async def delete_consumer(request: web.Request) -> web.Response:
 
 
 async def partitions(request: web.Request) -> web.Response:
-    return respond(request.app[SERVICE].partitions_info())
+    return respond(node_status.partitions_info(request.app[SERVICE].ownership))
 
 
 async def healthz(request: web.Request) -> web.Response:
@@ -130,7 +131,7 @@ async def healthz(request: web.Request) -> web.Response:
 
 async def readyz(request: web.Request) -> web.Response:
     service = request.app[SERVICE]
-    info = msgspec.to_builtins(service.partitions_info())
+    info = msgspec.to_builtins(node_status.partitions_info(service.ownership))
     if service.ownership.ready and not service.ownership.failure:
         return respond({"status": "ready", **info})
     return respond({"status": "not_ready", **info}, 503, {"Retry-After": "1"})
