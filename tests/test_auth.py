@@ -99,6 +99,9 @@ def test_a_signed_jwt_grants_its_scopes_until_it_expires(secured):
     assert http("POST", url, {"records": [{"value": "x"}]}, headers=bearer(good))[0] == 200
     status, body = http("POST", url, {"records": [{"value": "x"}]}, headers=bearer(expired))
     assert (status, body["error"]["code"]) == (401, "unauthenticated")
+    forever = jwt.encode({"sub": "svc", "scopes": {"write": ["jwt/"]}}, SECRET, algorithm="HS256")
+    status, body = http("POST", url, {"records": [{"value": "x"}]}, headers=bearer(forever))
+    assert (status, body["error"]["code"]) == (401, "unauthenticated")  # no exp: refused
 
 
 async def test_the_client_sends_its_token(secured):

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import jwt
+from jwt.types import Options
 
 from vqueues.errors import VQError
 
@@ -102,7 +103,7 @@ class Authenticator:
     """Turns an `Authorization: Bearer` header into an Identity (or a 401)."""
 
     def __init__(self, token_file: str = "", jwt_secret: str = "", jwt_public_key: str = "",
-                 jwt_audience: str = "") -> None:
+                 jwt_audience: str = "", jwt_allow_no_exp: bool = False) -> None:
         self.tokens = TokenFile(token_file) if token_file else None
         self.jwt_secret = jwt_secret
         self.jwt_key = ""
@@ -110,6 +111,8 @@ class Authenticator:
             with open(jwt_public_key, encoding="utf-8") as f:
                 self.jwt_key = f.read()
         self.jwt_audience = jwt_audience or None
+        # PyJWT checks `exp` only when present; a token without one would never expire.
+        self.jwt_options: Options = {"require": [] if jwt_allow_no_exp else ["exp"]}
         if not (self.tokens or self.jwt_secret or self.jwt_key):
             raise ValueError("auth is on but no token file, JWT secret or JWT public key is set")
 
@@ -130,10 +133,10 @@ class Authenticator:
             alg = header.get("alg")
             if alg == "HS256" and self.jwt_secret:
                 claims = jwt.decode(token, self.jwt_secret, algorithms=["HS256"],
-                                    audience=self.jwt_audience)
+                                    audience=self.jwt_audience, options=self.jwt_options)
             elif alg in ("RS256", "ES256") and self.jwt_key:
                 claims = jwt.decode(token, self.jwt_key, algorithms=[alg],
-                                    audience=self.jwt_audience)
+                                    audience=self.jwt_audience, options=self.jwt_options)
             else:
                 raise VQError("unauthenticated", f"JWT algorithm {alg!r} is not accepted here")
             return Identity(str(claims.get("sub", "jwt")), _scopes(claims.get("scopes", {})))

@@ -108,6 +108,9 @@ class Settings:
     auth_jwt_secret: str = _f("", "shared secret for HS256 JWTs")
     auth_jwt_public_key: str = _f("", "PEM file of the public key for RS256/ES256 JWTs")
     auth_jwt_audience: str = _f("", "if set, JWTs must carry this `aud`")
+    auth_jwt_allow_no_exp: bool = _f(
+        False, "accept JWTs without an `exp` claim (they never expire); by default they are "
+        "refused with 401")
     metrics_auth: bool = _f(False, "with auth on, /metrics needs a valid token too")
     quota_file: str = _f(
         "", "JSON file of per-tenant enqueue quotas: {\"quotas\": [{\"prefix\", "

@@ -47,13 +47,15 @@ def test_scopes_reach_queues_by_prefix():
 
 def test_jwts_are_checked_by_algorithm_key_expiry_and_audience(tmp_path):
     auth = Authenticator(jwt_secret="k" * 32, jwt_audience="vq")
-    good = jwt.encode({"sub": "svc", "aud": "vq", "scopes": {"write": ["x/"]}}, "k" * 32,
-                      algorithm="HS256")
+    exp = int(time.time()) + 600
+    good = jwt.encode({"sub": "svc", "aud": "vq", "scopes": {"write": ["x/"]}, "exp": exp},
+                      "k" * 32, algorithm="HS256")
     who = auth.identify(f"Bearer {good}")
     assert who.name == "svc" and who.allows("write", "x/1")
     for bad in (jwt.encode({"aud": "vq", "exp": 1}, "k" * 32, algorithm="HS256"),
-                jwt.encode({"aud": "other"}, "k" * 32, algorithm="HS256"),
-                jwt.encode({"aud": "vq"}, "wrong" * 8, algorithm="HS256")):
+                jwt.encode({"aud": "vq"}, "k" * 32, algorithm="HS256"),  # no exp: never expires
+                jwt.encode({"aud": "other", "exp": exp}, "k" * 32, algorithm="HS256"),
+                jwt.encode({"aud": "vq", "exp": exp}, "wrong" * 8, algorithm="HS256")):
         with pytest.raises(VQError) as err:
             auth.identify(f"Bearer {bad}")
         assert (err.value.code, err.value.status) == ("unauthenticated", 401)
@@ -63,10 +65,23 @@ def test_jwts_are_checked_by_algorithm_key_expiry_and_audience(tmp_path):
                                             serialization.PublicFormat.SubjectPublicKeyInfo)
         (tmp_path / alg).write_bytes(pem)
         auth = Authenticator(jwt_public_key=str(tmp_path / alg))
-        token = jwt.encode({"sub": alg, "scopes": {"read": [""]}}, key, algorithm=alg)
+        token = jwt.encode({"sub": alg, "scopes": {"read": [""]}, "exp": exp}, key,
+                           algorithm=alg)
         assert auth.identify(f"Bearer {token}").name == alg
         with pytest.raises(VQError):  # a shared-secret token is not accepted by a key
             auth.identify("Bearer " + jwt.encode({}, "s" * 32, algorithm="HS256"))
+
+
+def test_a_jwt_without_exp_passes_only_where_a_setting_allows_it():
+    forever = jwt.encode({"sub": "old", "scopes": {"read": [""]}}, "k" * 32, algorithm="HS256")
+    with pytest.raises(VQError) as err:
+        Authenticator(jwt_secret="k" * 32).identify(f"Bearer {forever}")
+    assert err.value.code == "unauthenticated" and "exp" in err.value.message
+    allowing = Authenticator(jwt_secret="k" * 32, jwt_allow_no_exp=True)
+    assert allowing.identify(f"Bearer {forever}").name == "old"
+    expired = jwt.encode({"sub": "old", "exp": 1}, "k" * 32, algorithm="HS256")
+    with pytest.raises(VQError):  # an `exp` that is there is still enforced
+        allowing.identify(f"Bearer {expired}")
 
 
 def test_a_missing_or_malformed_header_is_401():

@@ -24,7 +24,8 @@ def authenticator(settings: Settings) -> Authenticator | None:
     if not settings.auth:
         return None
     return Authenticator(settings.auth_token_file, settings.auth_jwt_secret,
-                         settings.auth_jwt_public_key, settings.auth_jwt_audience)
+                         settings.auth_jwt_public_key, settings.auth_jwt_audience,
+                         settings.auth_jwt_allow_no_exp)
 
 
 async def _reload_files(app: web.Application) -> AsyncIterator[None]:
