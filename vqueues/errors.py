@@ -70,6 +70,8 @@ REGISTRY: dict[str, ErrorSpec] = {
                                     "used up on this node; nothing was written"),
     # 503: temporary; retry after `Retry-After`.
     "partition_replaying": _e(503, True, "the partition is still being replayed"),
+    "partition_unavailable": _e(503, True, "no node owns the queue's partition now, as far as "
+                                           "this node knows (a rebalance is under way)"),
     "broker_error": _e(503, True, "a Kafka operation failed"),
     "broker_timeout": _e(503, True, "Kafka did not answer in time"),
     "broker_unreachable": _e(503, True, "no Kafka broker answered"),

@@ -340,16 +340,17 @@ class Ownership:
     # Queries ---------------------------------------------------------------------------------
 
     def require(self, partition: int) -> PartitionState:
-        """The ready state of `partition`, or WrongNode (409) / Unavailable (503)."""
+        """The ready state of `partition`; else 409 wrong_node naming the owner, or 503 while
+        no owner is known (a rebalance under way): a 409 always has an owner to follow."""
         state = self.states.get(partition)
         if state is None:
             owner = self.cluster_map.owner(partition)
             if owner is not None and owner.node != self.node_id:
                 raise WrongNode(message=f"partition {partition} is owned by {owner.url}",
                                 partition=partition, owner=owner.url, owner_node=owner.node)
-            raise WrongNode(message=f"partition {partition} is not owned by this node; "
-                                    "its owner is not known yet", partition=partition,
-                            owner=None)
+            raise Unavailable("partition_unavailable", f"partition {partition} has no ready "
+                              "owner this node knows of (a rebalance is under way); retry "
+                              "shortly", partition=partition)
         if not state.ready.is_set():
             raise Unavailable("partition_replaying",
                               f"partition {partition} is still being replayed; retry shortly",

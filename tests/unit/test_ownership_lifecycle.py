@@ -9,6 +9,7 @@ import pytest
 from tests.unit.fakes import MemoryLog
 from vqueues import ownership
 from vqueues.cache import RecordCache
+from vqueues.cluster_map import encode_claim
 from vqueues.errors import VQError
 from vqueues.hashing import partition_for
 from vqueues.ownership import Ownership
@@ -70,7 +71,9 @@ async def test_an_empty_partition_is_ready_at_its_end_event(logs):
     await until(lambda: 2 in own.states and own.states[2].ready.is_set())
 
 
-async def test_a_revoked_partition_answers_wrong_node_and_is_released(logs):
+async def test_a_revoked_partition_is_unavailable_until_an_owner_is_known(logs):
+    """No 409 without an owner to follow: 503 partition_unavailable (retriable, with
+    Retry-After) until the next owner's claim arrives, then 409 wrong_node naming it."""
     _, assignment_log = logs
     own = make(logs)
     await asyncio.to_thread(own.assigned, [3])
@@ -79,10 +82,18 @@ async def test_a_revoked_partition_answers_wrong_node_and_is_released(logs):
     state = own.states[3]
     await asyncio.to_thread(own.revoked, [3], False)
     assert state.revoked and 3 not in own.states
+    assert b"released" in assignment_log.partitions[0][-1][1]
+    own.cluster_map.apply([(assignment_log.partitions[0][-1][0],
+                            assignment_log.partitions[0][-1][1])])
     with pytest.raises(VQError) as err:
         own.require(3)
-    assert err.value.code == "wrong_node"
-    assert b"released" in assignment_log.partitions[0][-1][1]
+    assert (err.value.code, err.value.status, err.value.retriable) == (
+        "partition_unavailable", 503, True)
+    assert err.value.details["partition"] == 3 and err.value.retry_after_s >= 1
+    own.cluster_map.apply([encode_claim(3, "n2", "http://n2", 99)])
+    with pytest.raises(VQError) as err:
+        own.require(3)
+    assert (err.value.code, err.value.details["owner"]) == ("wrong_node", "http://n2")
 
 
 async def test_a_given_up_partitions_index_is_freed_after_a_grace_period(logs, monkeypatch):

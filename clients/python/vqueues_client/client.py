@@ -256,6 +256,8 @@ class AsyncClient:
                         await self._refresh_quietly()
                     elif r.status in (429, 503) and r.headers.get("Retry-After"):
                         delay = max(delay, min(float(r.headers["Retry-After"]), 5.0) / 4)
+                        if last.code == "partition_unavailable":  # the map is moving
+                            await self._refresh_quietly()
                     if not last.retriable:
                         raise last
             except (aiohttp.ClientConnectionError, TimeoutError) as exc:
