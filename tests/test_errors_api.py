@@ -1,14 +1,30 @@
 """Bad input gets a clear JSON error with the right status, and the node keeps serving."""
 
+import asyncio
+import gzip
 import io
 import json
+import re
 
 import pytest
 
+from tests.support import LOGS, NodeProcess
 from tests.test_records_api import enqueue, qname, read
 
 
+@pytest.fixture(scope="module")
+def node(topics):
+    """A node whose request bodies must arrive within one second (a slow body's test)."""
+    n = NodeProcess(topics, extra_env={"VQ_BODY_TIMEOUT_MS": "1000"}).start()
+    try:
+        yield n
+    finally:
+        n.terminate()
+
+
 async def call(client, method, url, **kw):
+    if "data" in kw:  # these bodies are JSON (or meant to be): say so, as a client would
+        kw.setdefault("headers", {"Content-Type": "application/json"})
     async with client.request(method, url, **kw) as r:
         body = await r.json()
         assert r.content_type == "application/json"
@@ -103,3 +119,159 @@ async def test_the_node_keeps_serving_after_bad_input(client, node):
         await call(client, "POST", f"{node.url}/v1/queues/{q}/records", data=b"{{{")
     await enqueue(client, node, q, "still here")
     assert [r["value"] for r in (await read(client, node, q))["records"]] == ["still here"]
+
+
+async def raw_request(node, head: bytes, body: bytes = b"", pause_s: float = 0.0,
+                      timeout_s: float = 10.0) -> tuple[int, dict | None]:
+    """Bytes no HTTP client library would send: (status, JSON body or None)."""
+    host, port = node.url.removeprefix("http://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    try:
+        writer.write(head + b"\r\n\r\n" + body)
+        await writer.drain()
+        raw = await asyncio.wait_for(reader.read(65536), timeout_s)
+        while b"\r\n\r\n" not in raw:
+            raw += await asyncio.wait_for(reader.read(65536), timeout_s)
+        top, _, rest = raw.partition(b"\r\n\r\n")
+        length = re.search(rb"(?i)content-length: *(\d+)", top)
+        while length and len(rest) < int(length.group(1)):
+            rest += await asyncio.wait_for(reader.read(65536), timeout_s)
+        status = int(top.split(b" ", 2)[1])
+        return status, (json.loads(rest) if rest else None)
+    finally:
+        writer.close()
+
+
+def post_head(path: bytes, length: int, *headers: bytes) -> bytes:
+    return b"\r\n".join([b"POST " + path + b" HTTP/1.1", b"Host: vq",
+                          b"Content-Length: %d" % length, *headers])
+
+
+JSON = b"Content-Type: application/json"
+
+
+@pytest.mark.parametrize(("raw", "expected"), [
+    (b'{"records": [{"value": "\xff\xfe"}]}', "malformed_json"),  # a string that is not UTF-8
+    (b'{"records": [{"value": "x", "headers": {"k": "\xc3"}}]}', "malformed_json"),
+    (b"[" * 30_000 + b"]" * 30_000, "malformed_json"),  # deep enough to break a decoder
+    (b'{"records": ' + b"[" * 30_000 + b"]" * 30_000 + b"}", "malformed_json"),
+    (b'{"records": [{"value": ' + b"[" * 40 + b"]" * 40 + b"}]}", "malformed_json"),
+    (b'{"records": [{"value": "a"}], "records": [{"value": "b"}]}', "malformed_json"),
+    (b'{"records": [{"value": "a", "value": "b"}]}', "malformed_json"),
+    (b'{"records": [{"value": "a:b", "v\\u0061lue": "c"}]}', "malformed_json"),
+    (b'{"records": [{"value": "a", "headers": {"h": "1", "h": "2"}}]}', "malformed_json"),
+    (b'{"records": [{"value": "a", "delay_ms": 1' + b"0" * 400 + b"}]}", "limit_out_of_range"),
+    (b'{"records": [{"value": "a"}], "extra": 1}', "invalid_parameter"),
+    (b'{"records": [{"value": "a"', "malformed_json"),  # truncated
+])
+async def test_hostile_enqueue_bodies_get_400_and_write_nothing(client, node, raw, expected):
+    q = qname()
+    status, body = await call(client, "POST", f"{node.url}/v1/queues/{q}/records", data=raw)
+    assert (status, code(body), body["error"]["retriable"]) == (400, expected, False)
+    status, _ = await call(client, "GET", f"{node.url}/v1/queues/{q}")
+    assert status == 404  # nothing was written: the queue does not exist
+
+
+@pytest.mark.parametrize(("path", "raw", "expected"), [
+    ("consumers/c/ack", b'{"offset": 1, "offset": 2}', "malformed_json"),
+    ("consumers/c/ack", b'{"offset": 1, "extra": true}', "invalid_parameter"),
+    ("consumers/c/ack", b'{"offset": "\xff"}', "malformed_json"),
+    ("consumers/w/lease", b'{"max_records": 1, "extra": true}', "invalid_parameter"),
+    ("consumers/w/lease", b"[" * 5_000 + b"]" * 5_000, "malformed_json"),
+    ("consumers/w/complete", b'{"tokens": ["0.1.ab"], "extra": 1}', "invalid_parameter"),
+    ("consumers/w/retry", b'{"tokens": "0.1"}', "invalid_token"),
+    ("consumers/w/retry", b'{"tokens": ["0.1.ab"], "why": "x"}', "invalid_parameter"),
+    ("consumers/w/extend", b'{"tokens": ["0.1.ab"], "visibility_ms": 1000, "x": 1}',
+     "invalid_parameter"),
+])
+async def test_every_body_refuses_unknown_fields_and_bad_json(client, node, path, raw,
+                                                               expected):
+    status, body = await call(client, "POST", f"{node.url}/v1/queues/{qname()}/{path}",
+                              data=raw)
+    assert (status, code(body)) == (400, expected)
+
+
+async def test_settings_prefix_and_compat_bodies_refuse_unknown_fields(client, node):
+    cases = [
+        ("PUT", f"/v1/queues/{qname()}/consumers/w", {"mode": "lease", "x": 1}),
+        ("PUT", "/v1/prefix-consumers/pool", {"prefix": "t-", "x": 1}),
+        ("POST", "/v1/prefix-consumers/pool/lease", {"max_records": 1, "x": 1}),
+        ("POST", "/get_records", {"Queue": "q", "Bogus": 1}),
+        ("POST", "/consumer_ack", {"Queue": "q", "Consumer": "c", "Offset": 1, "X": 2}),
+    ]
+    for method, path, payload in cases:
+        status, body = await call(client, method, node.url + path, json=payload)
+        assert (status, code(body)) == (400, "invalid_parameter"), (path, body)
+    status, body = await call(client, "POST", f"{node.url}/v1/prefix-consumers/pool/complete",
+                              json={"tokens": [{"queue": "t-1", "token": "0.1.a", "x": 1}]})
+    assert status in (400, 404), body  # 404 before the definition reaches the node
+    if status == 400:
+        assert code(body) == "invalid_parameter"
+
+
+@pytest.mark.parametrize(("headers", "status_code", "expected"), [
+    ({"Content-Type": "text/plain"}, 415, "unsupported_media_type"),
+    ({"Content-Type": "application/x-www-form-urlencoded"}, 415, "unsupported_media_type"),
+    ({"Content-Type": "application/json; charset=latin-1"}, 415, "unsupported_media_type"),
+    ({"Content-Type": "application/json", "Content-Encoding": "br2"}, 415,
+     "unsupported_media_type"),
+    ({"Content-Type": "application/json", "Content-Encoding": "gzip"}, 400, "bad_request"),
+])
+async def test_bodies_the_node_cannot_take_as_json_are_refused(client, node, headers,
+                                                               status_code, expected):
+    q = qname()
+    status, body = await call(client, "POST", f"{node.url}/v1/queues/{q}/records",
+                              data=b'{"records": [{"value": "x"}]}', headers=headers)
+    assert (status, code(body)) == (status_code, expected)
+    assert (await call(client, "GET", f"{node.url}/v1/queues/{q}"))[0] == 404
+
+
+async def test_json_gzip_and_untyped_bodies_are_taken(client, node):
+    q = qname()
+    plain = b'{"records": [{"value": "x"}]}'
+    for data, headers in ((plain, {"Content-Type": "application/json; charset=utf-8"}),
+                          (plain, {"Content-Type": "application/vnd.vq+json"}),
+                          (gzip.compress(plain), {"Content-Type": "application/json",
+                                                  "Content-Encoding": "gzip"})):
+        status, body = await call(client, "POST", f"{node.url}/v1/queues/{q}/records",
+                                  data=data, headers=headers)
+        assert status == 200, body
+    status, _ = await raw_request(node, post_head(f"/v1/queues/{q}/records".encode(),
+                                                  len(plain)), plain)  # no Content-Type
+    assert status == 200
+    assert len((await read(client, node, q))["records"]) == 4
+
+
+async def test_names_queries_and_headers_that_are_not_utf8_get_400(client, node):
+    body = b'{"records": [{"value": "x"}]}'
+    status, got = await raw_request(node, post_head(b"/v1/queues/%FF%FEabc/records", len(body),
+                                                    JSON), body)
+    assert (status, code(got)) == (400, "invalid_name")
+    # The literal name must not have been made either (one queue, two names).
+    status, _ = await call(client, "GET", f"{node.url}/v1/queues/%25FF%25FEabc")
+    assert status == 404
+    status, got = await raw_request(node, b"GET /v1/queues/q/records?tag=%C3 HTTP/1.1\r\n"
+                                          b"Host: vq")
+    assert (status, code(got)) == (400, "invalid_parameter")
+    status, got = await raw_request(node, post_head(f"/v1/queues/{qname()}/records".encode(),
+                                                    len(body), JSON, b"X-Note: \xff\xfe"),
+                                    body)
+    assert (status, code(got)) == (400, "bad_request")
+
+
+async def test_a_body_slower_than_the_timeout_gets_408_and_others_are_served(client, node):
+    q = qname()
+    slow = asyncio.create_task(raw_request(
+        node, post_head(f"/v1/queues/{q}/records".encode(), 100, JSON), b'{"records": '))
+    await enqueue(client, node, q, "served meanwhile")
+    status, got = await slow
+    assert (status, code(got), got["error"]["retriable"]) == (408, "request_timeout", True)
+    assert [r["value"] for r in (await read(client, node, q))["records"]] == ["served meanwhile"]
+
+
+async def test_no_hostile_input_crashed_a_handler(client, node):
+    """Runs after the tests above (file order): none of their requests reached the catch-all
+    that answers 500."""
+    await enqueue(client, node, qname(), "alive")
+    log = (LOGS / f"{node.topics.prefix}-{node.node_id}.log").read_text()
+    assert not re.search(r"request_crashed|Traceback", log), log[-3000:]

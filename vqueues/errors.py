@@ -42,7 +42,7 @@ REGISTRY: dict[str, ErrorSpec] = {
     "unauthenticated": _e(401, False, "auth is on and the request has no valid bearer token"),
     "forbidden": _e(403, False, "the token is valid but has no scope for this call on this "
                                 "queue"),
-    # 404, 405, 415: nothing there.
+    # 404, 405, 408, 415: nothing there, or not in a form the node takes.
     "not_found": _e(404, False, "no such route"),
     "queue_not_found": _e(404, False, "the queue has no records and no consumers"),
     "scheduled_not_found": _e(404, False, "the queue has no such record waiting for its due time"),
@@ -50,9 +50,10 @@ REGISTRY: dict[str, ErrorSpec] = {
     "prefix_consumer_not_found": _e(404, False, "no prefix consumer by that name"),
     "method_not_allowed": _e(405, False, "the route does not take this method"),
     "unsupported_media_type": _e(415, False, "the body's content type is not accepted"),
+    "request_timeout": _e(408, True, "the request body did not arrive within "
+                                     "`body_timeout_ms`"),
     # 409: the state does not allow it (wrong_node: ask the owner instead).
-    "wrong_node": _e(409, True, "another node owns the queue's partition; `owner` names it "
-                                "when known"),
+    "wrong_node": _e(409, True, "another node owns the queue's partition; `owner` names it"),
     "rewind_not_allowed": _e(409, False, "an ack below the committed offset without "
                                          "`allow_rewind`"),
     "lease_expired": _e(409, False, "a token's lease is not current: it expired and the record "

@@ -61,6 +61,9 @@ class Settings:
     cache_max_bytes: int = _f(256 * 1024 * 1024, "recent-record cache size in bytes, node-wide")
     fetchers: int = _f(4, "Kafka consumers kept for reading records older than the cache")
     max_body_bytes: int = _f(16 * 1024 * 1024, "largest accepted HTTP request body")
+    body_timeout_ms: int = _f(
+        10_000, "longest a request body may take to arrive once its headers have; a slower "
+        "one gets 408 request_timeout and its connection is closed")
     max_batch_records: int = _f(1000, "most records in one enqueue request")
     max_record_bytes: int = _f(1024 * 1024, "largest record value (decoded bytes)")
     default_read_limit: int = _f(100, "records returned by a read when `limit` is not given")
@@ -228,7 +231,8 @@ class Settings:
             if isinstance(value, int) and not isinstance(value, bool) and value < 0:
                 raise ValueError(f"{f.name} must not be negative")
         for name in ("max_batch_records", "max_read_limit", "default_read_limit", "fetchers",
-                     "max_body_bytes", "max_record_bytes", "max_read_bytes", "max_list_queues",
+                     "max_body_bytes", "body_timeout_ms", "max_record_bytes", "max_read_bytes",
+                     "max_list_queues",
                      "gc_young_threshold", "retention_check_s", "snapshot_interval_s",
                      "default_max_attempts", "max_lease_records", "max_lease_window",
                      "scheduler_tick_ms"):

@@ -13,8 +13,6 @@ from vqueues.partition_state import PartitionState
 
 def parse_tokens(tokens: object) -> list[str]:
     """A request's `tokens`, checked (400 invalid_token), repeats dropped."""
-    if isinstance(tokens, str):
-        tokens = [tokens]
     if not isinstance(tokens, list) or not tokens:
         raise BadRequest("invalid_token", "`tokens` must be a non-empty list of lease tokens")
     parsed: dict[str, tuple[int, int, int]] = {}

@@ -110,9 +110,14 @@ def test_the_fast_enqueue_decoder_agrees_with_the_checked_one():
     from vqueues.api.codec import decode_enqueue
 
     body = {"records": [{"value": "hé", "headers": {"k": "v"}}, {"value": None},
-                        {"value": base64.b64encode(b"\xff").decode(), "encoding": "base64"}],
-            "ignored": 1}
+                        {"value": base64.b64encode(b"\xff").decode(), "encoding": "base64"}]}
     assert decode_enqueue(json.dumps(body).encode(), SETTINGS) == decode_records(body, SETTINGS)
+    body["extra"] = 1  # one policy: both refuse a field the body does not have
+    for decode in (lambda: decode_enqueue(json.dumps(body).encode(), SETTINGS),
+                   lambda: decode_records(body, SETTINGS)):
+        with pytest.raises(VQError) as err:
+            decode()
+        assert err.value.code == "invalid_parameter"
 
 
 def test_a_window_delta_is_written_as_its_structs_msgpack_and_reads_back_the_same():

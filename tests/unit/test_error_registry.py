@@ -40,7 +40,7 @@ def test_docs_give_each_code_its_registry_status_and_retriable_flag():
 
 def test_every_code_the_source_raises_is_in_the_registry():
     pattern = re.compile(r"\b(?:VQError|BadRequest|NotFound|Conflict|WrongNode|PayloadTooLarge|"
-                         r"Unavailable|BrokerError)\(\s*\"([a-z_]+)\"")
+                         r"Unavailable|BrokerError|UnreadableBody)\(\s*\"([a-z_]+)\"")
     raised = set()
     for path in (ROOT / "vqueues").rglob("*.py"):
         raised.update(pattern.findall(path.read_text()))

@@ -9,7 +9,12 @@ from aiohttp import web
 
 from vqueues.api import compat, console, handlers, prefix, stream, work
 from vqueues.api.keys import AUTH, PREFIX, QUOTAS, SERVICE, SETTINGS, WORK
-from vqueues.api.middlewares import auth_middleware, error_middleware, metrics_middleware
+from vqueues.api.middlewares import (
+    auth_middleware,
+    error_middleware,
+    metrics_middleware,
+    text_middleware,
+)
 from vqueues.api.proxy import forward_middleware, proxy_session
 from vqueues.auth import Authenticator
 from vqueues.prefix_leasing import PrefixLeasing
@@ -51,7 +56,7 @@ async def _reload_files(app: web.Application) -> AsyncIterator[None]:
 def create_app(service: QueueService, settings: Settings) -> web.Application:
     """The application serving `service`; limits come from `settings` (docs/api.md)."""
     # cors sits outside error, so that error answers carry its headers too.
-    middlewares = [metrics_middleware, console.cors_middleware, error_middleware]
+    middlewares = [metrics_middleware, console.cors_middleware, error_middleware, text_middleware]
     if settings.forward:
         middlewares.append(forward_middleware)  # the owner authorises a forwarded request
     auth = authenticator(settings)

@@ -9,7 +9,9 @@ from typing import Any
 
 import msgspec
 from aiohttp import web
+from msgspec import UNSET, UnsetType
 
+from vqueues.api.body import decode_object, refuse_duplicate_keys, refuse_unknown
 from vqueues.errors import BadRequest, PayloadTooLarge
 from vqueues.idempotency import (
     KEY_HEADER,
@@ -106,21 +108,6 @@ def respond(body: Any, status: int = 200, headers: dict[str, str] | None = None
                         content_type="application/json", headers=headers)
 
 
-async def read_body(request: web.Request) -> dict[str, Any]:
-    """The request's JSON object (aiohttp enforces client_max_size: 413)."""
-    return _json_object(await request.read())
-
-
-def _json_object(raw: bytes) -> dict[str, Any]:
-    try:
-        body = msgspec.json.decode(raw) if raw else None
-    except msgspec.DecodeError as exc:
-        raise BadRequest("malformed_json", f"request body is not valid JSON: {exc}") from None
-    if not isinstance(body, dict):
-        raise BadRequest("malformed_json", "request body must be a JSON object")
-    return body
-
-
 def _decode_value(value: Any, encoding: str, i: int) -> bytes | None:
     if value is None:
         return None
@@ -135,13 +122,36 @@ def _decode_value(value: Any, encoding: str, i: int) -> bytes | None:
 
 
 class _InRecord(msgspec.Struct, forbid_unknown_fields=True):
+    """A record as sent; UNSET tells a field left out from one sent as null (the duplicate-key
+    check counts the keys sent)."""
+
     value: str | None
-    encoding: str = "utf8"
-    headers: dict[str, str] = {}
-    idempotency_key: str | None = None
-    tags: list[str] | None = None
-    deliver_at: int | None = None
-    delay_ms: int | None = None
+    encoding: str | UnsetType = UNSET
+    headers: dict[str, str] | UnsetType = UNSET
+    idempotency_key: str | UnsetType | None = UNSET
+    tags: list[str] | UnsetType | None = UNSET
+    deliver_at: int | UnsetType | None = UNSET
+    delay_ms: int | UnsetType | None = UNSET
+
+
+def _sent(item: _InRecord) -> tuple[int, int]:
+    """The keys a record object named beyond `value`, and the colons in its strings beyond its
+    value's (for a record that has more than a value)."""
+    keys = colons = 0
+    if item.encoding is not UNSET:
+        keys += 1
+        colons += item.encoding.count(":")
+    if item.headers is not UNSET:
+        keys += 1 + len(item.headers)
+        colons += sum(k.count(":") + v.count(":") for k, v in item.headers.items())
+    if item.idempotency_key is not UNSET:
+        keys += 1
+        colons += item.idempotency_key.count(":") if item.idempotency_key else 0
+    if item.tags is not UNSET:
+        keys += 1
+        colons += sum(t.count(":") for t in item.tags) if item.tags else 0
+    keys += (item.deliver_at is not UNSET) + (item.delay_ms is not UNSET)
+    return keys, colons
 
 
 def _record_headers(value: bytes | None, headers: dict[str, str], tags: Any, deliver_at: Any,
@@ -226,7 +236,7 @@ def _with_key(headers: list[tuple[str, bytes]], key: Any, i: int) -> list[tuple[
         (KEY_HEADER, raw)]
 
 
-class _EnqueueBody(msgspec.Struct):
+class _EnqueueBody(msgspec.Struct, forbid_unknown_fields=True):
     records: list[_InRecord]
 
 
@@ -239,36 +249,54 @@ def decode_enqueue(raw: bytes, settings: Settings) -> list[NewRecord]:
     its registry code."""
     try:
         items = _decode_enqueue(raw).records
-    except (msgspec.ValidationError, msgspec.DecodeError):
+    except (msgspec.ValidationError, msgspec.DecodeError, UnicodeDecodeError):
         items = []
     if not items or len(items) > settings.max_batch_records:
-        return decode_records(_json_object(raw), settings)
+        return decode_records(decode_object(raw), settings)
     out: list[NewRecord] = []
     limit = settings.max_record_bytes
+    keys = 1 + len(items)  # "records", and each record's "value"
+    colons = 0
     for i, item in enumerate(items):
         value = item.value
-        if item.encoding == "utf8" and value is not None:
+        if value is not None:
+            colons += value.count(":")
+        encoding = item.encoding if item.encoding is not UNSET else "utf8"
+        if encoding == "utf8" and value is not None:
             data: bytes | None = value.encode("utf-8", "surrogatepass")
-        elif item.encoding in ENCODINGS:
-            data = _decode_value(value, item.encoding, i)
+        elif encoding in ENCODINGS:
+            data = _decode_value(value, encoding, i)
         else:
             raise BadRequest("invalid_record", f"records[{i}].encoding must be utf8 or base64")
         if data is not None and len(data) > limit:
             raise PayloadTooLarge("record_too_large", f"records[{i}] is {len(data)} bytes; "
                                   f"at most {limit}", max=limit)
-        if item.headers or item.tags is not None or item.deliver_at is not None \
-                or item.delay_ms is not None:
-            out.append((data, _record_headers(data, item.headers, item.tags, item.deliver_at,
-                                              item.delay_ms, item.idempotency_key, i, settings)))
-        elif item.idempotency_key is not None:  # a key and a value: the keyed enqueue
-            out.append((data, _with_key([], item.idempotency_key, i)))
-        else:  # most records carry nothing but a value
+        if item.encoding is UNSET and item.headers is UNSET and item.idempotency_key is UNSET \
+                and item.tags is UNSET and item.deliver_at is UNSET and item.delay_ms is UNSET:
+            out.append((data, []))  # most records carry nothing but a value
+            continue
+        more_keys, more_colons = _sent(item)
+        keys += more_keys
+        colons += more_colons
+        headers = item.headers if item.headers is not UNSET else {}
+        tags = item.tags if item.tags is not UNSET else None
+        deliver_at = item.deliver_at if item.deliver_at is not UNSET else None
+        delay_ms = item.delay_ms if item.delay_ms is not UNSET else None
+        key = item.idempotency_key if item.idempotency_key is not UNSET else None
+        if headers or tags is not None or deliver_at is not None or delay_ms is not None:
+            out.append((data, _record_headers(data, headers, tags, deliver_at, delay_ms, key, i,
+                                              settings)))
+        elif key is not None:  # a key and a value: the keyed enqueue
+            out.append((data, _with_key([], key, i)))
+        else:
             out.append((data, []))
+    refuse_duplicate_keys(raw, keys, colons)
     return out
 
 
 def decode_records(body: dict[str, Any], settings: Settings) -> list[NewRecord]:
     """An enqueue body's records, validated against the settings' limits."""
+    refuse_unknown(body, ("records",))
     items = body.get("records")
     if not isinstance(items, list) or not items:
         raise BadRequest("invalid_records", "body must have a non-empty array `records`")

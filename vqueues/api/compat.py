@@ -13,7 +13,7 @@ from urllib.parse import urlsplit
 
 from aiohttp import web
 
-from vqueues.api.codec import read_body
+from vqueues.api.body import read_object, refuse_unknown
 from vqueues.api.keys import SERVICE, SETTINGS
 from vqueues.errors import BadRequest
 from vqueues.names import validate_name
@@ -21,9 +21,19 @@ from vqueues.names import validate_name
 DEFAULT_MAX_RECORDS = 10  # the original's default
 
 
-async def _fields(request: web.Request) -> dict[str, Any]:
-    body = await read_body(request)
-    return {k.lower(): v for k, v in body.items()}
+_GET_RECORDS = ("queue", "consumer", "offset", "maxrecords")
+_CONSUMER_ACK = ("queue", "consumer", "offset", "allowrewind")
+
+
+async def _fields(request: web.Request, known: tuple[str, ...]) -> dict[str, Any]:
+    """The body's fields by lower-case name (the original matched them so); any other, or one
+    named twice in two spellings, is refused."""
+    body = await read_object(request, None)
+    fields = {k.lower(): v for k, v in body.items()}
+    if len(fields) != len(body):
+        raise BadRequest("malformed_json", "a field is named twice (names ignore case)")
+    refuse_unknown(fields, known)
+    return fields
 
 
 def _int(fields: dict[str, Any], name: str, default: int | None) -> int | None:
@@ -56,7 +66,7 @@ def routes() -> list[web.RouteDef]:
 
     async def get_records(request: web.Request) -> web.Response:
         settings = request.app[SETTINGS]
-        f = await _fields(request)
+        f = await _fields(request, _GET_RECORDS)
         queue = _name(f, "Queue", True)
         consumer = _name(f, "Consumer", False)
         # Go clients always send Offset, 0 when unset: 0 means "from the consumer's offset".
@@ -74,7 +84,7 @@ def routes() -> list[web.RouteDef]:
             for r in result.records]})
 
     async def consumer_ack(request: web.Request) -> web.Response:
-        f = await _fields(request)
+        f = await _fields(request, _CONSUMER_ACK)
         queue = _name(f, "Queue", True)
         consumer = _name(f, "Consumer", True)
         if "offset" not in f:

@@ -8,12 +8,12 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from vqueues import node_status
 from vqueues.api import params
+from vqueues.api.body import read_object, read_raw
 from vqueues.api.codec import (
     ENCODINGS,
     ReadPage,
     decode_enqueue,
     encode_record,
-    read_body,
     respond,
 )
 from vqueues.api.keys import QUOTAS, SERVICE, SETTINGS
@@ -33,7 +33,7 @@ def _consumer(request: web.Request) -> str:
 
 async def enqueue(request: web.Request) -> web.Response:
     queue = _queue(request)
-    records = decode_enqueue(await request.read(), request.app[SETTINGS])
+    records = decode_enqueue(await read_raw(request), request.app[SETTINGS])
     quotas = request.app.get(QUOTAS)
     if quotas is not None:
         nbytes = sum(len(v or b"") + sum(len(k) + len(h) for k, h in hs) for v, hs in records)
@@ -73,7 +73,7 @@ async def read(request: web.Request) -> web.Response:
 async def ack(request: web.Request) -> web.Response:
     queue = _queue(request)
     consumer = _consumer(request)
-    body = await read_body(request)
+    body = await read_object(request, ("offset", "allow_rewind"))
     offset = body.get("offset")
     if isinstance(offset, bool) or not isinstance(offset, int):
         raise BadRequest("invalid_offset", "`offset` (the next offset to read) must be an integer")

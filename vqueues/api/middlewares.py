@@ -6,9 +6,11 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from urllib.parse import unquote_to_bytes
 
 from aiohttp import web
 
+from vqueues.api.body import UnreadableBody
 from vqueues.api.codec import respond
 from vqueues.api.keys import AUTH, IDENTITY, PREFIX, SERVICE, SETTINGS
 from vqueues.auth import required_scope
@@ -36,7 +38,11 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         if exc.status >= 500:
             log.warning("request_failed", extra={"path": request.path, "code": exc.code,
                                                  "error": exc.message})
-        return respond(exc.to_json(), exc.status, headers)
+        response = respond(exc.to_json(), exc.status, headers)
+        if isinstance(exc, UnreadableBody) or (request.can_read_body
+                                               and not request.content.is_eof()):
+            response.force_close()  # a body left unread: the connection is not reused
+        return response
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
@@ -48,6 +54,36 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
     except Exception:
         log.exception("request_crashed", extra={"path": request.path})
         return respond(VQError("internal", "internal error").to_json(), 500)
+
+
+def _not_utf8(text: str) -> bool:
+    """Whether percent-decoding `text` gives bytes that are not UTF-8."""
+    try:
+        unquote_to_bytes(text).decode("utf-8")
+    except UnicodeDecodeError:
+        return True
+    return False
+
+
+@web.middleware
+async def text_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Names, parameters and header values are UTF-8 text: a path that percent-decodes to other
+    bytes is `400 invalid_name` (else `%FF` would reach a queue named by the literal text), a
+    query is `400 invalid_parameter`, a header value `400 bad_request`."""
+    raw = request.raw_path
+    if "%" in raw:
+        path, _, query = raw.partition("?")
+        if _not_utf8(path):
+            raise VQError("invalid_name", "a path segment is not UTF-8 once percent-decoded")
+        if _not_utf8(query.replace("+", " ")):
+            raise VQError("invalid_parameter", "the query is not UTF-8 once percent-decoded")
+    for name, value in request.headers.items():
+        if not value.isascii():
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:
+                raise VQError("bad_request", f"header {name} is not UTF-8") from None
+    return await handler(request)
 
 
 @web.middleware

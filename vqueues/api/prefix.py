@@ -7,10 +7,12 @@ from typing import Any
 
 from aiohttp import web
 
+from vqueues import prefix_consumers
 from vqueues.api import params
-from vqueues.api.codec import PrefixLeasePage, encode_prefix_leased, read_body, respond
+from vqueues.api.body import read_object, refuse_unknown
+from vqueues.api.codec import PrefixLeasePage, encode_prefix_leased, respond
 from vqueues.api.keys import AUTH, IDENTITY, PREFIX, SETTINGS, WORK
-from vqueues.api.work import lease_request
+from vqueues.api.work import LEASE_FIELDS, SETTLE_FIELDS, lease_request
 from vqueues.errors import BadRequest, VQError
 from vqueues.names import validate_name
 from vqueues.work_service import COMPLETE, EXTEND, RETRY, Settle
@@ -30,7 +32,7 @@ async def get_prefix_consumer(request: web.Request) -> web.Response:
 
 async def put_prefix_consumer(request: web.Request) -> web.Response:
     consumer = _consumer(request)
-    body = await read_body(request)
+    body = await read_object(request, prefix_consumers.FIELDS)
     identity = request.get(IDENTITY)
     prefix = body.get("prefix")
     if AUTH in request.app and identity is not None and isinstance(prefix, str) and \
@@ -46,7 +48,8 @@ async def delete_prefix_consumer(request: web.Request) -> web.Response:
 
 async def lease(request: web.Request) -> web.Response:
     consumer = _consumer(request)
-    _, encoding, max_records, wait_ms, visibility_ms = await lease_request(request)
+    _, encoding, max_records, wait_ms, visibility_ms = await lease_request(
+        request, tuple(f for f in LEASE_FIELDS if f != "tag"))
     result = await request.app[PREFIX].lease(consumer, max_records, visibility_ms, wait_ms)
     return respond(PrefixLeasePage(consumer, [
         encode_prefix_leased(r.queue, r.partition, r.leased, encoding) for r in result.records]))
@@ -63,13 +66,14 @@ def _pairs(raw: Any) -> list[tuple[str, str]]:
                 not isinstance(item.get("token"), str):
             raise BadRequest("invalid_token", "each of `tokens` must be an object with a "
                              "string `queue` and a string `token`")
+        refuse_unknown(item, ("queue", "token"), "tokens")
         out.append((validate_name(item["queue"], "queue"), item["token"]))
     return out
 
 
 async def _settle(request: web.Request, kind: str) -> web.Response:
     consumer = _consumer(request)
-    body = await read_body(request)
+    body = await read_object(request, SETTLE_FIELDS[kind])
     pairs = _pairs(body.get("tokens"))
     work = request.app[WORK]
     settings = request.app[SETTINGS]

@@ -20,9 +20,10 @@ import msgspec
 from aiohttp import WSMsgType, web
 
 from vqueues.api import params
+from vqueues.api.body import decode_object, refuse_unknown
 from vqueues.api.codec import ENCODINGS, encode_leased, encode_record
 from vqueues.api.keys import SERVICE, SETTINGS, WORK
-from vqueues.api.work import SETTLING, settle
+from vqueues.api.work import SETTLE_FIELDS, SETTLING, settle
 from vqueues.errors import BadRequest, VQError
 from vqueues.leases import CURSOR, LEASE, MODES
 from vqueues.names import validate_name
@@ -33,6 +34,8 @@ log = logging.getLogger(__name__)
 # The most credit a client may have outstanding; more is refused (a bound on what one socket
 # can make the node hold).
 MAX_CREDIT = 10_000
+_FRAME_FIELDS = {"credit": ("n",), "ack": ("offset",), **{
+    kind: tuple(f for f in fields if f != "op") for kind, fields in SETTLE_FIELDS.items()}}
 # A push waits this long for records before looking at the socket and the credit again.
 PUSH_WAIT_MS = 1000
 
@@ -104,6 +107,8 @@ class _Stream:
         kind = op.get("op")
         ident = op.get("id")
         try:
+            known = _FRAME_FIELDS.get(kind, ()) if isinstance(kind, str) else ()
+            refuse_unknown(op, ("op", "id", *known), "a frame")
             if kind == "credit":
                 n = op.get("n")
                 if isinstance(n, bool) or not isinstance(n, int) or n < 1:
@@ -161,12 +166,9 @@ async def stream(request: web.Request) -> web.StreamResponse:
             if msg.type != WSMsgType.TEXT:
                 continue
             try:
-                op = msgspec.json.decode(msg.data)
-            except msgspec.DecodeError:
-                op = None
-            if not isinstance(op, dict):
-                await session.send({"type": "error", **BadRequest(
-                    "malformed_json", "a frame must be a JSON object").to_json()})
+                op = decode_object(msg.data.encode("utf-8", "surrogatepass"))
+            except VQError as exc:
+                await session.send({"type": "error", **exc.to_json()})
                 continue
             await session.handle(op)
     finally:

@@ -8,7 +8,8 @@ from typing import Any
 from aiohttp import web
 
 from vqueues.api import params
-from vqueues.api.codec import ENCODINGS, LeasePage, encode_leased, read_body, respond
+from vqueues.api.body import read_object
+from vqueues.api.codec import ENCODINGS, LeasePage, encode_leased, respond
 from vqueues.api.keys import SETTINGS, WORK
 from vqueues.errors import BadRequest
 from vqueues.names import validate_name
@@ -40,16 +41,18 @@ def _tag(tag: Any) -> str | None:
     return str(tag)
 
 
-async def _optional_body(request: web.Request) -> dict[str, Any]:
-    return await read_body(request) if request.can_read_body else {}
+LEASE_FIELDS = ("max_records", "wait_ms", "visibility_ms", "encoding", "tag")
+SETTLE_FIELDS = {"complete": ("tokens",), "retry": ("tokens", "delay_ms", "reason"),
+                 "extend": ("tokens", "visibility_ms")}
+
+
+async def _optional_body(request: web.Request, fields: tuple[str, ...]) -> dict[str, Any]:
+    return await read_object(request, fields) if request.can_read_body else {}
 
 
 async def put_consumer(request: web.Request) -> web.Response:
     queue, consumer = _names(request)
-    body = await read_body(request)
-    unknown = set(body) - _SETTINGS_FIELDS
-    if unknown:
-        raise BadRequest("invalid_parameter", f"unknown consumer settings {sorted(unknown)}")
+    body = await read_object(request, _SETTINGS_FIELDS)
     dlq = body.get("dead_letter_queue", False)
     if dlq is not False and dlq is not None and not isinstance(dlq, str):
         raise BadRequest("invalid_parameter", "dead_letter_queue must be a queue name or null")
@@ -65,10 +68,11 @@ async def get_consumer(request: web.Request) -> web.Response:
     return respond(request.app[WORK].consumer_settings(*_names(request)))
 
 
-async def lease_request(request: web.Request
+async def lease_request(request: web.Request, fields: tuple[str, ...] = LEASE_FIELDS
                         ) -> tuple[dict[str, Any], str, int, int, int | None]:
-    """A lease's body, and from it: encoding, max_records, wait_ms, visibility_ms."""
-    body = await _optional_body(request)
+    """A lease's body (holding only `fields`), and from it: encoding, max_records, wait_ms,
+    visibility_ms."""
+    body = await _optional_body(request, fields)
     settings = request.app[SETTINGS]
     encoding = _encoding(body)
     max_records = params.LEASE_MAX_RECORDS.from_body(body, settings)
@@ -110,7 +114,8 @@ async def settle(app: web.Application, kind: str, queue: str, consumer: str,
 
 async def _settle_route(request: web.Request, kind: str) -> web.Response:
     queue, consumer = _names(request)
-    return respond(await settle(request.app, kind, queue, consumer, await read_body(request)))
+    body = await read_object(request, SETTLE_FIELDS[kind])
+    return respond(await settle(request.app, kind, queue, consumer, body))
 
 
 async def complete(request: web.Request) -> web.Response:

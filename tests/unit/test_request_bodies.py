@@ -1,0 +1,116 @@
+"""Request bodies (vqueues/api/body.py): strict JSON before any handler looks at a field."""
+
+import json
+import random
+
+import pytest
+
+from vqueues.api.body import MAX_JSON_DEPTH, decode_object, refuse_unknown, too_deep
+from vqueues.api.codec import decode_enqueue
+from vqueues.errors import VQError
+from vqueues.settings import Settings
+
+SETTINGS = Settings()
+TEXTS = ["x", "a:b", "::", 'say "hi": ok', "é:ü", "\\:", "{\"k\": 1}", "", "日本:語", "tab\t:"]
+
+
+def _text(rng: random.Random) -> str:
+    return rng.choice(TEXTS) + str(rng.randrange(1000))
+
+
+def _dump(value, rng: random.Random) -> str:
+    """JSON text of `value`, where a list of pairs is an object (so that a key can repeat),
+    with or without \\u escapes, as different clients write it."""
+    if isinstance(value, list) and value and isinstance(value[0], tuple):
+        return "{" + ", ".join(f"{_dump(k, rng)}: {_dump(v, rng)}" for k, v in value) + "}"
+    if isinstance(value, list):
+        return "[" + ",".join(_dump(v, rng) for v in value) + "]"
+    return json.dumps(value, ensure_ascii=rng.random() < 0.5)
+
+
+def _record(rng: random.Random) -> list[tuple[str, object]]:
+    pairs: list[tuple[str, object]] = []
+    encoding = rng.choice([None, "utf8", "base64"])
+    pairs.append(("value", "YTpi" if encoding == "base64" else
+                  rng.choice([_text(rng), None])))
+    if encoding:
+        pairs.append(("encoding", encoding))
+    if rng.random() < 0.4:
+        pairs.append(("headers", [(_text(rng), _text(rng)) for _ in range(rng.randrange(3))]
+                      or {}))
+    if rng.random() < 0.3:
+        pairs.append(("idempotency_key", rng.choice([_text(rng), None])))
+    if rng.random() < 0.3:
+        pairs.append(("tags", rng.choice([None, [f"t{rng.randrange(9)}"]])))
+    if rng.random() < 0.3:
+        pairs.append(rng.choice([("delay_ms", rng.randrange(0, 1000)), ("deliver_at", 1),
+                                 ("delay_ms", None)]))
+    rng.shuffle(pairs)
+    return pairs
+
+
+def _repeat_a_key(body: list, rng: random.Random) -> None:
+    """Name one key of one object twice (the body's, a record's or a record's headers')."""
+    objects = [body] + body[0][1]
+    objects += [v for r in body[0][1] for k, v in r if k == "headers" and v]
+    target = rng.choice(objects)
+    key, value = rng.choice(target)
+    target.insert(rng.randrange(len(target) + 1), (key, value))
+
+
+def test_a_key_named_twice_in_any_object_is_refused_and_only_then():
+    """Model-based: the counting shortcut on the fast path agrees with a full parse that
+    watches every object, over random bodies with colons, quotes and escapes in strings."""
+    rng = random.Random(20261125)
+    refused = accepted = 0
+    for _ in range(3000):
+        body = [("records", [_record(rng) for _ in range(rng.randrange(1, 6))])]
+        twice = rng.random() < 0.5
+        if twice:
+            _repeat_a_key(body, rng)
+        raw = _dump(body, rng).encode()
+        try:
+            decode_enqueue(raw, SETTINGS)
+        except VQError as exc:
+            assert twice and exc.code == "malformed_json" and "twice" in exc.message, raw
+            refused += 1
+        else:
+            assert not twice, raw
+            accepted += 1
+    assert refused > 1000 and accepted > 1000
+
+
+@pytest.mark.parametrize("raw", [
+    b'{"records": [{"value": "\xff"}]}',
+    b'{"offset": "\xc3("}',
+    b"[" * 30_000 + b"]" * 30_000,
+    b'{"a": ' + b"[" * (MAX_JSON_DEPTH + 1) + b"]" * (MAX_JSON_DEPTH + 1) + b"}",
+    b'{"a": 1, "a": 2}',
+    b'{"a": 1, "\\u0061": 2}',
+    b'{"a": NaN}',
+    b'{"a": 1e400}',
+    b'{"a": 1',
+    b"[]",
+    b"",
+])
+def test_bodies_that_are_not_one_strict_json_object_are_malformed(raw):
+    with pytest.raises(VQError) as exc:
+        decode_object(raw)
+    assert (exc.value.code, exc.value.status) == ("malformed_json", 400)
+
+
+def test_depth_is_counted_outside_strings_only():
+    deep = b"[" * MAX_JSON_DEPTH + b"]" * MAX_JSON_DEPTH
+    assert not too_deep(deep) and too_deep(b"[" + deep + b"]")
+    brackets_in_strings = json.dumps({"v": "[[[{{{" * 100, "w": ["]]]"] * 50}).encode()
+    assert not too_deep(brackets_in_strings)
+    inner = b"[" * (MAX_JSON_DEPTH - 1) + b"]" * (MAX_JSON_DEPTH - 1)  # the object is one
+    assert decode_object(b'{"a": ' + inner + b"}") == {"a": json.loads(inner)}
+
+
+def test_unknown_fields_are_named():
+    refuse_unknown({"offset": 1}, ("offset", "allow_rewind"))
+    with pytest.raises(VQError) as exc:
+        refuse_unknown({"offset": 1, "ofset": 2, "z": 0}, ("offset",))
+    assert exc.value.code == "invalid_parameter" and exc.value.details["unknown"] == [
+        "ofset", "z"]

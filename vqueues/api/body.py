@@ -1,0 +1,151 @@
+"""Request bodies: what a node accepts before any handler looks at a field (docs/api.md,
+"Request bodies"). One policy for every route:
+
+- `Content-Type`: `application/json` or `application/<x>+json` (charset UTF-8 if one is named),
+  or none at all; anything else is `415 unsupported_media_type`.
+- `Content-Encoding`: none, `identity`, `gzip` or `deflate` (aiohttp decodes them); another is
+  `415`, a body that does not decode is `400 bad_request`.
+- The whole body arrives within `body_timeout_ms`, else `408 request_timeout`.
+- JSON: valid UTF-8, nested at most `MAX_JSON_DEPTH` deep, no key twice in one object, an object
+  at the top (`400 malformed_json`); fields a route does not know are refused.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from collections.abc import Collection
+from itertools import accumulate
+from typing import Any
+
+import msgspec
+from aiohttp import web
+
+from vqueues.api.keys import SETTINGS
+from vqueues.errors import BadRequest, VQError
+
+MAX_JSON_DEPTH = 32  # our deepest body is 4 levels; deeper is an attack on the decoder
+DECODED_ENCODINGS = ("identity", "gzip", "deflate")
+
+_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
+_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
+_DECODE_ERRORS = (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError,
+                  RecursionError)
+
+
+class UnreadableBody(VQError):
+    """A body that could not be read to its end: its connection cannot carry another
+    request."""
+
+
+def check_media(request: web.Request) -> None:
+    """415 unless the body is JSON (or untyped) in an encoding aiohttp decodes."""
+    ctype = request.headers.get("Content-Type")
+    if ctype is not None:
+        kind = request.content_type  # aiohttp's parse: lower case, without parameters
+        charset = request.charset
+        if not (kind == "application/json" or (kind.startswith("application/")
+                                                and kind.endswith("+json"))) or \
+                (charset is not None and charset.lower() not in ("utf-8", "utf8")):
+            raise VQError("unsupported_media_type", f"Content-Type {ctype!r} is not accepted: "
+                          "send application/json (UTF-8)")
+    encoding = request.headers.get("Content-Encoding")
+    if encoding is not None and encoding.strip().lower() not in DECODED_ENCODINGS:
+        raise VQError("unsupported_media_type", f"Content-Encoding {encoding!r} is not "
+                      f"accepted: send one of {', '.join(DECODED_ENCODINGS)}")
+
+
+async def read_raw(request: web.Request) -> bytes:
+    """The body's bytes, decoded from its Content-Encoding (aiohttp enforces client_max_size:
+    413), after `check_media`."""
+    check_media(request)
+    timeout_s = request.app[SETTINGS].body_timeout_ms / 1000
+    try:
+        async with asyncio.timeout(timeout_s):
+            return await request.read()
+    except TimeoutError:
+        raise UnreadableBody("request_timeout", f"the request body did not arrive within "
+                      f"{round(timeout_s * 1000)} ms") from None
+    except web.HTTPException:
+        raise
+    except (web.RequestPayloadError, ValueError):  # a gzip body that is not gzip, ...
+        request.content.feed_eof()  # nothing more to read: aiohttp must not try (and log)
+        coding = request.headers.get("Content-Encoding", "")
+        why = (f"the request body does not decode as its Content-Encoding {coding!r}"
+               if coding else "the request body could not be read")
+        raise UnreadableBody("bad_request", why) from None
+
+
+def too_deep(raw: bytes) -> bool:
+    """Whether any array or object in `raw` (valid JSON) nests deeper than MAX_JSON_DEPTH."""
+    if raw.count(b"[") + raw.count(b"{") <= MAX_JSON_DEPTH:
+        return False
+    brackets = _STRING.sub(b"", raw).translate(None, _BRACKETS)
+    return max(accumulate(1 if c in b"[{" else -1 for c in brackets)) > MAX_JSON_DEPTH
+
+
+def _unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise BadRequest("malformed_json", f"request body has the key {key!r} twice "
+                                 "in one object")
+            seen.add(key)
+    return out
+
+
+def refuse_duplicate_keys(raw: bytes, keys: int | None = None, string_colons: int = 0) -> None:
+    """400 if an object of `raw` (valid JSON, not too deep) names a key twice. When the caller
+    knows how many distinct keys it decoded and how many colons its strings hold, a count of
+    the colons settles it without a second parse: every other colon separates a key."""
+    colons = raw.count(b":")
+    if keys is None:
+        if colons <= 1:  # one key at most: nothing can repeat
+            return
+    elif colons == keys + string_colons and b"\\u" not in raw:
+        return
+    json.loads(raw, object_pairs_hook=_unique)
+
+
+def decode_object(raw: bytes) -> dict[str, Any]:
+    """A JSON object from `raw`, under the rules in the module's docstring."""
+    try:
+        body = msgspec.json.decode(raw) if raw else None
+    except _DECODE_ERRORS as exc:
+        raise BadRequest("malformed_json", f"request body is not valid JSON: "
+                         f"{_why(exc)}") from None
+    if not isinstance(body, dict):
+        raise BadRequest("malformed_json", "request body must be a JSON object")
+    if too_deep(raw):
+        raise BadRequest("malformed_json", f"request body nests deeper than {MAX_JSON_DEPTH}")
+    refuse_duplicate_keys(raw)
+    return body
+
+
+def _why(exc: Exception) -> str:
+    if isinstance(exc, UnicodeDecodeError):
+        return "a string is not UTF-8"
+    if isinstance(exc, RecursionError):
+        return f"it nests deeper than {MAX_JSON_DEPTH}"
+    return str(exc)
+
+
+def refuse_unknown(body: dict[str, Any], fields: Collection[str], what: str = "") -> None:
+    """400 invalid_parameter naming the fields of `body` not in `fields`."""
+    unknown = [k for k in body if k not in fields]
+    if unknown:
+        raise BadRequest("invalid_parameter", f"unknown field(s) {sorted(unknown)}"
+                         f"{' in ' + what if what else ''}; known: {sorted(fields)}",
+                         unknown=sorted(unknown))
+
+
+async def read_object(request: web.Request, fields: Collection[str] | None
+                      ) -> dict[str, Any]:
+    """The request's JSON object, holding only `fields` (None: the caller checks them)."""
+    body = decode_object(await read_raw(request))
+    if fields is not None:
+        refuse_unknown(body, fields)
+    return body
