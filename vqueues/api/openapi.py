@@ -14,6 +14,7 @@ import msgspec
 from vqueues import __version__
 from vqueues.api import params
 from vqueues.api.codec import LeasePage, PrefixLeasePage, ReadPage
+from vqueues.auth import required_scope
 from vqueues.consumer_configs import MAX_ATTEMPTS_LIMIT
 from vqueues.errors import REGISTRY
 from vqueues.names import MAX_NAME_BYTES
@@ -46,7 +47,7 @@ _ANSWERS = (EnqueueResult, ReadPage, AckResult, ConsumerDeletion, QueueInfo, Que
             ScheduledCancellation, PrefixConsumerInfo, PrefixLeasePage, PrefixSettleResult)
 _TEMPLATE = "#/components/schemas/{name}"
 _PREFIX_TOKENS = {"type": "array", "minItems": 1, "items": {
-    "type": "object", "required": ["queue", "token"],
+    "type": "object", "required": ["queue", "token"], "additionalProperties": False,
     "properties": {"queue": {"type": "string"}, "token": {"type": "string"}}}}
 _TAG_PARAM = {"name": "tag", "in": "query", "schema": {"type": "string"},
               "description": "only records carrying this tag (from the tag index)"}
@@ -63,15 +64,62 @@ def _ok(schema: str, description: str = "OK") -> dict[str, Any]:
 
 _ERR = {"description": "error (see the Error schema for every code)",
         "content": {"application/json": {"schema": _ref("Error")}}}
+_RETRY_AFTER = {"Retry-After": {"description": "seconds to wait before retrying",
+                                "schema": {"type": "integer", "minimum": 0}}}
+_ERR_LATER = {**_ERR, "headers": _RETRY_AFTER}
+_BODY_ERRORS = {
+    "408": {**_ERR, "description": "request_timeout: the body did not arrive within "
+                                   "body_timeout_ms (retriable; the connection is closed)"},
+    "413": {**_ERR, "description": "payload_too_large or record_too_large"},
+    "415": {**_ERR, "description": "unsupported_media_type: Content-Type is not JSON, or "
+                                   "Content-Encoding is not gzip, deflate or identity"}}
+_BODY_NOTE = ("JSON (application/json, or any application/*+json; UTF-8), optionally "
+              "Content-Encoding gzip or deflate. Strict: no field the schema does not list, no "
+              "key twice, nesting at most 32 deep (docs/api.md, 'Request bodies').")
 
 
-def _body(schema: str) -> dict[str, Any]:
-    return {"required": True, "content": {"application/json": {"schema": _ref(schema)}}}
+def _body(schema: str, required: bool = True) -> dict[str, Any]:
+    return {"required": required, "description": _BODY_NOTE,
+            "content": {"application/json": {"schema": _ref(schema)}}}
+
+
+def _secured(paths: dict[str, Any], s: Settings) -> dict[str, Any]:
+    """Each operation as the node enforces it: the bearer token it needs (with auth on;
+    with auth off one is accepted and not needed) and 401/403 where it needs one; 408, 413
+    and 415 where it takes a body; Retry-After on 429 and 503."""
+    for path, operations in paths.items():
+        for method, op in operations.items():
+            responses = op["responses"]
+            need = required_scope(path, method.upper())
+            if need == "metrics" and not s.metrics_auth:
+                need = None
+            if need is None:
+                op["security"] = []
+            else:
+                op["security"] = [{"bearer": []}] if s.auth else [{}, {"bearer": []}]
+                responses.setdefault("401", {**_ERR, "description": "unauthenticated (auth "
+                                             "on): no valid bearer token"})
+                if need not in ("any", "metrics"):
+                    responses.setdefault("403", {**_ERR, "description": "forbidden (auth "
+                                                 f"on): the token has no {need!r} scope on "
+                                                 "this queue"})
+            if "requestBody" in op:
+                for code, answer in _BODY_ERRORS.items():
+                    responses.setdefault(code, answer)
+            for code in ("429", "503"):
+                if code in responses:
+                    responses[code] = {**responses[code], "headers": _RETRY_AFTER}
+    return paths
 
 
 def _request_schemas(s: Settings) -> dict[str, Any]:
+    lease = {"max_records": params.LEASE_MAX_RECORDS.body_schema(s),
+             "visibility_ms": params.LEASE_VISIBILITY_MS.body_schema(s),
+             "wait_ms": params.LEASE_WAIT_MS.body_schema(s),
+             "encoding": {"enum": ["utf8", "base64"], "default": "utf8"}}
     return {
-        "EnqueueRequest": {"type": "object", "required": ["records"], "properties": {
+        "EnqueueRequest": {"type": "object", "required": ["records"],
+                           "additionalProperties": False, "properties": {
             "records": {"type": "array", "minItems": 1, "maxItems": s.max_batch_records,
                         "items": {"type": "object", "required": ["value"],
                                   "additionalProperties": False, "properties": {
@@ -105,7 +153,8 @@ def _request_schemas(s: Settings) -> dict[str, Any]:
                                           "value, headers, tags and schedule as given answers "
                                           "the first offset and writes nothing; with another "
                                           "payload, 409 idempotency_key_reused"}}}}}},
-        "AckRequest": {"type": "object", "required": ["offset"], "properties": {
+        "AckRequest": {"type": "object", "required": ["offset"], "additionalProperties": False,
+                       "properties": {
             "offset": {"type": "integer", "minimum": 0},
             "allow_rewind": {"type": "boolean", "default": False}}},
         "ConsumerSettingsRequest": {"type": "object", "additionalProperties": False,
@@ -123,21 +172,22 @@ def _request_schemas(s: Settings) -> dict[str, Any]:
                               "maximum": s.max_lease_window,
                               "description": "(lease) records leased at once, at most; null: "
                                              "no cap"}}},
-        "LeaseRequest": {"type": "object", "properties": {
-            "max_records": params.LEASE_MAX_RECORDS.body_schema(s),
-            "visibility_ms": params.LEASE_VISIBILITY_MS.body_schema(s),
-            "wait_ms": params.LEASE_WAIT_MS.body_schema(s),
-            "encoding": {"enum": ["utf8", "base64"], "default": "utf8"},
+        "LeaseRequest": {"type": "object", "additionalProperties": False, "properties": {
+            **lease,
             "tag": {"type": "string", "description": "lease only records with this tag; new "
                     "records without it are completed as skipped"}}},
-        "TokensRequest": {"type": "object", "required": ["tokens"], "properties": {
+        "PrefixLeaseRequest": {"type": "object", "additionalProperties": False,
+                               "properties": lease},
+        "TokensRequest": {"type": "object", "required": ["tokens"], "additionalProperties": False,
+                          "properties": {
             "tokens": {"type": "array", "minItems": 1, "items": {"type": "string"}}}},
-        "RetryRequest": {"type": "object", "required": ["tokens"], "properties": {
+        "RetryRequest": {"type": "object", "required": ["tokens"], "additionalProperties": False,
+                         "properties": {
             "tokens": {"type": "array", "minItems": 1, "items": {"type": "string"}},
             "delay_ms": params.RETRY_DELAY_MS.body_schema(s),
             "reason": {"type": "string", "maxLength": MAX_REASON_CHARS}}},
         "ExtendRequest": {"type": "object", "required": ["tokens", "visibility_ms"],
-                          "properties": {
+                          "additionalProperties": False, "properties": {
             "tokens": {"type": "array", "minItems": 1, "items": {"type": "string"}},
             "visibility_ms": params.LEASE_VISIBILITY_MS.body_schema(s)}},
         "PrefixConsumerRequest": {"type": "object", "required": ["prefix"],
@@ -165,14 +215,16 @@ def _request_schemas(s: Settings) -> dict[str, Any]:
                                                  "maximum": MAX_WEIGHT},
                         "description": "queue (under the prefix) -> records per turn "
                                        "(default 1)"}}},
-        "PrefixTokensRequest": {"type": "object", "required": ["tokens"], "properties": {
+        "PrefixTokensRequest": {"type": "object", "required": ["tokens"],
+                                "additionalProperties": False, "properties": {
             "tokens": _PREFIX_TOKENS}},
-        "PrefixRetryRequest": {"type": "object", "required": ["tokens"], "properties": {
+        "PrefixRetryRequest": {"type": "object", "required": ["tokens"],
+                               "additionalProperties": False, "properties": {
             "tokens": _PREFIX_TOKENS,
             "delay_ms": params.RETRY_DELAY_MS.body_schema(s),
             "reason": {"type": "string", "maxLength": MAX_REASON_CHARS}}},
         "PrefixExtendRequest": {"type": "object", "required": ["tokens", "visibility_ms"],
-                                "properties": {
+                                "additionalProperties": False, "properties": {
             "tokens": _PREFIX_TOKENS,
             "visibility_ms": params.LEASE_VISIBILITY_MS.body_schema(s)}},
         "Error": {"type": "object", "required": ["error"], "properties": {"error": {
@@ -189,8 +241,7 @@ def openapi_document(s: Settings) -> dict[str, Any]:
                            "URL-encode `/` as %2F"}
     queue_p = {"name": "queue", "in": "path", "required": True, "schema": name}
     consumer_p = {"name": "consumer", "in": "path", "required": True, "schema": name}
-    errors = {"400": _ERR, "409": _ERR, "503": _ERR,
-              **({"401": _ERR, "403": _ERR} if s.auth else {})}
+    errors = {"400": _ERR, "409": _ERR, "503": _ERR_LATER}
     _, answers = msgspec.json.schema_components(_ANSWERS, ref_template=_TEMPLATE)
     return {
         "openapi": "3.1.0",
@@ -199,15 +250,13 @@ def openapi_document(s: Settings) -> dict[str, Any]:
                                 "{\"error\": {\"code\", \"message\", \"retriable\"}}; 409 "
                                 "`wrong_node` means another node owns the queue's partition; "
                                 "503 carries Retry-After."},
-        "paths": {
+        "paths": _secured({
             "/v1/queues/{queue}/records": {
                 "post": {
                     "summary": "Enqueue records (answered after the broker acknowledged them)",
                     "parameters": [queue_p],
-                    "requestBody": {"required": True, "content": {"application/json": {
-                        "schema": _ref("EnqueueRequest")}}},
-                    "responses": {"200": _ok("EnqueueResult"), "413": _ERR, "429": _ERR,
-                                  **errors},
+                    "requestBody": _body("EnqueueRequest"),
+                    "responses": {"200": _ok("EnqueueResult"), "429": _ERR, **errors},
                 },
                 "get": {
                     "summary": "Read records from the explicit offset, the consumer's committed "
@@ -229,8 +278,7 @@ def openapi_document(s: Settings) -> dict[str, Any]:
                 "post": {
                     "summary": "Commit the consumer's next offset to read (durable)",
                     "parameters": [queue_p, consumer_p],
-                    "requestBody": {"required": True, "content": {"application/json": {
-                        "schema": _ref("AckRequest")}}},
+                    "requestBody": _body("AckRequest"),
                     "responses": {"200": _ok("AckResult"), **errors},
                 },
             },
@@ -249,7 +297,8 @@ def openapi_document(s: Settings) -> dict[str, Any]:
             "/v1/queues/{queue}/consumers/{consumer}/lease": {"post": {
                 "summary": "Lease records no other worker holds, lowest offset first, one per "
                            "ordering key at a time (long poll with wait_ms)",
-                "parameters": [queue_p, consumer_p], "requestBody": _body("LeaseRequest"),
+                "parameters": [queue_p, consumer_p],
+                "requestBody": _body("LeaseRequest", required=False),
                 "responses": {"200": _ok("LeasePage"), **errors}}},
             "/v1/queues/{queue}/consumers/{consumer}/complete": {"post": {
                 "summary": "Finish leased records for good (all tokens, or 409 and none)",
@@ -324,7 +373,8 @@ def openapi_document(s: Settings) -> dict[str, Any]:
             "/v1/prefix-consumers/{consumer}/lease": {"post": {
                 "summary": "Lease records from the queues under the prefix in this node's "
                            "partitions, queue by queue in turn (long poll with wait_ms)",
-                "parameters": [consumer_p], "requestBody": _body("LeaseRequest"),
+                "parameters": [consumer_p],
+                "requestBody": _body("PrefixLeaseRequest", required=False),
                 "responses": {"200": _ok("PrefixLeasePage"), "404": _ERR, **errors}}},
             "/v1/prefix-consumers/{consumer}/complete": {"post": {
                 "summary": "Finish leased records of many queues (all, or 409 and none)",
@@ -350,7 +400,7 @@ def openapi_document(s: Settings) -> dict[str, Any]:
                                      "snapshot could not be built ({status, error})")}}},
             "/readyz": {"get": {"summary": "Ready when every owned partition is replayed",
                                 "responses": {"200": _ok("Object"), "503": _ok("Object")}}},
-        },
+        }, s),
         "components": {"schemas": {**answers, **_request_schemas(s)},
                        "securitySchemes": {"bearer": {
                            "type": "http", "scheme": "bearer",
@@ -358,5 +408,4 @@ def openapi_document(s: Settings) -> dict[str, Any]:
                                           f"(now: {'on' if s.auth else 'off'}); a token-file "
                                           "token or a JWT, scopes per queue-name prefix "
                                           "(docs/security.md)"}}},
-        **({"security": [{"bearer": []}]} if s.auth else {}),
     }
