@@ -10,8 +10,9 @@ from typing import Any
 import msgspec
 from aiohttp import web
 from msgspec import UNSET, UnsetType
+from msgspec.structs import astuple
 
-from vqueues.api.body import decode_object, refuse_duplicate_keys, refuse_unknown
+from vqueues.api.body import colon_escaped, decode_object, refuse_duplicate_keys, refuse_unknown
 from vqueues.errors import BadRequest, PayloadTooLarge
 from vqueues.idempotency import (
     KEY_HEADER,
@@ -134,26 +135,6 @@ class _InRecord(msgspec.Struct, forbid_unknown_fields=True):
     delay_ms: int | UnsetType | None = UNSET
 
 
-def _sent(item: _InRecord) -> tuple[int, int]:
-    """The keys a record object named beyond `value`, and the colons in its strings beyond its
-    value's (for a record that has more than a value)."""
-    keys = colons = 0
-    if item.encoding is not UNSET:
-        keys += 1
-        colons += item.encoding.count(":")
-    if item.headers is not UNSET:
-        keys += 1 + len(item.headers)
-        colons += sum(k.count(":") + v.count(":") for k, v in item.headers.items())
-    if item.idempotency_key is not UNSET:
-        keys += 1
-        colons += item.idempotency_key.count(":") if item.idempotency_key else 0
-    if item.tags is not UNSET:
-        keys += 1
-        colons += sum(t.count(":") for t in item.tags) if item.tags else 0
-    keys += (item.deliver_at is not UNSET) + (item.delay_ms is not UNSET)
-    return keys, colons
-
-
 def _record_headers(value: bytes | None, headers: dict[str, str], tags: Any, deliver_at: Any,
                     delay_ms: Any, key: Any, i: int, settings: Settings
                     ) -> list[tuple[str, bytes]]:
@@ -253,14 +234,38 @@ def decode_enqueue(raw: bytes, settings: Settings) -> list[NewRecord]:
         items = []
     if not items or len(items) > settings.max_batch_records:
         return decode_records(decode_object(raw), settings)
+    values = [item.value for item in items]
+    colons = "".join(filter(None, values)).count(":")
+    if raw.count(b":") == 1 + len(items) + colons and not colon_escaped(raw):
+        # Every colon is in a string, after "records" or after a record's "value": each record
+        # holds nothing but its value (the usual record), and no key is named twice.
+        return _values_only(values, settings.max_record_bytes)
+    return _records(raw, items, colons, settings)
+
+
+_OPTIONAL = len(_InRecord.__struct_fields__) - 1  # every field but `value`
+
+
+def _values_only(values: list[str | None], limit: int) -> list[NewRecord]:
+    out: list[NewRecord] = []
+    for i, value in enumerate(values):
+        data = value.encode("utf-8", "surrogatepass") if value is not None else None
+        if data is not None and len(data) > limit:
+            raise PayloadTooLarge("record_too_large", f"records[{i}] is {len(data)} bytes; "
+                                  f"at most {limit}", max=limit)
+        out.append((data, []))
+    return out
+
+
+def _records(raw: bytes, items: list[_InRecord], colons: int, settings: Settings
+             ) -> list[NewRecord]:
+    """Records with more than a value: each field checked, and the keys counted so that a key
+    named twice is found (`colons`: those in the values)."""
     out: list[NewRecord] = []
     limit = settings.max_record_bytes
     keys = 1 + len(items)  # "records", and each record's "value"
-    colons = 0
     for i, item in enumerate(items):
         value = item.value
-        if value is not None:
-            colons += value.count(":")
         encoding = item.encoding if item.encoding is not UNSET else "utf8"
         if encoding == "utf8" and value is not None:
             data: bytes | None = value.encode("utf-8", "surrogatepass")
@@ -271,19 +276,31 @@ def decode_enqueue(raw: bytes, settings: Settings) -> list[NewRecord]:
         if data is not None and len(data) > limit:
             raise PayloadTooLarge("record_too_large", f"records[{i}] is {len(data)} bytes; "
                                   f"at most {limit}", max=limit)
-        if item.encoding is UNSET and item.headers is UNSET and item.idempotency_key is UNSET \
-                and item.tags is UNSET and item.deliver_at is UNSET and item.delay_ms is UNSET:
-            out.append((data, []))  # most records carry nothing but a value
+        unset = astuple(item).count(UNSET)
+        keys += _OPTIONAL - unset
+        key = item.idempotency_key
+        if unset == _OPTIONAL:
+            out.append((data, []))  # nothing but a value
             continue
-        more_keys, more_colons = _sent(item)
-        keys += more_keys
-        colons += more_colons
+        if unset == _OPTIONAL - 1 and key is not UNSET:  # a value and a key: the keyed enqueue
+            if key is None:
+                out.append((data, []))
+            else:
+                colons += key.count(":")
+                out.append((data, _with_key([], key, i)))
+            continue
         headers = item.headers if item.headers is not UNSET else {}
         tags = item.tags if item.tags is not UNSET else None
         deliver_at = item.deliver_at if item.deliver_at is not UNSET else None
         delay_ms = item.delay_ms if item.delay_ms is not UNSET else None
-        key = item.idempotency_key if item.idempotency_key is not UNSET else None
+        if key is UNSET:
+            key = None
+        elif key:
+            colons += key.count(":")
         if headers or tags is not None or deliver_at is not None or delay_ms is not None:
+            keys += len(headers)
+            colons += "".join(headers).count(":") + "".join(headers.values()).count(":")
+            colons += "".join(tags).count(":") if tags else 0
             out.append((data, _record_headers(data, headers, tags, deliver_at, delay_ms, key, i,
                                               settings)))
         elif key is not None:  # a key and a value: the keyed enqueue
