@@ -72,7 +72,9 @@ REGISTRY: dict[str, ErrorSpec] = {
     # 503: temporary; retry after `Retry-After`.
     "partition_replaying": _e(503, True, "the partition is still being replayed"),
     "partition_unavailable": _e(503, True, "no node owns the queue's partition now, as far as "
-                                           "this node knows (a rebalance is under way)"),
+                                           "this node knows (a rebalance is under way), or "
+                                           "this node stood still and has not confirmed it "
+                                           "still owns it (self_fence_ms)"),
     "broker_error": _e(503, True, "a Kafka operation failed"),
     "broker_timeout": _e(503, True, "Kafka did not answer in time"),
     "broker_unreachable": _e(503, True, "no Kafka broker answered"),

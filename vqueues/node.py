@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import math
 from typing import Any
 
 from aiohttp import web
@@ -25,6 +26,7 @@ from vqueues.lease_expiry import LeaseExpiry
 from vqueues.maintenance import Maintenance
 from vqueues.ownership import Ownership
 from vqueues.scheduler import Scheduler
+from vqueues.self_fence import SelfFence
 from vqueues.service import QueueService
 from vqueues.settings import Settings
 
@@ -41,6 +43,7 @@ class Node:
         self._producers: list[AsyncProducer] = []
         self._fetcher: Fetcher | None = None
         self._tail: TopicTail | None = None
+        self._fence: SelfFence | None = None
         self.service: QueueService | None = None
         self._maintenance: list[asyncio.Task[None]] = []
         self.ownership: Ownership | None = None
@@ -77,11 +80,14 @@ class Node:
         offset_log = KafkaOffsetLog(offsets, s.offset_topic, reader_conf)
         snapshot_log = (KafkaOffsetLog(offsets, s.snapshot_topic, reader_conf)
                         if with_snapshots else None)
+        self._fence = SelfFence(s.self_fence_ms / 1000 if s.self_fence_ms else math.inf)
+        if s.self_fence_ms:
+            self._fence.start()
         self.ownership = Ownership(
             loop, partitions, cache, offset_log,
             node_id=s.effective_node_id, url=s.effective_url, cluster_map=cluster_map,
             assignment_log=TopicLog(offsets, s.assignment_topic), snapshot_log=snapshot_log,
-            idempotency_window_ms=s.idempotency_window_ms)
+            idempotency_window_ms=s.idempotency_window_ms, fence=self._fence)
         self._tail = TopicTail(
             self._conf(**{"group.id": f"vq-map-{s.effective_node_id}",
                           "fetch.wait.max.ms": s.fetch_wait_max_ms}),
@@ -94,7 +100,8 @@ class Node:
         self._group = GroupMember(self._conf(**{
             "group.id": s.group_id, "session.timeout.ms": s.session_timeout_ms,
             "heartbeat.interval.ms": s.heartbeat_interval_ms,
-            "fetch.wait.max.ms": s.fetch_wait_max_ms}), s.data_topic, self.ownership)
+            "fetch.wait.max.ms": s.fetch_wait_max_ms}), s.data_topic, self.ownership,
+            fence=self._fence)
         self._group.start()
         self._maintenance = Maintenance(s, self.ownership, self.service, snapshot_log).start()
         self._maintenance.append(asyncio.create_task(
@@ -134,6 +141,8 @@ class Node:
             await asyncio.to_thread(self._group.stop)
         if self._tail is not None:
             await asyncio.to_thread(self._tail.stop)
+        if self._fence is not None:
+            self._fence.stop()
         if self.ownership is not None:
             await self.ownership.close()
         if self.service is not None:

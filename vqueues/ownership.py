@@ -17,6 +17,7 @@ import contextlib
 import functools
 import gc
 import logging
+import math
 import time
 from collections.abc import Callable, Container, Coroutine, Sequence
 from typing import Any
@@ -32,6 +33,7 @@ from vqueues.offset_replay import OffsetReplay
 from vqueues.partition_state import PartitionState
 from vqueues.prefix_consumers import PrefixConsumers
 from vqueues.records import Record
+from vqueues.self_fence import SelfFence
 from vqueues.snapshot_restore import SnapshotRestore
 from vqueues.storage import Consumed, Log, OffsetLog
 
@@ -78,8 +80,11 @@ class Ownership:
                  metrics: Metrics | None = None,
                  snapshot_log: OffsetLog | None = None,
                  idempotency_window_ms: int = 600_000,
-                 prefixes: PrefixConsumers | None = None) -> None:
+                 prefixes: PrefixConsumers | None = None,
+                 fence: SelfFence | None = None) -> None:
         self.loop = loop
+        # Refuses offset-topic writes after a pause until the group confirms (self_fence.py).
+        self.fence = fence or SelfFence(math.inf)
         self.partitions = partitions
         self.idempotency_window_ms = idempotency_window_ms
         self.cache = cache

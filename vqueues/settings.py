@@ -45,6 +45,11 @@ class Settings:
     group_id: str = _f("vq-nodes", "Kafka consumer group the nodes form over the data topic")
     session_timeout_ms: int = _f(10000, "group session timeout (Kafka's session.timeout.ms)")
     heartbeat_interval_ms: int = _f(1000, "group heartbeat interval (heartbeat.interval.ms)")
+    self_fence_ms: int = _f(
+        2000, "a node that stood still longer than this (a pause: SIGSTOP, a frozen VM) refuses "
+        "offset-topic writes (acks, leases, settles, consumer changes) with 503 until the group "
+        "coordinator confirms it still owns its partitions; must be below session_timeout_ms "
+        "minus heartbeat_interval_ms; 0: off")
     fetch_wait_max_ms: int = _f(
         100, "longest the tail's fetch waits for data (fetch.wait.max.ms). The node's own "
         "writes never wait for it (ADR 6); it bounds idle fetch traffic, and on brokers that hold "
@@ -243,6 +248,11 @@ class Settings:
         if not MIN_VISIBILITY_MS <= self.default_visibility_ms <= self.max_visibility_ms:
             raise ValueError(f"default_visibility_ms must be between {MIN_VISIBILITY_MS} and "
                              "max_visibility_ms")
+        if self.self_fence_ms and \
+                self.self_fence_ms + self.heartbeat_interval_ms >= self.session_timeout_ms:
+            raise ValueError("self_fence_ms must be below session_timeout_ms minus "
+                             "heartbeat_interval_ms (a longer pause could lose the session "
+                             "unseen), or 0")
         if bool(self.tls_cert) != bool(self.tls_key):
             raise ValueError("tls_cert and tls_key go together: give both or neither")
         self.kafka_extra()

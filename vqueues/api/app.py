@@ -12,6 +12,7 @@ from vqueues.api.keys import AUTH, PREFIX, QUOTAS, SERVICE, SETTINGS, WORK
 from vqueues.api.middlewares import (
     auth_middleware,
     error_middleware,
+    fence_middleware,
     metrics_middleware,
     text_middleware,
 )
@@ -62,6 +63,7 @@ def create_app(service: QueueService, settings: Settings) -> web.Application:
     auth = authenticator(settings)
     if auth is not None:
         middlewares.append(auth_middleware)
+    middlewares.append(fence_middleware)  # after auth: a refused caller learns nothing of it
     app = web.Application(middlewares=middlewares, client_max_size=settings.max_body_bytes)
     app[SERVICE] = service
     app[SETTINGS] = settings

@@ -106,6 +106,34 @@ async def metrics_middleware(request: web.Request, handler: Handler) -> web.Stre
         timer.observe(time.perf_counter() - started)
 
 
+_UNFENCED = ("/v1/queues/{queue}/records", "/v1/prefix-consumers/{consumer}",
+             "/v1/queues/{queue}/scheduled/{id}", "/get_records", "/get_partitions")
+
+
+@web.middleware
+async def fence_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """The self-fence (vqueues/self_fence.py) on every route that writes the offset topic
+    (acks, leases, settles, consumer and queue changes): 503 before acting while this node
+    may have stood still unconfirmed, and 503 instead of 200 if it stood still while acting,
+    as the next owner's replay may ignore what it wrote. Enqueues and reads need no fence:
+    a record written to the data topic is served by whoever owns it next."""
+    info = request.match_info.route.resource
+    route = info.canonical if info is not None else ""
+    if request.method == "GET" or route in _UNFENCED or route.endswith("/stream"):
+        return await handler(request)
+    fence = request.app[SERVICE].ownership.fence
+    fence.check(_partition(request))
+    epoch = fence.epoch
+    response = await handler(request)
+    fence.check_since(epoch, _partition(request))
+    return response
+
+
+def _partition(request: web.Request) -> int | None:
+    queue = request.match_info.get("queue")
+    return request.app[SERVICE].partition_of(queue) if queue is not None else None
+
+
 def _scoped_queue(request: web.Request, route: str) -> str | None:
     """What a route's scope is checked on: its queue; the prefix of a listing or of a prefix
     consumer (the scope must reach every queue under it); "" (every queue) for a compat

@@ -120,6 +120,10 @@ class _Stream:
                 self.granted.set()
                 return
             result: Any
+            fence = app[SERVICE].ownership.fence
+            partition = app[SERVICE].partition_of(self.queue)
+            fence.check(partition)
+            epoch = fence.epoch
             if kind in SETTLING:
                 if self.mode != LEASE:
                     raise BadRequest("invalid_parameter", f"{kind} needs a lease stream")
@@ -134,6 +138,7 @@ class _Stream:
             else:
                 raise BadRequest("invalid_parameter",
                                  "op must be credit, complete, retry, extend or ack")
+            fence.check_since(epoch, partition)
             await self.send({"type": "result", "id": ident, "op": kind,
                              "result": msgspec.to_builtins(result)})
         except VQError as exc:

@@ -10,15 +10,19 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from typing import Any
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPartition
 
 from vqueues.kafka import kafka_errors, poll
 from vqueues.records import Record
+from vqueues.self_fence import SelfFence
 from vqueues.storage import Consumed, GroupListener
 
 log = logging.getLogger(__name__)
+
+CONFIRM_RETRY_S = 0.2  # between attempts to confirm the generation after a pause
 
 
 def to_record(msg: Any) -> Record:
@@ -32,7 +36,7 @@ class GroupMember:
     """Joins `group.id` over `topic` and feeds `listener` until `stop()`."""
 
     def __init__(self, conf: dict[str, Any], topic: str, listener: GroupListener,
-                 batch_size: int = 2000) -> None:
+                 batch_size: int = 2000, fence: SelfFence | None = None) -> None:
         conf = {
             **conf,
             "enable.auto.commit": False,
@@ -45,6 +49,8 @@ class GroupMember:
         self._topic = topic
         self._listener = listener
         self._batch_size = batch_size
+        self._fence = fence
+        self._confirm_after = 0.0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="vq-group", daemon=True)
 
@@ -83,6 +89,8 @@ class GroupMember:
                     self._flush(polled.messages)
                 for partition, offset in polled.ends.items():
                     self._listener.reached_end(partition, offset)
+                if self._fence is not None and self._fence.suspect:
+                    self._confirm(self._fence)
         except Exception as exc:  # the thread must report, never die silently
             log.exception("group_thread_failed")
             self._listener.failed(repr(exc))
@@ -92,6 +100,30 @@ class GroupMember:
                 consumer.close()
             except Exception:
                 log.exception("group_close_failed")
+
+    def _confirm(self, fence: SelfFence) -> None:
+        """After a pause: ask the group coordinator whether this member's generation still
+        stands, by committing the positions of the assigned partitions (the coordinator checks
+        member and generation; the committed offsets are not read back by vqueues). A refusal
+        (UNKNOWN_MEMBER_ID, ILLEGAL_GENERATION, ...) leaves the fence up: librdkafka reports the
+        partitions lost on a next poll and the node drops them."""
+        now = time.monotonic()
+        if now < self._confirm_after:
+            return
+        epoch = fence.epoch
+        assignment = self._consumer.assignment()
+        if not assignment:
+            fence.confirmed(epoch)  # nothing owned: nothing to confirm
+            return
+        offsets = [TopicPartition(self._topic, tp.partition, max(tp.offset, 0))
+                   for tp in self._consumer.position(assignment)]
+        try:
+            self._consumer.commit(offsets=offsets, asynchronous=False)
+        except KafkaException as exc:
+            self._confirm_after = now + CONFIRM_RETRY_S
+            log.warning("ownership_not_confirmed", extra={"error": str(exc)})
+            return
+        fence.confirmed(epoch)
 
     def _flush(self, messages: list[Any]) -> None:
         positions: dict[int, int] = {}
