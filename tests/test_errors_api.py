@@ -5,6 +5,7 @@ import gzip
 import io
 import json
 import re
+import zlib
 
 import pytest
 
@@ -148,6 +149,7 @@ def post_head(path: bytes, length: int, *headers: bytes) -> bytes:
 
 
 JSON = b"Content-Type: application/json"
+JSON_TYPE = {"Content-Type": "application/json"}
 
 
 @pytest.mark.parametrize(("raw", "expected"), [
@@ -213,7 +215,7 @@ async def test_settings_prefix_and_compat_bodies_refuse_unknown_fields(client, n
     ({"Content-Type": "text/plain"}, 415, "unsupported_media_type"),
     ({"Content-Type": "application/x-www-form-urlencoded"}, 415, "unsupported_media_type"),
     ({"Content-Type": "application/json; charset=latin-1"}, 415, "unsupported_media_type"),
-    ({"Content-Type": "application/json", "Content-Encoding": "br2"}, 415,
+    ({"Content-Type": "application/json", "Content-Encoding": "br"}, 415,
      "unsupported_media_type"),
     ({"Content-Type": "application/json", "Content-Encoding": "gzip"}, 400, "bad_request"),
 ])
@@ -232,14 +234,28 @@ async def test_json_gzip_and_untyped_bodies_are_taken(client, node):
     for data, headers in ((plain, {"Content-Type": "application/json; charset=utf-8"}),
                           (plain, {"Content-Type": "application/vnd.vq+json"}),
                           (gzip.compress(plain), {"Content-Type": "application/json",
-                                                  "Content-Encoding": "gzip"})):
+                                                  "Content-Encoding": "gzip"}),
+                          (zlib.compress(plain), {**JSON_TYPE, "Content-Encoding": "deflate"}),
+                          (zlib.compress(plain)[2:-4], {**JSON_TYPE,
+                                                        "Content-Encoding": "deflate"})):
         status, body = await call(client, "POST", f"{node.url}/v1/queues/{q}/records",
                                   data=data, headers=headers)
         assert status == 200, body
     status, _ = await raw_request(node, post_head(f"/v1/queues/{q}/records".encode(),
                                                   len(plain)), plain)  # no Content-Type
     assert status == 200
-    assert len((await read(client, node, q))["records"]) == 4
+    assert len((await read(client, node, q))["records"]) == 6
+
+
+async def test_a_small_gzip_body_that_inflates_past_the_limit_gets_413(client, node):
+    q = qname()
+    bomb = gzip.compress(b'{"records": [{"value": "' + b"x" * (17 * 1024 * 1024) + b'"}]}')
+    assert len(bomb) < 100_000
+    status, body = await call(client, "POST", f"{node.url}/v1/queues/{q}/records", data=bomb,
+                              headers={"Content-Type": "application/json",
+                                       "Content-Encoding": "gzip"})
+    assert (status, code(body)) == (413, "payload_too_large")
+    assert (await call(client, "GET", f"{node.url}/v1/queues/{q}"))[0] == 404
 
 
 async def test_names_queries_and_headers_that_are_not_utf8_get_400(client, node):
@@ -268,6 +284,12 @@ async def test_a_body_slower_than_the_timeout_gets_408_and_others_are_served(cli
     assert (status, code(got), got["error"]["retriable"]) == (408, "request_timeout", True)
     assert [r["value"] for r in (await read(client, node, q))["records"]] == ["served meanwhile"]
 
+
+async def test_the_compat_ack_without_an_offset_is_400_missing_field(client, node):
+    for payload in ({"Queue": "q", "Consumer": "c"}, {"Queue": "q", "Consumer": "c",
+                                                       "Offset": None}):
+        status, body = await call(client, "POST", f"{node.url}/consumer_ack", json=payload)
+        assert (status, code(body)) == (400, "missing_field"), payload
 
 async def test_no_hostile_input_crashed_a_handler(client, node):
     """Runs after the tests above (file order): none of their requests reached the catch-all

@@ -109,7 +109,10 @@ class Node:
         app = api.create_app(self.service, s)
         self._maintenance.append(asyncio.create_task(
             LeaseExpiry(app[WORK], self.ownership, s.scheduler_tick_ms).run_forever()))
-        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=10.0)
+        # auto_decompress off: request bodies are decoded by the handlers (api/body.py), so that
+        # a broken gzip body gets the node's JSON error, not the HTTP parser's plain text.
+        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=10.0,
+                                     auto_decompress=False)
         await self._runner.setup()
         await web.TCPSite(self._runner, s.http_host, s.http_port,
                           ssl_context=s.ssl_context()).start()

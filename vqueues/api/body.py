@@ -3,8 +3,10 @@
 
 - `Content-Type`: `application/json` or `application/<x>+json` (charset UTF-8 if one is named),
   or none at all; anything else is `415 unsupported_media_type`.
-- `Content-Encoding`: none, `identity`, `gzip` or `deflate` (aiohttp decodes them); another is
-  `415`, a body that does not decode is `400 bad_request`.
+- `Content-Encoding`: none, `identity`, `gzip` or `deflate`, decoded here (the server runs with
+  aiohttp's own decoding off: its parser would refuse a broken body as plain text before any
+  handler runs); another is `415`, a body that does not decode is `400 bad_request`, one that
+  decodes to more than `max_body_bytes` is `413`.
 - The whole body arrives within `body_timeout_ms`, else `408 request_timeout`.
 - JSON: valid UTF-8, nested at most `MAX_JSON_DEPTH` deep, no key twice in one object, an object
   at the top (`400 malformed_json`); fields a route does not know are refused.
@@ -15,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import zlib
 from collections.abc import Collection
 from itertools import accumulate
 from typing import Any
@@ -23,7 +26,7 @@ import msgspec
 from aiohttp import web
 
 from vqueues.api.keys import SETTINGS
-from vqueues.errors import BadRequest, VQError
+from vqueues.errors import BadRequest, PayloadTooLarge, VQError
 
 MAX_JSON_DEPTH = 32  # our deepest body is 4 levels; deeper is an attack on the decoder
 DECODED_ENCODINGS = ("identity", "gzip", "deflate")
@@ -57,13 +60,14 @@ def check_media(request: web.Request) -> None:
 
 
 async def read_raw(request: web.Request) -> bytes:
-    """The body's bytes, decoded from its Content-Encoding (aiohttp enforces client_max_size:
-    413), after `check_media`."""
+    """The body's bytes, decoded from its Content-Encoding, after `check_media` (aiohttp
+    enforces client_max_size on what is sent: 413)."""
     check_media(request)
-    timeout_s = request.app[SETTINGS].body_timeout_ms / 1000
+    settings = request.app[SETTINGS]
+    timeout_s = settings.body_timeout_ms / 1000
     try:
         async with asyncio.timeout(timeout_s):
-            return await request.read()
+            raw = await request.read()
     except TimeoutError:
         raise UnreadableBody("request_timeout", f"the request body did not arrive within "
                       f"{round(timeout_s * 1000)} ms") from None
@@ -75,6 +79,26 @@ async def read_raw(request: web.Request) -> bytes:
         why = (f"the request body does not decode as its Content-Encoding {coding!r}"
                if coding else "the request body could not be read")
         raise UnreadableBody("bad_request", why) from None
+    coding = (request.headers.get("Content-Encoding") or "identity").strip().lower()
+    return raw if coding == "identity" else decompress(raw, coding, settings.max_body_bytes)
+
+
+def decompress(raw: bytes, coding: str, limit: int) -> bytes:
+    """`raw` decoded from gzip or deflate (zlib-wrapped, or bare as some clients send it),
+    at most `limit` bytes of it (413 beyond: a small body can inflate a thousandfold)."""
+    tries = (16 + zlib.MAX_WBITS,) if coding == "gzip" else (zlib.MAX_WBITS, -zlib.MAX_WBITS)
+    for wbits in tries:
+        inflater = zlib.decompressobj(wbits)
+        try:
+            out = inflater.decompress(raw, limit + 1)
+        except zlib.error:
+            continue
+        if len(out) > limit:
+            raise PayloadTooLarge("payload_too_large", f"the request body decodes to over "
+                                  f"{limit} bytes (max_body_bytes)", max=limit)
+        if inflater.eof and not inflater.unused_data:
+            return out
+    raise BadRequest("bad_request", f"the request body is not valid {coding}")
 
 
 def colon_escaped(raw: bytes) -> bool:

@@ -87,10 +87,10 @@ def routes() -> list[web.RouteDef]:
         f = await _fields(request, _CONSUMER_ACK)
         queue = _name(f, "Queue", True)
         consumer = _name(f, "Consumer", True)
-        if "offset" not in f:
-            raise BadRequest("missing_field", "Offset is required")
         offset = _int(f, "Offset", None)
-        assert queue is not None and consumer is not None and offset is not None
+        if offset is None:  # absent or null
+            raise BadRequest("missing_field", "Offset is required")
+        assert queue is not None and consumer is not None
         if offset < 0:
             raise BadRequest("invalid_offset", "Offset must not be negative")
         rewind = f.get("allowrewind", False)
