@@ -1,5 +1,8 @@
 """Property-based fuzzing (schemathesis) of every operation in the node's own OpenAPI document,
-against a real node with auth on.
+against a real node with auth on: valid data, then schemathesis' negative data (values the
+schema forbids), then byte-level mutations of valid requests (tests/mutations.py: non-UTF-8,
+deep nesting, doubled keys, huge numbers, broken encodings and content types, mangled paths,
+queries and headers) that no schema-driven generator reaches.
 
 For each generated request, sent with a full token, a narrow token or none:
 - no 5xx;
@@ -12,9 +15,12 @@ The node runs with `max_wait_ms` of 50 (long polls end quickly) and `max_schedul
 0 (no record moves later by itself, which would look like a change).
 """
 
+import asyncio
 import itertools
 import json
+import random
 import re
+from collections import Counter
 from pathlib import Path
 from urllib.parse import quote
 
@@ -22,7 +28,9 @@ import pytest
 import requests
 import schemathesis
 from hypothesis import HealthCheck, given, settings
+from hypothesis.errors import Unsatisfiable
 
+from tests import mutations
 from tests.support import LOGS, NodeProcess, http
 from vqueues.auth import token_hash
 from vqueues.errors import REGISTRY
@@ -30,6 +38,8 @@ from vqueues.errors import REGISTRY
 FULL = "fuzz-full-token"
 NARROW = "fuzz-narrow-token"  # read and write on queues starting with "q" only
 EXAMPLES = 150
+NEGATIVE_EXAMPLES = 60
+MUTATED = 1500
 ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
 _WRITE_COUNTERS = ("vq_records_enqueued_total", "vq_acks_total", "vq_queues_deleted_total",
                    "vq_records_leased_total", "vq_records_completed_total",
@@ -127,22 +137,49 @@ def _fuzz_one(case, node):
 def test_fuzzed_requests_get_no_5xx_json_errors_and_refusals_change_nothing(
         fuzz_node, fuzz_schema):
     # Hypothesis driven directly with schemathesis' strategies (its pytest fixture loader
-    # does not work with pytest 9): up to EXAMPLES cases per operation.
-    for result in fuzz_schema.get_all_operations():
-        operation = result.ok()
+    # does not work with pytest 9): up to EXAMPLES cases per operation, then
+    # NEGATIVE_EXAMPLES of data the schema forbids.
+    for mode, examples in ((schemathesis.GenerationMode.POSITIVE, EXAMPLES),
+                           (schemathesis.GenerationMode.NEGATIVE, NEGATIVE_EXAMPLES)):
+        for result in fuzz_schema.get_all_operations():
+            operation = result.ok()
 
-        @settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None,
-                  suppress_health_check=list(HealthCheck))
-        @given(case=operation.as_strategy())
-        def run(case):
-            _fuzz_one(case, fuzz_node)
+            @settings(max_examples=examples, deadline=None, derandomize=True, database=None,
+                      suppress_health_check=list(HealthCheck))
+            @given(case=operation.as_strategy(generation_mode=mode))
+            def run(case):
+                _fuzz_one(case, fuzz_node)
 
-        run()
+            try:
+                run()
+            except Unsatisfiable:  # nothing of it can be made invalid (no parameters, no body)
+                assert mode == schemathesis.GenerationMode.NEGATIVE, operation.label
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     (ARTIFACTS / "fuzz.json").write_text(json.dumps(
         {"requests": sent["requests"], "refused": sent["refused"],
          "operations": sorted(sent["operations"])}, indent=2))
     assert sent["requests"] >= 2000, sent
+
+
+def test_byte_level_mutations_of_valid_requests_get_no_5xx_and_registry_errors(fuzz_node):
+    """A seeded run of tests/mutations.py (scripts/fuzz.py runs it longer)."""
+    host, port = fuzz_node.url.removeprefix("http://").split(":")
+    stream = mutations.requests(random.Random(36), FULL)
+    statuses: Counter[int] = Counter()
+
+    async def run():
+        for _ in range(MUTATED):
+            request = next(stream)
+            answer = await mutations.send(host, int(port), request)
+            problem = mutations.violation(answer)
+            assert problem is None, (problem, request.mutations, request.encode()[:600])
+            statuses[answer.status] += 1
+
+    asyncio.run(run())
+    sent["requests"] += MUTATED
+    assert sum(n for s, n in statuses.items() if 400 <= s < 500) > MUTATED // 2, statuses
+    assert statuses[200] > 0, statuses  # mutations that leave a request valid still work
+    assert http("GET", f"{fuzz_node.url}/healthz")[0] == 200
 
 
 def test_after_the_fuzzing_the_node_is_healthy_and_logged_no_crash(fuzz_node, fuzz_schema):
