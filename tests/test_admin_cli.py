@@ -128,7 +128,9 @@ def test_cluster_shows_nodes_partitions_owners_readiness_and_replay(node, topics
 
 def test_consumers_prefixes_shows_each_prefix_consumer_with_backlog_and_in_flight(node, queue):
     with Client(node.url) as c:
-        c.configure_prefix_consumer("crew", queue + "/", max_attempts=7)
+        # One record per queue per turn: two leased records come from both queues (with the
+        # default turn of 10 both could come from the queue whose turn came first).
+        c.configure_prefix_consumer("crew", queue + "/", max_attempts=7, records_per_turn=1)
         c.enqueue(queue + "/a", ["1", "2", "3"])
         c.enqueue(queue + "/b", ["1"])
 
