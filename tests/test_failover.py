@@ -142,12 +142,15 @@ def test_sigterm_hands_partitions_over_well_before_the_session_timeout(bootstrap
     """With a 20 s session timeout, a node stopped with SIGTERM finishes its in-flight
     requests, releases its partitions and leaves the group at once, so they move before the
     session timeout (a node that did not leave holds them for the timeout, then the rebalance).
+    That is a dynamic member's stop (`static_membership` off); a static member keeps its
+    partitions for a restart instead (the next test).
 
     On Kafka the move takes a rebalance (seconds); tansu holds every rebalance for half the
     session timeout (10 s here), which is the figure this test prints on the embedded broker.
     """
     t = create_topics(bootstrap, partitions=6)
-    slow_session = {"VQ_SESSION_TIMEOUT_MS": "20000", "VQ_HEARTBEAT_INTERVAL_MS": "1000"}
+    slow_session = {"VQ_SESSION_TIMEOUT_MS": "20000", "VQ_HEARTBEAT_INTERVAL_MS": "1000",
+                    "VQ_STATIC_MEMBERSHIP": "off"}
     nodes = start_cluster(t, 2, env={0: slow_session, 1: slow_session})
     leaving, staying = nodes
     try:
@@ -181,6 +184,46 @@ def test_sigterm_hands_partitions_over_well_before_the_session_timeout(bootstrap
         assert moved_after < (20 if embedded else 8)
         body = http("GET", f"{staying.url}/v1/partitions")[1]
         assert {o["node"] for o in body["owners"].values()} == {staying.node_id}
+    finally:
+        for n in nodes:
+            n.terminate()
+
+
+def test_a_static_member_restarted_in_place_gets_its_partitions_back_at_once(kafka_bootstrap):
+    """Static membership (KIP-345, Kafka's group.instance.id = node id; on by default except on
+    the embedded broker, whose coordinator does not support it): a node stopped with SIGTERM
+    and started again within the session timeout takes its own partitions back without a
+    rebalance, and the other node's partitions never move."""
+    t = create_topics(kafka_bootstrap, partitions=6)
+    session = {"VQ_SESSION_TIMEOUT_MS": "20000", "VQ_HEARTBEAT_INTERVAL_MS": "1000"}
+    nodes = start_cluster(t, 2, env={0: session, 1: session})
+    restarting, staying = nodes
+    try:
+        mine = http("GET", f"{restarting.url}/v1/partitions")[1]["owned"]
+        theirs = http("GET", f"{staying.url}/v1/partitions")[1]["owned"]
+        assert mine and theirs
+        q = next(f"s-{i}" for i in range(10**5) if partition_for(f"s-{i}", 6) == mine[0])
+        assert http("POST", f"{restarting.url}/v1/queues/{q}/records",
+                    {"records": [{"value": "kept"}]})[0] == 200
+        assert restarting.terminate() == 0
+        t0 = time.monotonic()
+        restarting.start(wait_ready=False)
+        first_read = None
+        while time.monotonic() - t0 < 15:
+            status, body = http("GET", f"{restarting.url}/v1/queues/{q}/records", timeout_s=5)
+            if status == 200:
+                first_read = time.monotonic() - t0
+                assert [r["value"] for r in body["records"]] == ["kept"]
+                break
+            time.sleep(0.05)
+        assert first_read is not None, "the restarted node did not serve its queue"
+        owned = wait_settled(nodes, 6, timeout_s=30)
+        all_ready = time.monotonic() - t0
+        assert sorted(p for p, url in owned.items() if url == restarting.url) == sorted(mine)
+        assert http("GET", f"{staying.url}/v1/partitions")[1]["owned"] == theirs
+        print(f"\nstatic member restarted in place: first read {first_read:.2f}s, every "
+              f"partition ready {all_ready:.2f}s after the start (session timeout 20s)")
+        assert first_read < 15  # well inside the session: no rebalance waited for
     finally:
         for n in nodes:
             n.terminate()

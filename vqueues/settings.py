@@ -45,6 +45,12 @@ class Settings:
     group_id: str = _f("vq-nodes", "Kafka consumer group the nodes form over the data topic")
     session_timeout_ms: int = _f(10000, "group session timeout (Kafka's session.timeout.ms)")
     heartbeat_interval_ms: int = _f(1000, "group heartbeat interval (heartbeat.interval.ms)")
+    static_membership: str = _f(
+        "auto", "join the group as a static member (Kafka's group.instance.id = node_id, "
+        "KIP-345): a node restarted within session_timeout_ms gets its partitions back without "
+        "a rebalance, but one stopped for good holds them until the session times out. auto: "
+        "on, except on the embedded broker (tansu), whose coordinator does not give a "
+        "restarted static member its partitions back", choices=("auto", "on", "off"))
     self_fence_ms: int = _f(
         2000, "a node that stood still longer than this (a pause: SIGSTOP, a frozen VM) refuses "
         "offset-topic writes (acks, leases, settles, consumer changes) with 503 until the group "

@@ -53,6 +53,11 @@ class Admin:
             out[t] = None if tm is None or tm.error is not None else len(tm.partitions)
         return out
 
+    def cluster_id(self, timeout_s: float = 10.0) -> str:
+        """The cluster's id, from its metadata ("" if the broker gives none)."""
+        with kafka_errors("reading cluster metadata"):
+            return str(self._admin.list_topics(timeout=timeout_s).cluster_id or "")
+
     def delete(self, topics: Sequence[str], timeout_s: float = 30.0) -> None:
         with kafka_errors("deleting topics"):
             for fut in self._admin.delete_topics(list(topics), request_timeout=timeout_s).values():
