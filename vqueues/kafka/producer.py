@@ -60,7 +60,8 @@ class AsyncProducer:
                    ) -> list[Delivered]:
         """Write `records` to `topic`/`partition`; return each one's (offset, timestamp) in order.
 
-        With acks=0 the broker reports no offsets: each is -1.
+        With acks=0 the broker reports no offsets: each is -1 (as is a stored record whose
+        offset its delivery report lacks).
         """
         # One send, one producer: its records stay in order. Sends that overlap carry no
         # order between them, so they may take either producer.
@@ -200,7 +201,11 @@ class _Batch:
             self.errors.append(err)
             self.results.append((-1, -1))
         else:
-            self.results.append((msg.offset(), msg.timestamp()[1]))
+            # None: stored, offset unknown (a retry after a lost connection that the broker
+            # found a duplicate of a stored batch). Such a write counts as delivered at -1,
+            # as with acks=0.
+            offset = msg.offset()
+            self.results.append((offset if offset is not None else -1, msg.timestamp()[1]))
         self.pending -= 1
         if self.pending == 0:
             self.loop.call_soon_threadsafe(self._finish)
