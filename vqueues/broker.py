@@ -49,16 +49,20 @@ def stop_process(process: subprocess.Popen[bytes], timeout_s: float) -> None:
 
 
 class EmbeddedBroker:
-    """Starts tansu on a loopback port, health-checked with a metadata request."""
+    """Starts tansu on a loopback port, health-checked with a metadata request. With
+    `advertised_port` it tells clients to connect there instead (a proxy in front of it, as
+    the fault tests use); `bootstrap` is then that address."""
 
-    def __init__(self, port: int | None = None, host: str = "127.0.0.1") -> None:
+    def __init__(self, port: int | None = None, host: str = "127.0.0.1",
+                 advertised_port: int | None = None) -> None:
         self.host = host
         self.port = port
+        self.advertised_port = advertised_port
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
     def bootstrap(self) -> str:
-        return f"{self.host}:{self.port}"
+        return f"{self.host}:{self.advertised_port or self.port}"
 
     def start(self, timeout_s: float = 15.0) -> EmbeddedBroker:
         fixed = self.port is not None
@@ -66,9 +70,10 @@ class EmbeddedBroker:
             if not fixed:
                 self.port = free_port(self.host)
             url = f"tcp://{self.host}:{self.port}"
+            advertised = f"tcp://{self.host}:{self.advertised_port or self.port}"
             self.process = subprocess.Popen(
                 [str(tansu_binary()), "broker", "--listener-url", url,
-                 "--advertised-listener-url", url, "--storage-engine", "memory://tansu/"],
+                 "--advertised-listener-url", advertised, "--storage-engine", "memory://tansu/"],
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                 env={**os.environ, "RUST_LOG": os.environ.get("RUST_LOG", "warn")})
             if self._healthy(timeout_s):
