@@ -66,8 +66,11 @@ async def read_raw(request: web.Request) -> bytes:
     settings = request.app[SETTINGS]
     timeout_s = settings.body_timeout_ms / 1000
     try:
-        async with asyncio.timeout(timeout_s):
+        if request.content.is_eof():  # all of it came with the headers: nothing to wait for
             raw = await request.read()
+        else:
+            async with asyncio.timeout(timeout_s):
+                raw = await request.read()
     except TimeoutError:
         raise UnreadableBody("request_timeout", f"the request body did not arrive within "
                       f"{round(timeout_s * 1000)} ms") from None

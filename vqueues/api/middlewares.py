@@ -122,10 +122,12 @@ async def fence_middleware(request: web.Request, handler: Handler) -> web.Stream
     if request.method == "GET" or route in _UNFENCED or route.endswith("/stream"):
         return await handler(request)
     fence = request.app[SERVICE].ownership.fence
-    fence.check(_partition(request))
+    if fence.stale():
+        fence.check(_partition(request))
     epoch = fence.epoch
     response = await handler(request)
-    fence.check_since(epoch, _partition(request))
+    if epoch != fence.epoch or fence.stale():
+        fence.check_since(epoch, _partition(request))
     return response
 
 
