@@ -76,12 +76,10 @@ async def read_raw(request: web.Request) -> bytes:
                       f"{round(timeout_s * 1000)} ms") from None
     except web.HTTPException:
         raise
-    except (web.RequestPayloadError, ValueError):  # a gzip body that is not gzip, ...
+    except (web.RequestPayloadError, ValueError):  # a broken chunked body, say
         request.content.feed_eof()  # nothing more to read: aiohttp must not try (and log)
-        coding = request.headers.get("Content-Encoding", "")
-        why = (f"the request body does not decode as its Content-Encoding {coding!r}"
-               if coding else "the request body could not be read")
-        raise UnreadableBody("bad_request", why) from None
+        raise UnreadableBody("bad_request", "the request body could not be read "
+                             "(its transfer broke off or was malformed)") from None
     coding = (request.headers.get("Content-Encoding") or "identity").strip().lower()
     return raw if coding == "identity" else decompress(raw, coding, settings.max_body_bytes)
 
