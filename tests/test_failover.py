@@ -190,12 +190,13 @@ def test_sigterm_hands_partitions_over_well_before_the_session_timeout(bootstrap
 
 
 def test_a_static_member_restarted_in_place_gets_its_partitions_back_at_once(kafka_bootstrap):
-    """Static membership (KIP-345, Kafka's group.instance.id = node id; on by default except on
-    the embedded broker, whose coordinator does not support it): a node stopped with SIGTERM
+    """Static membership (KIP-345, Kafka's group.instance.id = node id; off by default, and not
+    supported by the embedded broker's coordinator): a node stopped with SIGTERM
     and started again within the session timeout takes its own partitions back without a
     rebalance, and the other node's partitions never move."""
     t = create_topics(kafka_bootstrap, partitions=6)
-    session = {"VQ_SESSION_TIMEOUT_MS": "20000", "VQ_HEARTBEAT_INTERVAL_MS": "1000"}
+    session = {"VQ_SESSION_TIMEOUT_MS": "20000", "VQ_HEARTBEAT_INTERVAL_MS": "1000",
+               "VQ_STATIC_MEMBERSHIP": "on"}
     nodes = start_cluster(t, 2, env={0: session, 1: session})
     restarting, staying = nodes
     try:
