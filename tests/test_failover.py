@@ -9,7 +9,7 @@ from collections import defaultdict
 import pytest
 from vqueues_client import AsyncClient, VQError
 
-from tests.support import create_topics, http, start_cluster, wait_settled
+from tests.support import LOGS, NodeProcess, create_topics, http, start_cluster, wait_settled
 from vqueues.hashing import partition_for
 
 PARTITIONS = 12
@@ -228,3 +228,50 @@ def test_a_static_member_restarted_in_place_gets_its_partitions_back_at_once(kaf
     finally:
         for n in nodes:
             n.terminate()
+
+
+def test_a_fenced_static_member_makes_a_new_consumer_and_serves_again(kafka_bootstrap):
+    """A static member can be fenced by a member with its own `group.instance.id` (after all the
+    brokers restart, librdkafka's rejoin can meet the member's earlier incarnation): a fatal
+    FENCED_INSTANCE_ID for that consumer. The node drops its partitions as lost, makes a new
+    consumer with the same id, takes the partitions back and serves again."""
+    from confluent_kafka import Consumer
+
+    t = create_topics(kafka_bootstrap, partitions=2)
+    node = NodeProcess(t, extra_env={"VQ_STATIC_MEMBERSHIP": "on"}).start()
+    try:
+        q = "fenced-0"
+        assert http("POST", f"{node.url}/v1/queues/{q}/records",
+                    {"records": [{"value": "before"}]})[0] == 200
+        # Another consumer joins with the node's instance id: the coordinator hands it the
+        # member's place, and fences the node's consumer.
+        impostor = Consumer({"bootstrap.servers": kafka_bootstrap, "group.id": f"{t.prefix}-nodes",
+                             "group.instance.id": node.node_id, "session.timeout.ms": 6000,
+                             "partition.assignment.strategy": "cooperative-sticky"})
+        impostor.subscribe([t.data])
+        deadline = time.monotonic() + 30
+        while not impostor.assignment():
+            assert time.monotonic() < deadline, "the impostor never got the member's partitions"
+            impostor.poll(0.1)
+        impostor.close()  # a static member does not leave: its place waits for the node
+        t0 = time.monotonic()
+        fenced = False
+        while time.monotonic() - t0 < 30:
+            status, body = http("POST", f"{node.url}/v1/queues/{q}/records",
+                                {"records": [{"value": "after"}]}, timeout_s=5)
+            if status != 200:
+                fenced = True
+                assert status == 503 and body["error"]["retriable"], (status, body)
+            elif fenced:
+                break
+            time.sleep(0.1)
+        else:
+            raise AssertionError("the node never served again after it was fenced")
+        print(f"\nfenced static member served again {time.monotonic() - t0:.2f}s after the "
+              "impostor left")
+        page = http("GET", f"{node.url}/v1/queues/{q}/records")[1]
+        assert [r["value"] for r in page["records"]][:2] == ["before", "after"]
+        log = (LOGS / f"{t.prefix}-{node.node_id}.log").read_text()
+        assert "group_member_replaced" in log
+    finally:
+        node.terminate()

@@ -46,13 +46,13 @@ class Settings:
     session_timeout_ms: int = _f(10000, "group session timeout (Kafka's session.timeout.ms)")
     heartbeat_interval_ms: int = _f(1000, "group heartbeat interval (heartbeat.interval.ms)")
     static_membership: str = _f(
-        "off", "join the group as a static member (Kafka's group.instance.id = node_id, "
+        "auto", "join the group as a static member (Kafka's group.instance.id = node_id, "
         "KIP-345): a node restarted within session_timeout_ms gets its partitions back without "
-        "a rebalance, but one stopped for good holds them until the session times out. Off by "
-        "default: after a restart of every broker, librdkafka's rejoin can be fenced by the "
-        "member's own earlier incarnation (FENCED_INSTANCE_ID, fatal), and the node stops "
-        "serving. auto: on, except on the embedded broker (tansu), whose coordinator does not "
-        "give a restarted static member its partitions back", choices=("auto", "on", "off"))
+        "a rebalance, but one stopped for good holds them until the session times out. A "
+        "member fenced by its own earlier incarnation (FENCED_INSTANCE_ID, as after a restart "
+        "of every broker) makes a new consumer and joins again. auto: on, except on the "
+        "embedded broker (tansu), whose coordinator does not give a restarted static member its "
+        "partitions back", choices=("auto", "on", "off"))
     self_fence_ms: int = _f(
         2000, "a node that stood still longer than this (a pause: SIGSTOP, a frozen VM) refuses "
         "offset-topic writes (acks, leases, settles, consumer changes) with 503 until the group "

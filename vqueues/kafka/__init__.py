@@ -55,6 +55,16 @@ def kafka_errors(what: str = "") -> Iterator[None]:
         raise BrokerError("broker_error", f"Kafka ({what}): {exc}") from None
 
 
+def is_fatal(err: KafkaError) -> bool:
+    """A fatal error: librdkafka reports it as an `_FATAL` event whose own flag is not set."""
+    return err.fatal() or err.code() == KafkaError._FATAL
+
+
+class FatalKafkaError(BrokerError):
+    """librdkafka raised a fatal error: this client instance can do nothing more (a static
+    member fenced by a newer member with its `group.instance.id`, say) and must be replaced."""
+
+
 @dataclass(slots=True)
 class Polled:
     """One poll's data messages, and the partitions whose end it reached (partition -> offset)."""
@@ -69,8 +79,9 @@ def poll(consumer: Any, max_messages: int, timeout_s: float, *, strict: bool = T
     """Up to `max_messages` messages: wait at most `timeout_s` for the first, then take only what
     is already buffered (`Consumer.consume(n, t)` would wait the whole `t` until it has n).
 
-    Partition-EOF events go to `ends`. Any other error raises `BrokerError`, unless `strict` is
-    off and the error is not fatal: then it is logged and skipped (a long-lived tail goes on).
+    Partition-EOF events go to `ends`. A fatal error raises `FatalKafkaError`; any other error
+    raises `BrokerError`, unless `strict` is off: then it is logged and skipped (a long-lived tail
+    goes on).
     """
     out = Polled()
     first = consumer.poll(timeout_s)
@@ -83,7 +94,10 @@ def poll(consumer: Any, max_messages: int, timeout_s: float, *, strict: bool = T
             out.messages.append(msg)
         elif err.code() == KafkaError._PARTITION_EOF:
             out.ends[msg.partition()] = msg.offset()
-        elif strict or err.fatal():
+        elif is_fatal(err):
+            raise FatalKafkaError("broker_error", f"Kafka (consume): {err.str()}",
+                                  kafka_error=err.name())
+        elif strict:
             raise translate(err, "consume")
         else:
             log.warning("kafka_consume_error", extra={"error": err.str(), "code": err.name()})

@@ -13,9 +13,15 @@ import threading
 import time
 from typing import Any
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPartition
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    TopicPartition,
+)
 
-from vqueues.kafka import kafka_errors, poll
+from vqueues.kafka import FatalKafkaError, is_fatal, kafka_errors, poll
 from vqueues.records import Record
 from vqueues.self_fence import SelfFence
 from vqueues.storage import Consumed, GroupListener
@@ -23,6 +29,8 @@ from vqueues.storage import Consumed, GroupListener
 log = logging.getLogger(__name__)
 
 CONFIRM_RETRY_S = 0.2  # between attempts to confirm the generation after a pause
+REPLACE_BACKOFF_S = (0.2, 5.0)  # first and longest wait before a fatally failed consumer is
+# replaced: a member fenced again and again (two nodes given one node id) must not spin
 
 
 def to_record(msg: Any) -> Record:
@@ -44,8 +52,12 @@ class GroupMember:
             "auto.offset.reset": "earliest",
             "partition.assignment.strategy": "cooperative-sticky",
         }
+        self._conf = conf
         with kafka_errors("group"):
             self._consumer = Consumer(conf)
+        self._closed = False
+        self._owned: set[int] = set()  # what this member's consumer was given, as it reported
+        self.replaced = 0  # consumers replaced after a fatal error
         self._topic = topic
         self._listener = listener
         self._batch_size = batch_size
@@ -55,14 +67,18 @@ class GroupMember:
         self._thread = threading.Thread(target=self._run, name="vq-group", daemon=True)
 
     def start(self) -> None:
+        self._subscribe()
+        self._thread.start()
+
+    def _subscribe(self) -> None:
         self._consumer.subscribe([self._topic], on_assign=self._on_assign,
                                  on_revoke=self._on_revoke, on_lost=self._on_lost)
-        self._thread.start()
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         if not partitions:
             self._listener.assigned([])  # joined, with nothing new to take
             return
+        self._owned.update(tp.partition for tp in partitions)
         starts = self._listener.assigned([tp.partition for tp in partitions])
         consumer.incremental_assign(
             [TopicPartition(self._topic, tp.partition, starts.get(tp.partition, OFFSET_BEGINNING))
@@ -72,34 +88,71 @@ class GroupMember:
         if not partitions:
             return
         self._listener.revoked([tp.partition for tp in partitions], lost=False)
+        self._owned.difference_update(tp.partition for tp in partitions)
         consumer.incremental_unassign(partitions)
 
     def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         if not partitions:
             return
         self._listener.revoked([tp.partition for tp in partitions], lost=True)
+        self._owned.difference_update(tp.partition for tp in partitions)
         consumer.incremental_unassign(partitions)
 
     def _run(self) -> None:
-        consumer = self._consumer
+        backoff, last = REPLACE_BACKOFF_S[0], 0.0
         try:
             while not self._stop.is_set():
-                polled = poll(consumer, self._batch_size, 0.05, strict=False)
-                if polled.messages:
-                    self._flush(polled.messages)
-                for partition, offset in polled.ends.items():
-                    self._listener.reached_end(partition, offset)
-                if self._fence is not None and self._fence.suspect:
-                    self._confirm(self._fence)
+                try:
+                    self._consume_until_stopped()
+                except FatalKafkaError as exc:
+                    if time.monotonic() - last > 60:  # a rare fault: no penalty carried over
+                        backoff = REPLACE_BACKOFF_S[0]
+                    last = time.monotonic()
+                    self._replace(str(exc), backoff)
+                    backoff = min(backoff * 2, REPLACE_BACKOFF_S[1])
         except Exception as exc:  # the thread must report, never die silently
             log.exception("group_thread_failed")
             self._listener.failed(repr(exc))
         finally:
-            try:
-                # Leaves the group: the partitions move at once, not after the session timeout.
-                consumer.close()
-            except Exception:
-                log.exception("group_close_failed")
+            self._close()
+
+    def _consume_until_stopped(self) -> None:
+        while not self._stop.is_set():
+            polled = poll(self._consumer, self._batch_size, 0.05, strict=False)
+            if polled.messages:
+                self._flush(polled.messages)
+            for partition, offset in polled.ends.items():
+                self._listener.reached_end(partition, offset)
+            if self._fence is not None and self._fence.suspect:
+                self._confirm(self._fence)
+
+    def _close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            # Leaves the group: the partitions move at once, not after the session timeout.
+            self._consumer.close()
+        except Exception:
+            log.exception("group_close_failed")
+
+    def _replace(self, error: str, wait_s: float) -> None:
+        """A fatal error ended this consumer (a static member fenced by its own earlier
+        incarnation after the brokers restarted, say): drop what it owned as lost, and join
+        again with a new consumer of the same configuration, after `wait_s`."""
+        log.warning("group_member_replaced", extra={"error": error,
+                                                    "lost": sorted(self._owned)})
+        if self._owned:
+            self._listener.revoked(sorted(self._owned), lost=True)
+            self._owned.clear()
+        self._close()
+        if self._stop.wait(wait_s):
+            return
+        with kafka_errors("group"):
+            self._consumer = Consumer(self._conf)
+        self._closed = False
+        self._subscribe()
+        self.replaced += 1
 
     def _confirm(self, fence: SelfFence) -> None:
         """After a pause: ask the group coordinator whether this member's generation still
@@ -120,6 +173,10 @@ class GroupMember:
         try:
             self._consumer.commit(offsets=offsets, asynchronous=False)
         except KafkaException as exc:
+            err = exc.args[0] if exc.args else None
+            if isinstance(err, KafkaError) and is_fatal(err):
+                raise FatalKafkaError("broker_error", f"Kafka (commit): {err.str()}",
+                                      kafka_error=err.name()) from None
             self._confirm_after = now + CONFIRM_RETRY_S
             log.warning("ownership_not_confirmed", extra={"error": str(exc)})
             return
