@@ -75,6 +75,26 @@ def test_scopes_are_enforced_per_queue_prefix(secured):
     assert status == 200  # any valid token may read the cluster map (clients route with it)
 
 
+def test_a_multi_queue_enqueue_checks_the_write_scope_of_each_records_queue(secured):
+    node, _ = secured
+    records = [{"queue": "acme/multi", "value": "in scope"},
+               {"queue": "other/multi", "value": "out of scope"}]
+    status, body = http("POST", f"{node.url}/v1/records", {"records": records})
+    assert (status, body["error"]["code"]) == (401, "unauthenticated")
+    status, body = http("POST", f"{node.url}/v1/records", {"records": records},
+                        headers=bearer("r-token"))  # read, not write: every record refused
+    assert status == 200 and body["failed"] == 2
+    status, body = http("POST", f"{node.url}/v1/records", {"records": records},
+                        headers=bearer("w-token"))
+    assert status == 200, body
+    ok, refused = body["results"]
+    assert isinstance(ok["offset"], int)
+    assert refused["status"] == 403 and refused["error"]["code"] == "forbidden"
+    assert refused["error"]["retriable"] is False
+    page = http("GET", f"{node.url}/v1/queues/other%2Fmulti/records", headers=bearer("o-token"))
+    assert page[0] == 200 and page[1]["records"] == []
+
+
 def test_the_token_file_is_reloaded_without_a_restart(secured):
     node, path = secured
     url = f"{node.url}/v1/queues/acme%2Fnew/records"

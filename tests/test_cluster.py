@@ -9,7 +9,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from vqueues_client import AsyncClient, BatchProducer, Client, consume
+from vqueues_client import AsyncClient, BatchProducer, Client, NewRecord, consume
 
 from tests.support import create_topics, cursor_counts, http, start_cluster
 from vqueues.hashing import partition_for
@@ -211,3 +211,151 @@ def test_the_admin_cli_lists_queues_and_nodes_across_the_cluster(cluster):
     info = cli("cluster")
     assert sorted(n["url"] for n in info["nodes"]) == sorted(n.url for n in cluster)
     assert sum(len(n["details"]) for n in info["nodes"]) == PARTITIONS
+
+
+# The multi-queue enqueue (POST /v1/records) ------------------------------------------------
+
+def owner_urls(node) -> dict[int, str]:
+    body = http("GET", f"{node.url}/v1/partitions")[1]
+    return {int(p): o["url"] for p, o in body["owners"].items()}
+
+
+def values(node_url: str, queue: str) -> list[str]:
+    status, body = http("GET", f"{node_url}/v1/queues/{queue}/records?limit=1000")
+    assert status == 200, body
+    return [r["value"] for r in body["records"]]
+
+
+def test_each_record_is_answered_on_its_own_and_each_queue_keeps_its_order(cluster):
+    a = cluster[0]
+    owners = owner_urls(a)
+    run = uuid.uuid4().hex[:6]
+    queues = [f"mq-{run}-{i}" for i in range(40)]
+    records = [{"queue": q, "value": f"{q}:{k}"} for k in range(3) for q in queues]
+    status, body = http("POST", f"{a.url}/v1/records", {"records": records})
+    assert status == 200, body
+    results = body["results"]
+    assert [r["queue"] for r in results] == [r["queue"] for r in records]
+    mine = {q for q in queues if owners[partition_for(q, PARTITIONS)] == a.url}
+    assert mine and len(mine) < len(queues)
+    for rec, res in zip(records, results, strict=True):
+        q = rec["queue"]
+        assert res["partition"] == partition_for(q, PARTITIONS)
+        if q in mine:
+            assert isinstance(res["offset"], int) and "error" not in res
+        else:
+            assert res["status"] == 409 and res["error"]["code"] == "wrong_node"
+            assert res["error"]["retriable"] is True
+            assert res["error"]["owner"] == owners[res["partition"]]
+    assert body["written"] == 3 * len(mine) and body["failed"] == len(records) - body["written"]
+    for q in mine:
+        offsets = [r["offset"] for r in results if r["queue"] == q]
+        assert offsets == sorted(offsets)
+        assert values(a.url, q) == [f"{q}:{k}" for k in range(3)]  # readable at once, in order
+    for q in set(queues) - mine:
+        assert values(owners[partition_for(q, PARTITIONS)], q) == []  # nothing written
+
+
+def test_a_forwarding_node_writes_every_record_through_the_owners(cluster):
+    fwd = cluster[2]
+    run = uuid.uuid4().hex[:6]
+    queues = [f"fw-{run}-{i}" for i in range(30)]
+    records = [{"queue": q, "value": f"{q}:{k}", "headers": {"k": str(k)}}
+               for k in range(2) for q in queues]
+    status, body = http("POST", f"{fwd.url}/v1/records", {"records": records})
+    assert status == 200, body
+    assert body["failed"] == 0 and body["written"] == len(records)
+    owners = owner_urls(fwd)
+    assert len({owners[partition_for(q, PARTITIONS)] for q in queues}) == 3
+    for q in queues:
+        assert values(owners[partition_for(q, PARTITIONS)], q) == [f"{q}:0", f"{q}:1"]
+
+
+@pytest.mark.parametrize(("records", "code"), [
+    ([{"value": "no queue"}], "invalid_record"),
+    ([{"queue": 7, "value": "x"}], "invalid_record"),
+    ([{"queue": "", "value": "x"}], "invalid_name"),
+    ([{"queue": "ok", "value": "x", "colour": "red"}], "invalid_record"),
+    ([{"queue": "ok", "value": 5}], "invalid_record"),
+    ([{"queue": "ok", "value": "x", "delay_ms": -1}], "limit_out_of_range"),
+    ([], "invalid_records"),
+    ([{"queue": "ok", "value": "x"}] * 1001, "too_many_records"),
+])
+def test_a_request_wrong_as_a_whole_is_refused_and_writes_nothing(cluster, records, code):
+    a = cluster[0]
+    q = f"whole-{uuid.uuid4().hex[:6]}"
+    good = {"queue": q, "value": "must not be written"}
+    status, body = http("POST", f"{a.url}/v1/records", {"records": [good, *records]}
+                        if records else {"records": []})
+    assert status == 400 and body["error"]["code"] == code, body
+    assert body["error"]["retriable"] is False
+    owner = owner_urls(a)[partition_for(q, PARTITIONS)]
+    assert values(owner, q) == []
+
+
+def test_idempotency_keys_hold_across_queues_in_one_call(cluster):
+    a = cluster[0]
+    owners = owner_urls(a)
+    run = uuid.uuid4().hex[:6]
+    queues = [q for q in (f"idem-{run}-{i}" for i in range(60))
+              if owners[partition_for(q, PARTITIONS)] == a.url][:5]
+    records = [{"queue": q, "value": f"{q}:{k}", "idempotency_key": f"{q}-{k}"}
+               for q in queues for k in range(2)]
+    first = http("POST", f"{a.url}/v1/records", {"records": records})[1]
+    again = http("POST", f"{a.url}/v1/records", {"records": records})[1]
+    assert first["failed"] == 0 and again["failed"] == 0
+    assert [r["offset"] for r in first["results"]] == [r["offset"] for r in again["results"]]
+    for q in queues:
+        assert values(a.url, q) == [f"{q}:0", f"{q}:1"]
+    clash = [{"queue": queues[0], "value": "other", "idempotency_key": f"{queues[0]}-0"},
+             {"queue": queues[1], "value": "fresh"}]
+    body = http("POST", f"{a.url}/v1/records", {"records": clash})[1]
+    assert body["results"][0]["error"]["code"] == "idempotency_key_reused"
+    assert body["results"][0]["status"] == 409
+    assert isinstance(body["results"][1]["offset"], int)  # another queue is not held back
+
+
+async def test_enqueue_many_sends_one_call_per_owner_and_follows_a_stale_map(cluster):
+    run = uuid.uuid4().hex[:6]
+    queues = [f"em-{run}-{i}" for i in range(50)]
+    items = [(q, f"{q}:{k}") for k in range(4) for q in queues]
+    items.append((queues[0], NewRecord(b"\x00bytes", {"h": "v"}, tags=["t"])))
+    async with AsyncClient(cluster[0].url, refresh_interval_s=3600) as vq:
+        await vq.refresh_map()
+        # Every partition's owner wrong: each record is first refused with wrong_node, then
+        # sent to its owner after the map is refreshed.
+        urls = sorted(set(vq.owners.values()))
+        vq.owners = {p: urls[(urls.index(u) + 1) % len(urls)] for p, u in vq.owners.items()}
+        results = await vq.enqueue_many(items)
+    assert all(r.ok for r in results), [r.error for r in results if not r.ok][:3]
+    assert [r.queue for r in results] == [q for q, _ in items]
+    owners = owner_urls(cluster[0])
+    for q in queues:
+        expected = [f"{q}:{k}" for k in range(4)]
+        got = values(owners[partition_for(q, PARTITIONS)], q)
+        assert got[:4] == expected
+        offsets = [r.offset for r in results if r.queue == q]
+        assert offsets == sorted(offsets)
+
+
+async def test_the_batch_producer_keeps_each_queues_order_over_many_queues(cluster):
+    run = uuid.uuid4().hex[:6]
+    queues = [f"bp-{run}-{i}" for i in range(200)]
+    async with AsyncClient([n.url for n in cluster[:2]]) as vq:
+        async with BatchProducer(vq, linger_ms=5, max_batch=500) as producer:
+            sent = []
+            for k in range(5):
+                for q in queues:
+                    sent.append(producer.send_nowait(q, f"{q}:{k}"))
+                await asyncio.sleep(0.001)
+            offsets = await asyncio.gather(*sent)
+        # 1,000 records to 200 queues over 3 owners: a few multi-queue calls, not one per
+        # queue and batch.
+        assert producer.requests <= 20, producer.requests
+    owners = owner_urls(cluster[0])
+    by_queue: dict[str, list[int]] = {}
+    for q, off in zip((q for _ in range(5) for q in queues), offsets, strict=True):
+        by_queue.setdefault(q, []).append(off)
+    for q in queues:
+        assert by_queue[q] == sorted(by_queue[q])
+        assert values(owners[partition_for(q, PARTITIONS)], q) == [f"{q}:{k}" for k in range(5)]

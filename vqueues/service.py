@@ -43,7 +43,7 @@ from vqueues.results import (
 )
 from vqueues.schedule import CANCEL_HEADER
 from vqueues.settings import Settings
-from vqueues.storage import Log, OffsetLog, RecordFetcher, runs
+from vqueues.storage import Delivered, Log, OffsetLog, RecordFetcher, runs
 
 log = logging.getLogger(__name__)
 
@@ -192,25 +192,35 @@ class QueueService:
             self._produced_max[p] = last
         if state is None:
             return EnqueueResult(p, offsets)
-        # Readable now: the delivery reports say everything the tail would (ADR 6). Under load
-        # the tail often got there first (about half the records, measured): those are not
-        # made again.
-        indexed_below = state.next_offset
-        if last >= indexed_below:
-            memo = state.idempotency.known
-            if known:
-                memo.update((o, k) for (o, _), k in zip(acked, known, strict=True)
-                            if k is not None and o >= indexed_below)
-            try:
-                state.apply_own(queue, [Record(o, ts, value, tuple(headers))
-                                        for (o, ts), (value, headers) in zip(acked, records,
-                                                                             strict=True)
-                                        if o >= indexed_below])
-            finally:
-                memo.clear()  # those behind a gap are indexed later, computing their own
+        _index_own(state, queue, acked, records, known)
         if state.next_offset <= last:  # a gap below our records: the tail fills it
             await state.wait_indexed(last, self.settings.write_visible_timeout_ms / 1000)
         return EnqueueResult(p, offsets)
+
+    async def append_queues(self, p: int, state: PartitionState,
+                            groups: Sequence[tuple[str, Sequence[NewRecord]]]
+                            ) -> list[list[int] | None]:
+        """Write several queues' records (none keyed) to partition `p`, owned here, in one
+        produce: each queue's records in order. Each queue's offsets (None with acks=0)."""
+        acked = await self._data.append(p, [(queue.encode("utf-8"), value, headers)
+                                            for queue, records in groups
+                                            for value, headers in records])
+        self.metrics.records_enqueued.inc(len(acked))
+        if self.settings.producer_acks == "0" or min(o for o, _ in acked) < 0:
+            return [None] * len(groups)
+        last = acked[-1][0]
+        if last > self._produced_max.get(p, -1):
+            self._produced_max[p] = last
+        out: list[list[int] | None] = []
+        at = 0
+        for queue, records in groups:
+            mine = acked[at:at + len(records)]
+            at += len(records)
+            _index_own(state, queue, mine, records, None)
+            out.append([o for o, _ in mine])
+        if state.next_offset <= last:  # a gap below our records: the tail fills it
+            await state.wait_indexed(last, self.settings.write_visible_timeout_ms / 1000)
+        return out
 
     async def read(self, queue: str, consumer: str | None, offset: int | None, limit: int,
                    wait_ms: int, tag: str | None = None) -> ReadResult:
@@ -463,3 +473,24 @@ class QueueService:
 
     def close(self) -> None:
         self._fetch_pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _index_own(state: PartitionState, queue: str, acked: Sequence[Delivered],
+               records: Sequence[NewRecord], known: Sequence[tuple[int, int] | None] | None
+               ) -> None:
+    """Index records this node wrote, from their delivery reports: readable now, as the tail
+    would make them (ADR 6). Under load the tail often got there first (about half the
+    records, measured): those are not made again. `known`: each keyed record's fingerprints."""
+    indexed_below = state.next_offset
+    if acked[-1][0] < indexed_below:
+        return
+    memo = state.idempotency.known
+    if known:
+        memo.update((o, k) for (o, _), k in zip(acked, known, strict=True)
+                    if k is not None and o >= indexed_below)
+    try:
+        state.apply_own(queue, [Record(o, ts, value, tuple(headers))
+                                for (o, ts), (value, headers) in zip(acked, records, strict=True)
+                                if o >= indexed_below])
+    finally:
+        memo.clear()  # those behind a gap are indexed later, computing their own

@@ -19,9 +19,11 @@ class FakeNode:
         self.reads: list[dict] = []
         self.acks: list[int] = []
         self.fail: list[tuple[int, dict]] = []
+        self.fail_records: dict[str, list] = {}  # queue -> [(status, error body), times]
         app = web.Application()
         app.router.add_get("/v1/partitions", self.partitions)
         app.router.add_post("/v1/queues/{queue}/records", self.enqueue)
+        app.router.add_post("/v1/records", self.enqueue_many)
         app.router.add_get("/v1/queues/{queue}/records", self.read)
         app.router.add_post("/v1/queues/{queue}/consumers/{consumer}/ack", self.ack)
         self.server = TestServer(app, host="127.0.0.1")
@@ -45,6 +47,30 @@ class FakeNode:
             offsets.append(len(self.log))
             self.log.append((request.match_info["queue"], r["value"], r.get("headers", {})))
         return web.json_response({"partition": 0, "offsets": offsets})
+
+    async def enqueue_many(self, request):
+        """The multi-queue enqueue: `fail_records` answers the next requests' records of a
+        queue with an error, as a node does per record."""
+        self.count("enqueue_many")
+        if self.fail:
+            status, body = self.fail.pop(0)
+            return web.json_response(body, status=status)
+        body = await request.json()
+        await asyncio.sleep(random.uniform(0, 0.01))
+        results = []
+        # As a node does: a queue's records in one request succeed or fail together.
+        failing = {q for q in {r["queue"] for r in body["records"]}
+                   if self.fail_records.get(q, [None, 0])[1] > 0}
+        for q in failing:
+            self.fail_records[q][1] -= 1
+        for r in body["records"]:
+            if r["queue"] in failing:
+                status, error = self.fail_records[r["queue"]][0]
+                results.append({"queue": r["queue"], "partition": 0, "status": status, **error})
+                continue
+            results.append({"queue": r["queue"], "partition": 0, "offset": len(self.log)})
+            self.log.append((r["queue"], r["value"], r.get("headers", {})))
+        return web.json_response({"results": results})
 
     async def read(self, request):
         """Records 0..9 are gone (retention): from below 10 the answer is at once, empty, with
@@ -83,7 +109,32 @@ async def test_the_batch_producer_keeps_each_queues_send_order_whatever_the_head
     assert offsets == sorted(offsets) and len(set(offsets)) == 60
     assert [v for _, v, _ in fake.log] == [f"m{i}" for i in range(60)]
     assert fake.log[1][2] == {"kind": "odd"} and fake.log[0][2] == {}
-    assert fake.requests["enqueue"] <= 60 // 3 + 10  # batched, one request per batch
+    assert fake.requests["enqueue_many"] <= 60 // 3 + 10  # batched, one request per batch
+
+
+async def test_the_batch_producer_sends_again_what_failed_retriably_before_anything_later(fake):
+    fake.fail_records["q"] = [(503, {"error": {"code": "broker_timeout", "message": "later",
+                                               "retriable": True}}), 2]
+    fake.fail_records["gone"] = [(403, {"error": {"code": "forbidden", "message": "no",
+                                                  "retriable": False}}), 1]
+    async with AsyncClient(str(fake.server.make_url("")), backoff_initial_s=0.005) as vq:
+        producer = BatchProducer(vq, linger_ms=1, max_batch=4)
+        sent = []
+        for i in range(40):
+            sent.append(producer.send_nowait("q", f"q{i}"))
+            sent.append(producer.send_nowait("other", f"o{i}"))
+            if i % 5 == 0:
+                await asyncio.sleep(0.002)
+        refused = [producer.send_nowait("gone", "g0"), producer.send_nowait("gone", "g1")]
+        await producer.flush()
+    offsets = await asyncio.gather(*sent)
+    assert all(isinstance(o, int) for o in offsets)
+    assert [v for q, v, _ in fake.log if q == "q"] == [f"q{i}" for i in range(40)]
+    assert [v for q, v, _ in fake.log if q == "other"] == [f"o{i}" for i in range(40)]
+    # A record refused for good fails the queue's records behind it: none overtakes it.
+    assert all(isinstance(f.exception(), VQError) for f in refused)
+    assert refused[0].exception().code == "forbidden"
+    assert not [q for q, _, _ in fake.log if q == "gone"]
 
 
 async def test_a_failed_batch_fails_the_ones_queued_behind_it_so_none_overtakes(fake):

@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 
 from aiohttp import web
 
-from vqueues.api import compat, console, handlers, prefix, stream, work
+from vqueues.api import compat, console, handlers, multi, prefix, stream, work
 from vqueues.api.keys import AUTH, PREFIX, QUOTAS, SERVICE, SETTINGS, WORK
 from vqueues.api.middlewares import (
     auth_middleware,
@@ -80,6 +80,7 @@ def create_app(service: QueueService, settings: Settings) -> web.Application:
     c = q + "/consumers/{consumer:[^/]+}"
     app.router.add_post(f"{q}/records", handlers.enqueue)
     app.router.add_get(f"{q}/records", handlers.read)
+    app.router.add_post("/v1/records", multi.enqueue_many)
     app.router.add_post(f"{c}/ack", handlers.ack)
     app.router.add_delete(c, handlers.delete_consumer)
     app.router.add_put(c, work.put_consumer)

@@ -16,9 +16,10 @@ from vqueues.api.codec import (
     encode_record,
     respond,
 )
-from vqueues.api.keys import QUOTAS, SERVICE, SETTINGS
+from vqueues.api.keys import SERVICE, SETTINGS
+from vqueues.api.multi import quota_refusal
 from vqueues.api.openapi import openapi_document
-from vqueues.errors import BadRequest, Unavailable
+from vqueues.errors import BadRequest
 from vqueues.names import validate_name
 from vqueues.tags import check_tag
 
@@ -34,16 +35,9 @@ def _consumer(request: web.Request) -> str:
 async def enqueue(request: web.Request) -> web.Response:
     queue = _queue(request)
     records = decode_enqueue(await read_raw(request), request.app[SETTINGS])
-    quotas = request.app.get(QUOTAS)
-    if quotas is not None:
-        nbytes = sum(len(v or b"") + sum(len(k) + len(h) for k, h in hs) for v, hs in records)
-        refused = quotas.quotas.charge(queue, len(records), nbytes)
-        if refused is not None:
-            request.app[SERVICE].metrics.quota_refusals.labels(refused.prefix).inc()
-            raise Unavailable("quota_exceeded", f"the enqueue quota of prefix "
-                              f"{refused.prefix!r} ({refused.limit}) is used up; retry in "
-                              f"{refused.retry_after_s} s", retry_after_s=refused.retry_after_s,
-                              prefix=refused.prefix, limit=refused.limit)
+    refused = quota_refusal(request, queue, records)
+    if refused is not None:
+        raise refused
     return respond(await request.app[SERVICE].enqueue(queue, records))
 
 

@@ -106,7 +106,7 @@ async def metrics_middleware(request: web.Request, handler: Handler) -> web.Stre
         timer.observe(time.perf_counter() - started)
 
 
-_UNFENCED = ("/v1/queues/{queue}/records", "/v1/prefix-consumers/{consumer}",
+_UNFENCED = ("/v1/queues/{queue}/records", "/v1/records", "/v1/prefix-consumers/{consumer}",
              "/v1/queues/{queue}/scheduled/{id}", "/get_records", "/get_partitions")
 
 
@@ -143,6 +143,8 @@ def _scoped_queue(request: web.Request, route: str) -> str | None:
     queue = request.match_info.get("queue")
     if queue is not None:
         return queue
+    if route == "/v1/records":
+        return None  # each record's queue: checked per record (api/multi.py)
     if route == "/v1/queues":
         return request.query.get("prefix", "")
     if route.startswith("/v1/prefix-consumers/"):

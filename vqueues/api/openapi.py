@@ -117,42 +117,55 @@ def _request_schemas(s: Settings) -> dict[str, Any]:
              "visibility_ms": params.LEASE_VISIBILITY_MS.body_schema(s),
              "wait_ms": params.LEASE_WAIT_MS.body_schema(s),
              "encoding": {"enum": ["utf8", "base64"], "default": "utf8"}}
+    record: dict[str, Any] = {
+        "type": "object", "required": ["value"], "additionalProperties": False, "properties": {
+            "value": {"type": ["string", "null"],
+                      "description": f"at most {s.max_record_bytes} bytes decoded"},
+            "encoding": {"enum": ["utf8", "base64"], "default": "utf8"},
+            "headers": {"type": "object", "additionalProperties": {"type": "string"}},
+            "deliver_at": {"type": "integer", "description": "UTC epoch ms: invisible until "
+                           "then (past: at once); at most "
+                           f"{s.max_schedule_delay_ms} ms ahead"},
+            "delay_ms": {"type": "integer", "minimum": 0, "maximum": s.max_schedule_delay_ms,
+                         "description": "invisible for this long (not with deliver_at)"},
+            "tags": {"type": "array", "maxItems": MAX_TAGS,
+                     "items": {"type": "string", "minLength": 1,
+                               "description": f"at most {MAX_TAG_BYTES} UTF-8 bytes, no "
+                                              "commas"}},
+            "idempotency_key": {
+                "type": "string", "minLength": 1,
+                "description": "at most 256 UTF-8 bytes; a repeat within "
+                f"idempotency_window_ms ({s.idempotency_window_ms} ms) with the same value, "
+                "headers, tags and schedule as given answers the first offset and writes "
+                "nothing; with another payload, 409 idempotency_key_reused"}}}
     return {
         "EnqueueRequest": {"type": "object", "required": ["records"],
                            "additionalProperties": False, "properties": {
             "records": {"type": "array", "minItems": 1, "maxItems": s.max_batch_records,
-                        "items": {"type": "object", "required": ["value"],
-                                  "additionalProperties": False, "properties": {
-                                      "value": {"type": ["string", "null"],
-                                                "description": "at most "
-                                                f"{s.max_record_bytes} bytes decoded"},
-                                      "encoding": {"enum": ["utf8", "base64"],
-                                                   "default": "utf8"},
-                                      "headers": {"type": "object",
-                                                  "additionalProperties":
-                                                      {"type": "string"}},
-                                      "deliver_at": {
-                                          "type": "integer", "description": "UTC epoch ms: "
-                                          "invisible until then (past: at once); at most "
-                                          f"{s.max_schedule_delay_ms} ms ahead"},
-                                      "delay_ms": {
-                                          "type": "integer", "minimum": 0,
-                                          "maximum": s.max_schedule_delay_ms,
-                                          "description": "invisible for this long (not with "
-                                          "deliver_at)"},
-                                      "tags": {"type": "array", "maxItems": MAX_TAGS,
-                                               "items": {"type": "string", "minLength": 1,
-                                                         "description": "at most "
-                                                         f"{MAX_TAG_BYTES} UTF-8 bytes, no "
-                                                         "commas"}},
-                                      "idempotency_key": {
-                                          "type": "string", "minLength": 1,
-                                          "description": "at most 256 UTF-8 bytes; a repeat "
-                                          "within idempotency_window_ms "
-                                          f"({s.idempotency_window_ms} ms) with the same "
-                                          "value, headers, tags and schedule as given answers "
-                                          "the first offset and writes nothing; with another "
-                                          "payload, 409 idempotency_key_reused"}}}}}},
+                        "items": record}}},
+        "MultiEnqueueRequest": {"type": "object", "required": ["records"],
+                                "additionalProperties": False, "properties": {
+            "records": {"type": "array", "minItems": 1, "maxItems": s.max_batch_records,
+                        "items": {**record, "required": ["queue", "value"], "properties": {
+                            "queue": {"type": "string", "minLength": 1,
+                                      "description": f"1 to {MAX_NAME_BYTES} UTF-8 bytes"},
+                            **record["properties"]}}}}},
+        "MultiEnqueueResult": {"type": "object", "required": ["results", "written", "failed"],
+                               "properties": {
+            "results": {"type": "array", "description": "one per record, in the order sent",
+                        "items": {"type": "object", "required": ["queue", "partition"],
+                                  "properties": {
+                "queue": {"type": "string"},
+                "partition": {"type": "integer"},
+                "offset": {"type": ["integer", "null"],
+                           "description": "written (null with producer acks 0)"},
+                "status": {"type": "integer",
+                           "description": "not written: the HTTP status of `error`"},
+                "error": {"type": "object", "required": ["code", "message", "retriable"],
+                          "description": "not written: the registry's error (wrong_node "
+                                         "names `owner` and `owner_node`)"}}}},
+            "written": {"type": "integer"},
+            "failed": {"type": "integer"}}},
         "AckRequest": {"type": "object", "required": ["offset"], "additionalProperties": False,
                        "properties": {
             "offset": {"type": "integer", "minimum": 0},
@@ -272,6 +285,16 @@ def openapi_document(s: Settings) -> dict[str, Any]:
                          "schema": {"enum": ["utf8", "base64"], "default": "utf8"}},
                     ],
                     "responses": {"200": _ok("ReadPage"), **errors},
+                },
+            },
+            "/v1/records": {
+                "post": {
+                    "summary": "Enqueue records to many queues: each record names its queue and "
+                               "is answered on its own (written, or the registry's error: "
+                               "wrong_node naming the owner, ...); a queue's records keep "
+                               "their order and succeed or fail together",
+                    "requestBody": _body("MultiEnqueueRequest"),
+                    "responses": {"200": _ok("MultiEnqueueResult"), "400": _ERR},
                 },
             },
             "/v1/queues/{queue}/consumers/{consumer}/ack": {

@@ -7,6 +7,7 @@ from vqueues_client.client import (
     NewRecord,
     ReadResult,
     Record,
+    RecordResult,
 )
 from vqueues_client.consumer import consume
 from vqueues_client.errors import DeadlineExceeded, VQError
@@ -17,7 +18,7 @@ from vqueues_client.worker import Worker
 
 __all__ = [
     "AsyncClient", "BatchProducer", "Client", "DeadlineExceeded", "EnqueueResult", "Lease",
-    "NewRecord", "ReadResult", "Record", "VQError", "Worker", "consume", "murmur2",
+    "NewRecord", "ReadResult", "Record", "RecordResult", "VQError", "Worker", "consume", "murmur2",
     "partition_for",
 ]
 __version__ = "0.1.0"

@@ -80,6 +80,20 @@ class EnqueueResult:
 
 
 @dataclass(frozen=True, slots=True)
+class RecordResult:
+    """One record of a multi-queue enqueue: where it was written, or why it was not."""
+
+    queue: str
+    partition: int
+    offset: int | None  # None: failed (see `error`), or the node writes with acks=0
+    error: VQError | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+@dataclass(frozen=True, slots=True)
 class NewRecord:
     """One record to enqueue with headers of its own (a batch may mix them)."""
 
@@ -220,13 +234,22 @@ class AsyncClient:
             raise VQError(0, "no_node_reachable", f"no node answered: {last}", retriable=True)
 
     async def _owner_url(self, queue: str) -> str:
+        await self._fresh_map()
+        return self.cached_owner(queue)
+
+    async def _fresh_map(self) -> None:
+        """Fetch the map if it is unknown or older than `refresh_interval_s`."""
         if self.partitions is None or time.monotonic() - self._map_at > self.refresh_interval_s:
             try:
                 await self.refresh_map()
             except VQError:
                 if self.partitions is None:
                     raise
-        assert self.partitions is not None
+
+    def cached_owner(self, queue: str) -> str:
+        """The owner of `queue` in the cached map (a seed when it is unknown)."""
+        if self.partitions is None:
+            return self.seeds[0]
         return self.owners.get(partition_for(queue, self.partitions), self.seeds[0])
 
     # Requests ----------------------------------------------------------------------------------
@@ -338,6 +361,109 @@ class AsyncClient:
         body = await self._call("POST", queue, f"/v1/queues/{self._q(queue)}/records",
                                 json={"records": [_encode_item(v, headers) for v in items]})
         return EnqueueResult(body["partition"], body["offsets"])
+
+    async def enqueue_many(self, records: list[tuple[str, Value | NewRecord]], *,
+                           deadline_s: float | None = None) -> list[RecordResult]:
+        """Enqueue records to many queues: one `POST /v1/records` per owner node (up to
+        `max_records_per_call` records each), the owners in parallel. Records that fail
+        retriably (`wrong_node`: the map is refreshed and they go to the new owner; a
+        partition moving or replaying; a broker error; a lost connection) are sent again,
+        before any later record of their queue, until `deadline_s`. Each queue's records keep
+        their order. Returns one result per record, in order; a record that failed for good
+        has `error` set (nothing is raised for it). A request the node refuses as a whole (a
+        bad record: 400) raises."""
+        deadline = time.monotonic() + (self.deadline_s if deadline_s is None else deadline_s)
+        items = [{"queue": q, **_encode_item(v, None)} for q, v in records]
+        results: list[RecordResult | None] = [None] * len(items)
+        last: dict[int, VQError] = {}
+        todo = list(range(len(items)))
+        delay = self.backoff_initial_s
+        while todo:
+            await self._fresh_map()
+            by_owner: dict[str, list[int]] = {}
+            for i in todo:
+                by_owner.setdefault(self.cached_owner(items[i]["queue"]), []).append(i)
+            rounds = await asyncio.gather(*(self._enqueue_at(url, items, indices, results, last)
+                                            for url, indices in by_owner.items()))
+            todo = sorted(i for retry, _ in rounds for i in retry)
+            if not todo:
+                break
+            if any(refresh for _, refresh in rounds):
+                await self._refresh_quietly()
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                for i in todo:
+                    q = items[i]["queue"]
+                    results[i] = RecordResult(q, self._partition_of(q), None,
+                                              DeadlineExceeded(last.get(i)))
+                break
+            if not all(last[i].code == "wrong_node" for i in todo):
+                await asyncio.sleep(min(remaining, random.uniform(0, delay)))  # full jitter
+                delay = min(self.backoff_max_s, delay * 2)
+        return [r for r in results if r is not None]
+
+    max_records_per_call = 1000  # the node's max_batch_records (its default)
+
+    def _partition_of(self, queue: str) -> int:
+        return partition_for(queue, self.partitions) if self.partitions else -1
+
+    async def _enqueue_at(self, url: str, items: list[dict[str, Any]], indices: list[int],
+                          results: list[RecordResult | None], last: dict[int, VQError]
+                          ) -> tuple[list[int], bool]:
+        """Send `indices` of `items` to the node at `url`, in calls of at most
+        `max_records_per_call`, one after another; fill `results`. Returns the indices to send
+        again and whether the map should be refreshed. A queue that failed retriably in one
+        call has its later records held back for the next round, so they cannot overtake."""
+        retry: list[int] = []
+        refresh = False
+        held: set[str] = set()
+        step = self.max_records_per_call
+        for start in range(0, len(indices), step):
+            chunk: list[int] = []
+            for i in indices[start:start + step]:
+                (retry if items[i]["queue"] in held else chunk).append(i)
+            if not chunk:
+                continue
+            try:
+                answers = await self.post_records(url, [items[i] for i in chunk])
+            except VQError as exc:
+                if not exc.retriable:
+                    raise
+                refresh = refresh or exc.status in (0, 503)
+                for i in chunk:
+                    retry.append(i)
+                    last[i] = exc
+                    held.add(items[i]["queue"])
+                continue
+            for i, answer in zip(chunk, answers, strict=True):
+                q = items[i]["queue"]
+                if "error" not in answer:
+                    results[i] = RecordResult(q, answer["partition"], answer.get("offset"))
+                    continue
+                err = _error_from(int(answer.get("status", 0)), answer)
+                if err.retriable or err.code == "wrong_node":
+                    retry.append(i)
+                    last[i] = err
+                    held.add(q)
+                    refresh = refresh or err.code in ("wrong_node", "partition_unavailable")
+                else:
+                    results[i] = RecordResult(q, answer.get("partition", -1), None, err)
+        return retry, refresh
+
+    async def post_records(self, url: str, items: list[dict[str, Any]]
+                           ) -> list[dict[str, Any]]:
+        """One `POST /v1/records` to one node, not retried: its per-record answers. Raises
+        VQError for a refusal of the whole request, or a transport failure (status 0)."""
+        try:
+            async with self.session.post(f"{url}/v1/records", json={"records": items},
+                                         headers=self.headers) as r:
+                body = await r.json(content_type=None) if r.content_length != 0 else None
+                if r.status >= 300:
+                    raise _error_from(r.status, body, r.reason or "")
+        except (aiohttp.ClientConnectionError, TimeoutError) as exc:
+            raise VQError(0, "connection_error", f"{url}: {exc}", retriable=True) from None
+        assert isinstance(body, dict) and isinstance(body.get("results"), list), body
+        return list(body["results"])
 
     async def read(self, queue: str, *, consumer: str | None = None, offset: int | None = None,
                    limit: int | None = None, wait_ms: int | None = None,

@@ -3,32 +3,50 @@
 from __future__ import annotations
 
 import asyncio
+import random
+import time
+from collections import deque
+from dataclasses import dataclass, field
 
-from vqueues_client.client import AsyncClient, NewRecord, Value
+from vqueues_client.client import AsyncClient, NewRecord, Value, _encode_item, _error_from
+from vqueues_client.errors import DeadlineExceeded, VQError
 
-_Pending = tuple[NewRecord, "asyncio.Future[int | None]"]
+
+@dataclass(slots=True)
+class _Pending:
+    record: NewRecord
+    future: asyncio.Future[int | None]
+    since: float = field(default_factory=time.monotonic)
 
 
 class BatchProducer:
     """`async with BatchProducer(client) as p: offset = await p.send("q", "x")`.
 
-    Records for the same queue sent within `linger_ms` (or until `max_batch` of them) go in one
-    request, each with its own headers. A queue's batches are sent one after another, never
-    side by side, so records sent A, B, C to one queue get increasing offsets in that order;
-    different queues' batches go in parallel. Each `send` resolves to its record's offset once
-    its batch was acknowledged (or raises the batch's error: that batch and the ones queued
-    behind it for the same queue fail, so no later record overtakes a failed one).
+    Records sent within `linger_ms` (or until `max_batch` of them wait) go to the nodes in one
+    multi-queue request (`POST /v1/records`) per owner node, whatever their queues, each with its
+    own headers; the owners are called in parallel. A queue has at most one request in flight,
+    so records sent A, B, C to one queue get increasing offsets in that order. A record that
+    fails retriably (its partition moved: `wrong_node`, and the cluster map is refreshed; a
+    rebalance or replay under way; a broker error; a lost connection) is sent again, ahead of
+    the queue's later records, with backoff, until the client's `deadline_s` since its `send`.
+    Each `send` resolves to its record's offset once written, or raises its error: a record that
+    fails for good fails the queue's records sent after it too, so none overtakes a failed one.
     """
 
-    def __init__(self, client: AsyncClient, *, linger_ms: int = 5, max_batch: int = 500) -> None:
+    def __init__(self, client: AsyncClient, *, linger_ms: int = 5, max_batch: int = 1000
+                 ) -> None:
         self.client = client
         self.linger_s = linger_ms / 1000
-        self.max_batch = max_batch
-        self._pending: dict[str, list[_Pending]] = {}
-        self._timers: dict[str, asyncio.TimerHandle] = {}
-        # Per queue: the batches closed but not yet sent, and the task sending them in order.
-        self._closed: dict[str, list[list[_Pending]]] = {}
-        self._senders: dict[str, asyncio.Task[None]] = {}
+        self.max_batch = min(max_batch, client.max_records_per_call)
+        self.requests = 0  # multi-queue requests sent
+        self._queued: dict[str, deque[_Pending]] = {}  # per queue: not yet in a request
+        self._count = 0
+        self._busy: set[str] = set()  # queues with a request in flight
+        self._not_before: dict[str, float] = {}  # queues backing off after a retriable failure
+        self._delay: dict[str, float] = {}
+        self._timer: asyncio.TimerHandle | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._refreshing: asyncio.Task[None] | None = None
 
     async def __aenter__(self) -> BatchProducer:
         return self
@@ -40,64 +58,150 @@ class BatchProducer:
                     idempotency_key: str | None = None, tags: list[str] | None = None,
                     deliver_at: int | None = None, delay_ms: int | None = None
                     ) -> asyncio.Future[int | None]:
-        fut: asyncio.Future[int | None] = asyncio.get_running_loop().create_future()
-        batch = self._pending.setdefault(queue, [])
-        batch.append((NewRecord(value, headers, idempotency_key, tags, deliver_at, delay_ms),
-                      fut))
-        if len(batch) >= self.max_batch:
-            self._close(queue)
-        elif queue not in self._timers:
-            self._timers[queue] = asyncio.get_running_loop().call_later(
-                self.linger_s, self._close, queue)
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[int | None] = loop.create_future()
+        record = NewRecord(value, headers, idempotency_key, tags, deliver_at, delay_ms)
+        self._queued.setdefault(queue, deque()).append(_Pending(record, fut))
+        self._count += 1
+        if self._count >= self.max_batch:
+            self._dispatch()
+        elif self._timer is None:
+            self._timer = loop.call_later(self.linger_s, self._dispatch)
         return fut
 
     async def send(self, queue: str, value: Value, headers: dict[str, str] | None = None, *,
                    idempotency_key: str | None = None, tags: list[str] | None = None,
                    deliver_at: int | None = None, delay_ms: int | None = None) -> int | None:
         """Send one record; returns its offset (None if the node writes with acks=0). With an
-        `idempotency_key`, a record whose batch is retried is still written once; `tags`,
+        `idempotency_key`, a record whose request is retried is still written once; `tags`,
         `deliver_at` and `delay_ms` are passed per record."""
         return await self.send_nowait(queue, value, headers, idempotency_key=idempotency_key,
                                       tags=tags, deliver_at=deliver_at, delay_ms=delay_ms)
 
-    def _close(self, queue: str) -> None:
-        """The queue's pending records become a batch, sent after the queue's earlier ones."""
-        timer = self._timers.pop(queue, None)
-        if timer is not None:
-            timer.cancel()
-        batch = self._pending.pop(queue, [])
-        if not batch:
+    def _dispatch(self) -> None:
+        """Put every queued record that may go now into requests, one per owner (and per
+        `max_batch` records), and send them."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        client = self.client
+        if client.partitions is None or \
+                time.monotonic() - client._map_at > client.refresh_interval_s:
+            if self._refreshing is None:
+                self._refreshing = asyncio.get_running_loop().create_task(self._refresh())
             return
-        self._closed.setdefault(queue, []).append(batch)
-        if queue not in self._senders:
-            task = asyncio.get_running_loop().create_task(self._send_in_order(queue))
-            self._senders[queue] = task
+        now = time.monotonic()
+        requests: dict[str, list[list[tuple[str, list[_Pending]]]]] = {}
+        sizes: dict[str, int] = {}
+        wake = None
+        for queue in list(self._queued):
+            if queue in self._busy:
+                continue
+            not_before = self._not_before.get(queue, 0.0)
+            if not_before > now:
+                wake = min(wake or not_before, not_before)
+                continue
+            pending = self._queued[queue]
+            url = client.cached_owner(queue)
+            chunks = requests.setdefault(url, [[]])
+            if sizes.get(url, 0) >= self.max_batch:
+                chunks.append([])
+                sizes[url] = 0
+            room = self.max_batch - sizes.get(url, 0)
+            take = [pending.popleft() for _ in range(min(room, len(pending)))]
+            if not pending:
+                del self._queued[queue]
+            self._count -= len(take)
+            sizes[url] = sizes.get(url, 0) + len(take)
+            chunks[-1].append((queue, take))
+            self._busy.add(queue)
+        for url, chunks in requests.items():
+            for groups in chunks:
+                if groups:
+                    task = asyncio.get_running_loop().create_task(self._send(url, groups))
+                    self._tasks.add(task)
+                    task.add_done_callback(self._tasks.discard)
+        if wake is not None and self._timer is None:
+            self._timer = asyncio.get_running_loop().call_later(
+                max(0.0, wake - now), self._dispatch)
 
-    async def _send_in_order(self, queue: str) -> None:
-        failure: BaseException | None = None
+    async def _refresh(self) -> None:
         try:
-            while self._closed.get(queue):
-                batch = self._closed[queue].pop(0)
-                if failure is None:
-                    try:
-                        res = await self.client.enqueue(queue, [rec for rec, _ in batch])
-                    except Exception as exc:
-                        failure = exc
-                    else:
-                        for i, (_, fut) in enumerate(batch):
-                            if not fut.done():
-                                fut.set_result(res.offsets[i] if res.offsets else None)
-                        continue
-                for _, fut in batch:
-                    if not fut.done():
-                        fut.set_exception(failure)
+            await self.client._fresh_map()
+        except VQError as exc:  # no node answers: what waits fails, in order
+            for queue in list(self._queued):
+                self._fail(queue, [], exc)
         finally:
-            self._closed.pop(queue, None)
-            self._senders.pop(queue, None)
+            self._refreshing = None
+        if self._queued:
+            self._dispatch()
+
+    async def _send(self, url: str, groups: list[tuple[str, list[_Pending]]]) -> None:
+        refresh = False
+        try:
+            items = [{"queue": q, **_encode_item(p.record, None)} for q, ps in groups for p in ps]
+            self.requests += 1
+            try:
+                answers = await self.client.post_records(url, items)
+            except VQError as exc:
+                for queue, pending in groups:
+                    refresh = self._failed(queue, pending, exc) or refresh
+                return
+            at = 0
+            for queue, pending in groups:
+                mine, at = answers[at:at + len(pending)], at + len(pending)
+                for n, (p, answer) in enumerate(zip(pending, mine, strict=True)):
+                    if "error" in answer:
+                        err = _error_from(int(answer.get("status", 0)), answer)
+                        refresh = self._failed(queue, pending[n:], err) or refresh
+                        break
+                    if not p.future.done():
+                        p.future.set_result(answer.get("offset"))
+                else:
+                    self._delay.pop(queue, None)
+                    self._not_before.pop(queue, None)
+        finally:
+            if refresh:
+                await self.client._refresh_quietly()
+            for queue, _ in groups:
+                self._busy.discard(queue)
+            if self._queued:
+                self._dispatch()
+
+    def _failed(self, queue: str, pending: list[_Pending], err: VQError) -> bool:
+        """`pending` (the queue's oldest records) failed with `err`: put them back at the head
+        of the queue to go again, or fail them and everything after them. True if the cluster
+        map should be refreshed."""
+        now = time.monotonic()
+        retriable = err.retriable or err.code == "wrong_node"
+        if not retriable or now - pending[0].since > self.client.deadline_s:
+            self._fail(queue, pending, err if not retriable else DeadlineExceeded(err))
+            return False
+        self._queued.setdefault(queue, deque()).extendleft(reversed(pending))
+        self._count += len(pending)
+        if err.code != "wrong_node":  # moved: go to the new owner at once; else back off
+            delay = self._delay.get(queue, self.client.backoff_initial_s)
+            self._not_before[queue] = now + random.uniform(0, delay)  # full jitter
+            self._delay[queue] = min(self.client.backoff_max_s, delay * 2)
+        return err.code in ("wrong_node", "partition_unavailable", "connection_error")
+
+    def _fail(self, queue: str, pending: list[_Pending], err: VQError) -> None:
+        """Fail `pending` and every record of the queue still waiting behind it."""
+        behind = self._queued.pop(queue, deque())
+        self._count -= len(behind)
+        for p in (*pending, *behind):
+            if not p.future.done():
+                p.future.set_exception(err)
+        self._not_before.pop(queue, None)
+        self._delay.pop(queue, None)
 
     async def flush(self) -> None:
         """Send everything pending and wait for it."""
-        for queue in list(self._pending):
-            self._close(queue)
-        while self._senders:
-            await asyncio.gather(*list(self._senders.values()), return_exceptions=True)
+        while self._queued or self._tasks or self._refreshing is not None:
+            self._dispatch()
+            waiting = [*self._tasks, *([self._refreshing] if self._refreshing else [])]
+            if waiting:
+                await asyncio.wait(waiting)
+            elif self._queued:  # all backing off
+                await asyncio.sleep(max(0.001, min(self._not_before.values(), default=0)
+                                        - time.monotonic()))

@@ -13,6 +13,7 @@ from vqueues_client.client import (
     Lease,
     NewRecord,
     ReadResult,
+    RecordResult,
     Value,
 )
 
@@ -56,6 +57,11 @@ class Client:
                 headers: dict[str, str] | None = None, **record: Any) -> EnqueueResult:
         """`record`: idempotency_key, tags, deliver_at, delay_ms (for one plain value)."""
         return self._run(self._async.enqueue(queue, values, headers, **record))
+
+    def enqueue_many(self, records: list[tuple[str, Value | NewRecord]], **kw: Any
+                     ) -> list[RecordResult]:
+        """Records to many queues: one call per owner node (AsyncClient.enqueue_many)."""
+        return self._run(self._async.enqueue_many(records, **kw))
 
     def cancel_scheduled(self, queue: str, record_id: int) -> dict[str, Any] | None:
         return self._run(self._async.cancel_scheduled(queue, record_id))
