@@ -144,3 +144,34 @@ async def test_queue_names_with_slashes_colons_and_unicode_work(client, node):
             assert [x["value"] for x in (await r.json())["records"]] == [q]
         async with client.get(f"{node.url}/v1/queues/{path}") as r:
             assert (await r.json())["queue"] == q
+
+
+async def produce_requests(client, node) -> float:
+    """The node's data-topic produce requests so far (librdkafka's statistics, every second)."""
+    await asyncio.sleep(1.2)
+    async with client.get(f"{node.url}/metrics") as r:
+        for line in (await r.text()).splitlines():
+            if line.startswith('vq_produce_requests_total{topic="data"}'):
+                return float(line.split()[-1])
+    raise AssertionError("no vq_produce_requests_total for the data topic")
+
+
+async def test_concurrent_single_record_enqueues_to_one_partition_share_produce_requests(
+        client, node, topics):
+    """A write made while others are in flight goes through the lingering producer, so
+    concurrent single-record enqueues to one partition reach the broker in a few produce
+    requests, as a multi-queue call's records do; a lone write goes out at once."""
+    run = uuid.uuid4().hex[:6]
+    queues = [q for q in (f"co-{run}-{i}" for i in range(2000))
+              if partition_for(q, topics.partitions) == 3][:40]
+    before = await produce_requests(client, node)
+    for _ in range(3):
+        answers = await asyncio.gather(*(enqueue(client, node, q, f"v-{q}") for q in queues))
+        assert all(a["partition"] == 3 for a in answers)
+    after = await produce_requests(client, node)
+    sent = after - before
+    print(f"\n{3 * len(queues)} concurrent single-record enqueues to one partition: "
+          f"{sent:.0f} produce requests")
+    assert 1 <= sent <= 3 * len(queues) / 4
+    for q in queues:  # each readable, once
+        assert [r["value"] for r in (await read(client, node, q))["records"]] == [f"v-{q}"] * 3

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 LATENCY_BUCKETS = (.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30)
@@ -92,6 +92,24 @@ class Metrics:
     def gauge(self, name: str, doc: str, read: Callable[[], float]) -> None:
         """A gauge whose value is read at scrape time."""
         Gauge(name, doc, registry=self.registry).set_function(read)
+
+    def counters(self, name: str, doc: str, label: str,
+                 read: Callable[[], dict[str, float]]) -> None:
+        """A counter kept elsewhere (librdkafka's statistics), one per `label` value, read at
+        scrape time."""
+        self.registry.register(_ReadCounters(name, doc, label, read))
+
+
+class _ReadCounters(Collector):
+    def __init__(self, name: str, doc: str, label: str,
+                 read: Callable[[], dict[str, float]]) -> None:
+        self.name, self.doc, self.label, self.read = name, doc, label, read
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        family = CounterMetricFamily(self.name, self.doc, labels=[self.label])
+        for value, count in self.read().items():
+            family.add_metric([value], count)
+        yield family
 
 
 class _TopLags(Collector):

@@ -76,13 +76,16 @@ class Node:
         data = AsyncProducer(self._conf(**{
             "acks": s.producer_acks, "enable.idempotence": s.producer_acks == "all",
             "linger.ms": s.producer_linger_ms, "partitioner": "murmur2",
-            "compression.type": "lz4"}), "data", busy_linger_ms=s.producer_busy_linger_ms)
+            "compression.type": "lz4", "message.timeout.ms": s.broker_timeout_ms}), "data",
+            busy_linger_ms=s.producer_busy_linger_ms)
         offsets = AsyncProducer(self._conf(**{
-            "acks": "all", "enable.idempotence": True, "linger.ms": 0}), "offsets")
+            "acks": "all", "enable.idempotence": True, "linger.ms": 0,
+            "message.timeout.ms": s.broker_timeout_ms}), "offsets")
         self._producers = [data, offsets]
         reader_conf = self._conf(**{"group.id": f"vq-reader-{s.effective_node_id}",
                                     "fetch.wait.max.ms": s.fetch_wait_max_ms})
-        self._fetcher = Fetcher(reader_conf, s.data_topic, s.fetchers)
+        self._fetcher = Fetcher(reader_conf, s.data_topic, s.fetchers,
+                                s.broker_timeout_ms / 1000)
         cluster_map = ClusterMap(partitions)
         offset_log = KafkaOffsetLog(offsets, s.offset_topic, reader_conf)
         snapshot_log = (KafkaOffsetLog(offsets, s.snapshot_topic, reader_conf)
@@ -104,6 +107,11 @@ class Node:
         self.service = QueueService(s, self.ownership, cache, TopicLog(data, s.data_topic),
                                     offset_log, self._fetcher)
         node_status.register_gauges(self.ownership)
+        self.ownership.metrics.counters(
+            "vq_produce_requests", "produce requests the node's producers sent (librdkafka's "
+            "statistics, at most 1 s old), by topic: data (enqueues) and offsets (offset, "
+            "snapshot and assignment topics)", "topic",
+            lambda: {"data": data.produce_requests, "offsets": offsets.produce_requests})
         self._group = GroupMember(self._conf(**{
             "group.id": s.group_id, "session.timeout.ms": s.session_timeout_ms,
             "heartbeat.interval.ms": s.heartbeat_interval_ms,

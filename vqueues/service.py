@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from vqueues.cache import RecordCache
-from vqueues.errors import BadRequest, Conflict, NotFound
+from vqueues.errors import BadRequest, BrokerError, Conflict, NotFound
 from vqueues.hashing import partition_for
 from vqueues.idempotency import fingerprints, key_of, payload_of
 from vqueues.leases import CURSOR, LEASE
@@ -281,10 +281,18 @@ class QueueService:
             # not one broker round trip per gap after another.
             loop = asyncio.get_running_loop()
             parts = _split(runs(missing), self.settings.fetchers)
-            for got in await asyncio.gather(*(
-                    loop.run_in_executor(self._fetch_pool, self._fetcher.fetch, partition, part)
-                    for part in parts)):
-                found.update(got)
+            # Bounded as a whole: fetches waiting for a free consumer count too.
+            try:
+                async with asyncio.timeout(self.settings.broker_timeout_ms / 1000):
+                    for got in await asyncio.gather(*(
+                            loop.run_in_executor(self._fetch_pool, self._fetcher.fetch,
+                                                 partition, part)
+                            for part in parts)):
+                        found.update(got)
+            except TimeoutError:
+                raise BrokerError("broker_timeout", "reading records older than the cache from "
+                                  f"Kafka took over broker_timeout_ms "
+                                  f"({self.settings.broker_timeout_ms} ms)") from None
         return [found[o] for o in offsets if o in found]
 
     # Offset-topic writes ---------------------------------------------------------------------

@@ -62,6 +62,11 @@ class Settings:
         100, "longest the tail's fetch waits for data (fetch.wait.max.ms). The node's own "
         "writes never wait for it (ADR 6); it bounds idle fetch traffic, and on brokers that hold "
         "an empty fetch (tansu) how soon other producers' records appear")
+    broker_timeout_ms: int = _f(
+        10_000, "longest a request waits on the brokers: a write they have not acknowledged "
+        "in this time (librdkafka's message.timeout.ms) and a read of records older than the "
+        "cache not fetched in this time answer 503 broker_timeout (retriable); a write that "
+        "timed out may still be stored (at-least-once, as any retried write)")
     producer_acks: str = _f("all", "acks for enqueued records: all, 1 or 0 (0: offsets unknown)",
                             choices=("all", "1", "0"))
     producer_linger_ms: int = _f(

@@ -1,14 +1,19 @@
 """The fault tier: a node whose every Kafka connection goes through a proxy that fails on demand
-(tests/faults/proxy.py), under cursor enqueue/ack load and lease/complete load.
+(tests/faults/proxy.py), under cursor enqueue/ack load, lease/complete load, keyed enqueues
+(each failed request sent again as it was) and scheduled enqueues.
 
 Faults, one after another: every connection dropped (three times), traffic black-holed for 6 s
-(connections stay open), 100 ms of latency on every chunk for 4 s. Afterwards the node is
-SIGKILLed and a successor, which knows only what Kafka kept, checks: no acknowledged record, ack
-or completion was lost, and no completed record is leased again. The recovery after each fault
+(connections stay open), the broker process SIGSTOPped for 6 s, 100 ms of latency on every chunk
+for 4 s. Afterwards the node is SIGKILLed and a successor, which knows only what Kafka kept,
+checks: no acknowledged record, ack, completion, keyed or scheduled record was lost, no
+completed record is leased again, no keyed record is stored twice (its retries are idempotent)
+and no scheduled record comes twice. The recovery after each fault
 (the longest time between two successful calls of a kind) is printed; `-s` shows it.
 """
 
 import itertools
+import os
+import signal
 import threading
 import time
 from collections import defaultdict
@@ -31,7 +36,7 @@ def proxied():
     proxy = FaultProxy("127.0.0.1", proxy_port, broker_port).start()
     broker = EmbeddedBroker(port=broker_port, advertised_port=proxy_port).start()
     try:
-        yield proxy, f"127.0.0.1:{proxy_port}"
+        yield proxy, f"127.0.0.1:{proxy_port}", broker
     finally:
         broker.stop()
         proxy.stop()
@@ -47,6 +52,8 @@ class Load:
         self.written: list[str] = []  # values of acknowledged enqueues (cursor queue)
         self.acked = 0  # highest acknowledged ack offset
         self.jobs: list[str] = []  # values of acknowledged enqueues (work queue)
+        self.keyed: list[str] = []  # values of acknowledged keyed enqueues (each retried as is)
+        self.scheduled: list[str] = []  # values of acknowledged scheduled enqueues
         self.completed: set[str] = set()  # values whose completion was acknowledged
         self.successes: dict[str, list[float]] = defaultdict(list)
         self.statuses: dict[int, int] = defaultdict(int)
@@ -96,9 +103,36 @@ class Load:
                               {"tokens": tokens})[0] == 200:
                     self.completed.update(r["value"] for r in page["records"])
 
+    def keyed_writer(self) -> None:
+        """Records with idempotency keys; a failed request is sent again as it was, until it
+        is answered 200: each key must then be in the queue once."""
+        n = 0
+        while not self.stop.is_set():
+            values = [f"k-{n + i}" for i in range(5)]
+            body = {"records": [{"value": v, "idempotency_key": v} for v in values]}
+            while self._call("enqueue_keyed", "POST", "/v1/queues/fault-k/records",
+                             body)[0] != 200:
+                time.sleep(0.05)
+            self.keyed += values
+            n += 5
+            time.sleep(0.02)
+
+    def scheduled_writer(self) -> None:
+        """Records due 1 s after their enqueue: each acknowledged one must come, once."""
+        n = 0
+        while not self.stop.is_set():
+            values = [f"s-{n + i}" for i in range(5)]
+            if self._call("enqueue_scheduled", "POST", "/v1/queues/fault-s/records",
+                          {"records": [{"value": v, "delay_ms": 1000} for v in values]}
+                          )[0] == 200:
+                self.scheduled += values
+                n += 5
+            time.sleep(0.05)
+
     def run(self) -> list[threading.Thread]:
         threads = [threading.Thread(target=f, daemon=True)
-                   for f in (self.writer, self.reader, self.worker)]
+                   for f in (self.writer, self.reader, self.worker, self.keyed_writer,
+                             self.scheduled_writer)]
         for t in threads:
             t.start()
         return threads
@@ -114,8 +148,21 @@ class Load:
         return worst
 
 
+def values_of(url: str, queue: str) -> list[str]:
+    """Every record value of `queue` a node serves, in offset order."""
+    out: list[str] = []
+    offset = 0
+    while True:
+        status, page = http("GET", f"{url}/v1/queues/{queue}/records?offset={offset}&limit=1000")
+        assert status == 200, page
+        if not page["records"]:
+            return out
+        out += [r["value"] for r in page["records"]]
+        offset = page["next_offset"]
+
+
 def test_dropped_black_holed_and_slow_broker_connections_lose_nothing(proxied):
-    proxy, bootstrap = proxied
+    proxy, bootstrap, broker = proxied
     t = create_topics(bootstrap, partitions=4)
     node = NodeProcess(t, node_id="faulty").start()
     successor = None
@@ -140,6 +187,15 @@ def test_dropped_black_holed_and_slow_broker_connections_lose_nothing(proxied):
         time.sleep(8)
         figures["6 s black hole"] = load.longest_gap(start)
         figures["after the black hole: longest gap"] = load.longest_gap(healed)
+        start = time.monotonic()
+        assert broker.process is not None
+        os.kill(broker.process.pid, signal.SIGSTOP)
+        time.sleep(6)
+        os.kill(broker.process.pid, signal.SIGCONT)
+        healed = time.monotonic()
+        time.sleep(8)
+        figures["broker SIGSTOPped for 6 s"] = load.longest_gap(start)
+        figures["after SIGCONT: longest gap"] = load.longest_gap(healed)
         start = time.monotonic()
         proxy.latency(0.1)
         time.sleep(4)
@@ -172,6 +228,14 @@ def test_dropped_black_holed_and_slow_broker_connections_lose_nothing(proxied):
                 break
             offset = page["next_offset"]
         assert set(load.written) <= set(records), "an acknowledged record was lost"
+        keyed = values_of(url, "fault-k")
+        assert set(load.keyed) <= set(keyed), "an acknowledged keyed record was lost"
+        twice = sorted(v for v in set(keyed) if keyed.count(v) > 1)
+        assert not twice, f"keyed records written twice: {twice[:5]}"
+        time.sleep(1.5)  # the last scheduled records fall due
+        scheduled = values_of(url, "fault-s")
+        assert set(load.scheduled) <= set(scheduled), "an acknowledged scheduled record was lost"
+        assert len(scheduled) == len(set(scheduled)), "a scheduled record came twice"
         committed = [c["offset"] for c in http("GET", f"{url}/v1/queues/fault-a")[1]["consumers"]
                      if c["consumer"] == "c"]
         assert committed and committed[0] >= load.acked, "an acknowledged ack was lost"
@@ -191,3 +255,47 @@ def test_dropped_black_holed_and_slow_broker_connections_lose_nothing(proxied):
         node.kill()
         if successor is not None:
             successor.terminate()
+
+
+def test_requests_that_cannot_reach_the_broker_fail_after_broker_timeout_ms(proxied):
+    """With the broker's traffic black-holed, an enqueue and a read of records older than the
+    cache answer 503 broker_timeout (retriable) after `broker_timeout_ms`, not later; the node
+    keeps serving what it holds (cached records), and both work again once the traffic flows.
+    Nothing the node acknowledged is lost."""
+    proxy, bootstrap, _ = proxied
+    t = create_topics(bootstrap, partitions=2)
+    node = NodeProcess(t, extra_env={"VQ_BROKER_TIMEOUT_MS": "2000",
+                                     "VQ_CACHE_MAX_BYTES": "0"}).start()
+    try:
+        old = http("POST", f"{node.url}/v1/queues/bound/records",
+                   {"records": [{"value": f"old-{i}"} for i in range(20)]})
+        assert old[0] == 200
+        proxy.black_hole(True)
+        try:
+            t0 = time.monotonic()
+            status, body = http("POST", f"{node.url}/v1/queues/bound/records",
+                                {"records": [{"value": "unreachable"}]}, timeout_s=30)
+            write_s = time.monotonic() - t0
+            assert status == 503 and body["error"]["code"] == "broker_timeout", body
+            assert body["error"]["retriable"] is True
+            t0 = time.monotonic()
+            status, body = http("GET", f"{node.url}/v1/queues/bound/records?offset=0",
+                                timeout_s=30)
+            read_s = time.monotonic() - t0
+            assert status == 503 and body["error"]["code"] == "broker_timeout", body
+            print(f"\nbroker unreachable, broker_timeout_ms 2000: the write failed after "
+                  f"{write_s:.1f} s, the read of uncached records after {read_s:.1f} s")
+            # The documented bound, with room for a busy machine: not the 30 s of before.
+            assert write_s < 2 + 3 and read_s < 2 + 3
+            assert http("GET", f"{node.url}/healthz")[0] == 200
+        finally:
+            proxy.black_hole(False)
+        deadline = time.monotonic() + 30
+        while http("POST", f"{node.url}/v1/queues/bound/records",
+                   {"records": [{"value": "after"}]}, timeout_s=15)[0] != 200:
+            assert time.monotonic() < deadline, "the node never wrote again"
+            time.sleep(0.2)
+        values = values_of(node.url, "bound")
+        assert [f"old-{i}" for i in range(20)] == values[:20] and values[-1] == "after"
+    finally:
+        node.kill()

@@ -22,7 +22,9 @@ log = logging.getLogger(__name__)
 class Fetcher:
     """A pool of assign()-mode consumers; `fetch` is blocking and thread-safe."""
 
-    def __init__(self, conf: dict[str, Any], topic: str, size: int) -> None:
+    def __init__(self, conf: dict[str, Any], topic: str, size: int,
+                 timeout_s: float = 10.0) -> None:
+        self._timeout_s = timeout_s
         conf = {
             **conf,
             "enable.auto.commit": False,
@@ -44,7 +46,7 @@ class Fetcher:
         for c in self._all:
             self._pool.put(c)
 
-    def fetch(self, partition: int, offsets: Sequence[int], timeout_s: float = 10.0
+    def fetch(self, partition: int, offsets: Sequence[int], timeout_s: float | None = None
               ) -> dict[int, Record]:
         """Return the records at `offsets` (sorted ascending) that still exist.
 
@@ -54,7 +56,7 @@ class Fetcher:
         if not offsets:
             return found
         consumer = self._pool.get()
-        deadline = time.monotonic() + timeout_s
+        deadline = time.monotonic() + (self._timeout_s if timeout_s is None else timeout_s)
         try:
             i = 0
             while i < len(offsets):
