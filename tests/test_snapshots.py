@@ -103,3 +103,36 @@ def test_a_corrupt_snapshot_is_ignored_with_a_warning_and_the_partition_replayed
         assert observe(node, ["whole"]) == before
     finally:
         node.terminate()
+
+
+def test_a_node_stopped_with_sigterm_snapshots_what_changed_for_whoever_comes_next(bootstrap):
+    """With no periodic snapshot due (the interval is 300 s), SIGTERM snapshots each partition
+    that took in at least 1,000 records since its last snapshot, before the node leaves: the
+    node restarted in place loads them instead of replaying the topic."""
+    t = create_topics(bootstrap, partitions=2)
+    run = uuid.uuid4().hex[:4]
+    names = (f"stop{i}-{run}" for i in itertools.count())
+    busy = [next(q for q in names if partition_for(q, 2) == p) for p in (0, 1)]
+    quiet = next(q for q in names if partition_for(q, 2) == 0)
+    node = NodeProcess(t)
+    node.start()
+    try:
+        for q in busy:
+            for k in range(11):
+                post(node, f"/v1/queues/{q}/records",
+                     {"records": [{"value": f"{q}-{k}-{i}"} for i in range(100)]})
+            post(node, f"/v1/queues/{q}/consumers/c/ack", {"offset": 500})
+        post(node, f"/v1/queues/{quiet}/records", {"records": [{"value": "quiet"}]})
+        before = observe(node, [*busy, quiet])
+    finally:
+        assert node.terminate() == 0
+    written = events(node, "snapshot_written")
+    assert sorted(e["partition"] for e in written) == [0, 1]
+    assert [e["written"] for e in events(node, "snapshots_at_stop")] == [2]
+    node.start()  # the same node id, restarted in place
+    try:
+        loaded = events(node, "snapshot_loaded")
+        assert {e["partition"] for e in loaded} == {0, 1}
+        assert observe(node, [*busy, quiet]) == before
+    finally:
+        node.terminate()

@@ -145,15 +145,34 @@ class Maintenance:
                 except Exception:  # logged; the next round tries again
                     log.exception("snapshot_failed", extra={"partition": p})
 
-    async def write_snapshot(self, p: int, force: bool = False) -> bool:
+    async def snapshot_changed(self, min_records: int, timeout_s: float) -> int:
+        """Snapshot every owned, ready partition with at least `min_records` records since its
+        last snapshot, for at most `timeout_s` in all (a stopping node: its successor, or
+        itself restarted, then loads instead of replaying). How many were written."""
+        written = 0
+        try:
+            async with asyncio.timeout(timeout_s):
+                for p in list(self.ownership.states):
+                    try:
+                        written += await self.write_snapshot(p, min_records=min_records)
+                    except Exception:  # logged; the successor replays instead
+                        log.exception("snapshot_failed", extra={"partition": p})
+        except TimeoutError:
+            log.warning("snapshots_at_stop_cut_short", extra={"written": written})
+        return written
+
+    async def write_snapshot(self, p: int, force: bool = False,
+                             min_records: int | None = None) -> bool:
         """Snapshot partition p (owned and ready) to the snapshot topic; False if it was not
-        due (fewer than `snapshot_min_records` new records, unless `force`)."""
+        due (fewer than `min_records`, by default `snapshot_min_records`, new records, unless
+        `force`)."""
         state = self.ownership.states.get(p)
         if self._snapshots is None or state is None or not state.ready.is_set():
             return False
         manifest = self.ownership.snapshot_ids.get(p, {})
         last_at = self._snapshot_at.get(p, int(manifest.get("data_position", 0)))
-        if not force and state.next_offset - last_at < self.settings.snapshot_min_records:
+        least = self.settings.snapshot_min_records if min_records is None else min_records
+        if not force and state.next_offset - last_at < least:
             return False
         started = time.monotonic()
         # The cut: no offset-topic write in flight, so the state reflects every entry below

@@ -35,6 +35,10 @@ log = logging.getLogger(__name__)
 # The embedded broker's cluster id: its group coordinator does not give a static member that
 # restarts its partitions back (measured: none assigned 12 s after), so "auto" stays dynamic.
 EMBEDDED_CLUSTER_ID = "tansu_cluster"
+# A stopping node snapshots the partitions that changed this much since their last snapshot,
+# within this time (settings.snapshot_on_stop).
+SNAPSHOT_AT_STOP_MIN_RECORDS = 1000
+SNAPSHOT_AT_STOP_TIMEOUT_S = 10.0
 
 
 class Node:
@@ -50,6 +54,7 @@ class Node:
         self._fence: SelfFence | None = None
         self.service: QueueService | None = None
         self._maintenance: list[asyncio.Task[None]] = []
+        self._upkeep: Maintenance | None = None
         self.ownership: Ownership | None = None
 
     def _conf(self, **conf: Any) -> dict[str, Any]:
@@ -119,7 +124,8 @@ class Node:
             **({"group.instance.id": s.effective_node_id} if static else {})}),
             s.data_topic, self.ownership, fence=self._fence)
         self._group.start()
-        self._maintenance = Maintenance(s, self.ownership, self.service, snapshot_log).start()
+        self._upkeep = Maintenance(s, self.ownership, self.service, snapshot_log)
+        self._maintenance = self._upkeep.start()
         self._maintenance.append(asyncio.create_task(
             Scheduler(self.service, self.ownership, s.scheduler_tick_ms).run_forever()))
         app = api.create_app(self.service, s)
@@ -156,6 +162,11 @@ class Node:
             self.ownership.drain()
         if self._runner is not None:
             await self._runner.cleanup()
+        if self._upkeep is not None and self.settings.snapshot_on_stop:
+            # No request is served any more: the snapshots hold everything answered.
+            written = await self._upkeep.snapshot_changed(SNAPSHOT_AT_STOP_MIN_RECORDS,
+                                                          SNAPSHOT_AT_STOP_TIMEOUT_S)
+            log.info("snapshots_at_stop", extra={"written": written})
         if self._group is not None:
             # The group thread reports revocations to the loop: never block the loop on it.
             await asyncio.to_thread(self._group.stop)

@@ -39,6 +39,10 @@ class Settings:
         "data topic); if it does not exist the node runs without snapshots, saying so")
     snapshot_interval_s: int = _f(
         300, "how often a node considers writing a snapshot of each owned partition")
+    snapshot_on_stop: bool = _f(
+        True, "a node stopped with SIGTERM first snapshots each partition that took in at "
+        "least 1,000 records since its last snapshot (10 s at most), so that whoever serves it "
+        "next, the node itself restarted in place included, loads instead of replaying")
     snapshot_min_records: int = _f(
         100_000, "a partition is snapshotted only once this many records arrived since its "
         "last snapshot (takeover replays at most about this many, plus the interval's)")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import queue
+import threading
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -45,6 +46,18 @@ class Fetcher:
             self._all = [Consumer(conf) for _ in range(size)]
         for c in self._all:
             self._pool.put(c)
+        # Learn the topic's leaders and connect to them now, off the caller's thread: the
+        # first read after a start (a restart in place) otherwise pays for it.
+        self._warming = threading.Thread(target=self._warm_up, name="vq-fetcher-warm-up",
+                                         daemon=True)
+        self._warming.start()
+
+    def _warm_up(self) -> None:
+        for c in self._all:
+            try:
+                c.list_topics(self._topic, timeout=10)
+            except Exception as exc:  # only a head start: a read finds its own way
+                log.info("fetcher_warm_up_failed", extra={"error": repr(exc)})
 
     def fetch(self, partition: int, offsets: Sequence[int], timeout_s: float | None = None
               ) -> dict[int, Record]:
@@ -110,5 +123,6 @@ class Fetcher:
             self._pool.put(consumer)
 
     def close(self) -> None:
+        self._warming.join(15)  # not closed under its feet
         for c in self._all:
             c.close()
