@@ -1,0 +1,633 @@
+import {
+  DeadlineExceededError, VQError, errorFrom,
+} from "./errors.js";
+import { Transport } from "./http.js";
+import { partitionFor } from "./murmur2.js";
+import { Stream, type StreamOptions } from "./stream.js";
+import type {
+  AckResult, ConsumerDeletion, ConsumerSettingsInfo, PartitionsInfo, QueueDeletion, QueueInfo,
+  ScheduledCancellation, SettleResult,
+} from "./types.js";
+
+/** A record's value: text (sent as UTF-8), bytes (sent base64), or null. */
+export type Value = string | Uint8Array | null;
+
+/** One record to enqueue, with what it carries besides its value. */
+export interface NewRecord {
+  value: Value;
+  headers?: Record<string, string>;
+  /** A repeat within the server's window (10 minutes) writes nothing. */
+  idempotencyKey?: string;
+  /** Indexed by the server: read, lease and stream by tag. */
+  tags?: string[];
+  /** UTC epoch ms: invisible until then. */
+  deliverAt?: number;
+  /** Invisible for this long. */
+  delayMs?: number;
+}
+
+/** A record as a read or a lease returns it. */
+export class QueueRecord {
+  constructor(readonly offset: number, readonly timestamp: number,
+              readonly value: Uint8Array | null, readonly headers: Record<string, string>) {}
+
+  /** The value as UTF-8 text (null for a null value). */
+  get text(): string | null {
+    return this.value === null ? null : Buffer.from(this.value).toString("utf8");
+  }
+}
+
+/** A leased record: complete, retry or extend it by `token` before `deadline`. A prefix lease
+ * says which `queue` (and `partition`) each record came from. */
+export class Lease {
+  constructor(readonly record: QueueRecord, readonly token: string, readonly attempt: number,
+              readonly deadline: number, readonly queue?: string,
+              readonly partition?: number) {}
+
+  get offset(): number { return this.record.offset; }
+  get value(): Uint8Array | null { return this.record.value; }
+  get headers(): Record<string, string> { return this.record.headers; }
+  get text(): string | null { return this.record.text; }
+}
+
+export interface EnqueueResult { partition: number; offsets: number[] | null }
+export interface ReadResult { partition: number; records: QueueRecord[]; nextOffset: number }
+
+/** One record of a multi-queue enqueue: where it was written, or why it was not. */
+export interface RecordResult {
+  queue: string;
+  partition: number;
+  /** null: failed (see `error`), or the node writes with acks=0. */
+  offset: number | null;
+  error?: VQError;
+}
+
+export interface ClientOptions {
+  /** A bearer token, sent on every call (nodes run with auth on). */
+  token?: string;
+  /** A PEM bundle that signed the nodes' certificates (https:// URLs, a private CA). */
+  ca?: string | Buffer | Array<string | Buffer>;
+  /** How long a call retries retriable failures, ms (30,000). */
+  deadlineMs?: number;
+  /** The longest one request may take, ms (60,000). */
+  requestTimeoutMs?: number;
+  /** How old the cached cluster map may get, ms (30,000). */
+  refreshIntervalMs?: number;
+  backoffInitialMs?: number;
+  backoffMaxMs?: number;
+}
+
+export interface CallOptions {
+  signal?: AbortSignal;
+  /** Overrides the client's deadline for this call, ms. */
+  deadlineMs?: number;
+}
+
+export interface EnqueueOptions extends CallOptions {
+  /** For plain values: the headers of each. */
+  headers?: Record<string, string>;
+  /** For one plain value: */
+  idempotencyKey?: string;
+  tags?: string[];
+  deliverAt?: number;
+  delayMs?: number;
+}
+
+export interface ReadOptions extends CallOptions {
+  consumer?: string;
+  offset?: number;
+  limit?: number;
+  waitMs?: number;
+  tag?: string;
+}
+
+export interface LeaseOptions extends CallOptions {
+  maxRecords?: number;
+  visibilityMs?: number;
+  waitMs?: number;
+  tag?: string;
+}
+
+export interface ConsumerSettings {
+  mode?: "cursor" | "lease";
+  maxAttempts?: number;
+  /** A queue name; null removes the dead-letter queue. */
+  deadLetterQueue?: string | null;
+  visibilityMs?: number;
+  /** Records leased at once, at most; null: no cap. */
+  maxInFlight?: number | null;
+}
+
+type Tokens = Lease | string | Array<Lease | string>;
+type Json = Record<string, unknown>;
+
+function isNewRecord(x: unknown): x is NewRecord {
+  return typeof x === "object" && x !== null && !(x instanceof Uint8Array) && "value" in x;
+}
+
+/** The wire form of one record (docs/api.md, "Enqueue"). */
+export function encodeRecord(item: Value | NewRecord, headers?: Record<string, string>): Json {
+  const rec: NewRecord = isNewRecord(item) ? item : { value: item, headers };
+  const out: Json = rec.value instanceof Uint8Array ?
+    { value: Buffer.from(rec.value).toString("base64"), encoding: "base64" } :
+    { value: rec.value };
+  if (rec.headers && Object.keys(rec.headers).length) out.headers = rec.headers;
+  if (rec.idempotencyKey !== undefined) out.idempotency_key = rec.idempotencyKey;
+  if (rec.tags !== undefined) out.tags = rec.tags;
+  if (rec.deliverAt !== undefined) out.deliver_at = rec.deliverAt;
+  if (rec.delayMs !== undefined) out.delay_ms = rec.delayMs;
+  return out;
+}
+
+function decodeRecord(raw: Json): QueueRecord {
+  const b64 = raw.encoding === "base64";
+  const headers: Record<string, string> = {};
+  for (const [k, v] of Object.entries((raw.headers ?? {}) as Record<string, string | null>)) {
+    headers[k] = v === null ? "" : b64 ? Buffer.from(v, "base64").toString("utf8") : v;
+  }
+  const value = raw.value as string | null;
+  const data = value === null ? null :
+    b64 ? new Uint8Array(Buffer.from(value, "base64")) : new Uint8Array(Buffer.from(value));
+  return new QueueRecord(raw.offset as number, raw.timestamp as number, data, headers);
+}
+
+function decodeLease(raw: Json): Lease {
+  return new Lease(decodeRecord(raw), raw.token as string, raw.attempt as number,
+                   raw.deadline as number, raw.queue as string | undefined,
+                   raw.partition as number | undefined);
+}
+
+/** Wait `ms`, or less if `signal` aborts (then it rejects). */
+export function sleep(ms: number, signal?: AbortSignal): Promise<void> {
+  return new Promise((resolve, reject) => {
+    if (signal?.aborted) return reject(signal.reason);
+    const timer = setTimeout(() => {
+      signal?.removeEventListener("abort", onAbort);
+      resolve();
+    }, ms);
+    const onAbort = () => {
+      clearTimeout(timer);
+      reject(signal?.reason);
+    };
+    signal?.addEventListener("abort", onAbort, { once: true });
+  });
+}
+
+const q = encodeURIComponent;
+
+/**
+ * `const vq = new Client(["http://127.0.0.1:8080"]); await vq.enqueue("q", "x")`.
+ *
+ * Routes each call to the node that owns the queue's partition (Kafka's murmur2 of the name,
+ * as the server computes it). The cluster map is fetched from any of `urls`, cached, and
+ * refreshed on a 409 `wrong_node`, a 503 `partition_unavailable`, a connection error, and every
+ * `refreshIntervalMs`. Retriable failures are retried with exponential backoff and full jitter
+ * until the deadline.
+ */
+export class Client {
+  readonly seeds: string[];
+  partitions: number | null = null;
+  owners = new Map<number, string>();
+  generation = -1;
+  /** Records per multi-queue call: the node's `max_batch_records` (its default). */
+  maxRecordsPerCall = 1000;
+  readonly deadlineMs: number;
+  readonly refreshIntervalMs: number;
+  readonly backoffInitialMs: number;
+  readonly backoffMaxMs: number;
+  /** The CA bundle given, for https:// and wss:// nodes. */
+  readonly ca: ClientOptions["ca"];
+  private readonly headers: Record<string, string>;
+  private readonly transport: Transport;
+  private mapAt = 0;
+  private refreshing: Promise<Json> | null = null;
+
+  constructor(urls: string | string[], options: ClientOptions = {}) {
+    this.seeds = (typeof urls === "string" ? [urls] : urls).map((u) => u.replace(/\/+$/, ""));
+    if (!this.seeds.length) throw new Error("at least one node URL is needed");
+    this.deadlineMs = options.deadlineMs ?? 30_000;
+    this.refreshIntervalMs = options.refreshIntervalMs ?? 30_000;
+    this.backoffInitialMs = options.backoffInitialMs ?? 50;
+    this.backoffMaxMs = options.backoffMaxMs ?? 2_000;
+    this.headers = options.token ? { Authorization: `Bearer ${options.token}` } : {};
+    this.ca = options.ca;
+    this.transport = new Transport({ ca: options.ca,
+                                     requestTimeoutMs: options.requestTimeoutMs ?? 60_000 });
+  }
+
+  /** Close the kept-alive connections. */
+  close(): void {
+    this.transport.close();
+  }
+
+  // The cluster map ------------------------------------------------------------------------
+
+  /** Fetch the map from the first node that answers (known owners first, then seeds). */
+  refreshMap(): Promise<Json> {
+    this.refreshing ??= this.fetchMap().finally(() => { this.refreshing = null; });
+    return this.refreshing;
+  }
+
+  private async fetchMap(): Promise<Json> {
+    const candidates = [...new Set([...this.owners.values(), ...this.seeds])]
+      .sort(() => Math.random() - 0.5);
+    let last: unknown;
+    for (const url of candidates) {
+      let answer;
+      try {
+        answer = await this.transport.request("GET", `${url}/v1/partitions`, undefined,
+                                              this.headers);
+      } catch (exc) {
+        last = exc;
+        continue;
+      }
+      if (answer.status === 401 || answer.status === 403) throw errorFrom(answer.status, answer.body);
+      if (answer.status !== 200) continue;
+      const body = answer.body as Json;
+      this.partitions = body.partitions as number;
+      this.owners = new Map(Object.entries(body.owners as Record<string, { url: string }>)
+        .map(([p, o]) => [Number(p), o.url]));
+      this.generation = (body.generation as number | undefined) ?? 0;
+      this.mapAt = Date.now();
+      return body;
+    }
+    throw new VQError(0, "no_node_reachable", `no node answered: ${last}`, {}, true);
+  }
+
+  /** Fetch the map if it is unknown or older than `refreshIntervalMs`. */
+  async freshMap(): Promise<void> {
+    if (this.partitions === null || Date.now() - this.mapAt > this.refreshIntervalMs) {
+      try {
+        await this.refreshMap();
+      } catch (exc) {
+        if (this.partitions === null) throw exc;
+      }
+    }
+  }
+
+  /** The owner of `queue` in the cached map (a seed while it is unknown). */
+  cachedOwner(queue: string): string {
+    if (this.partitions === null) return this.seeds[0];
+    return this.owners.get(partitionFor(queue, this.partitions)) ?? this.seeds[0];
+  }
+
+  private partitionOf(queue: string): number {
+    return this.partitions ? partitionFor(queue, this.partitions) : -1;
+  }
+
+  private async refreshQuietly(): Promise<void> {
+    try {
+      await this.refreshMap();
+    } catch {
+      // the next call tries again
+    }
+  }
+
+  // Requests -------------------------------------------------------------------------------
+
+  /** A call routed by `queue` (null: any node), retried while it fails retriably. */
+  async call(method: string, queue: string | null, path: string,
+             opts: CallOptions & { body?: unknown; params?: Record<string, unknown>;
+                                   ok404?: boolean } = {}): Promise<Json | null> {
+    const deadline = Date.now() + (opts.deadlineMs ?? this.deadlineMs);
+    let delay = this.backoffInitialMs;
+    let last: VQError | undefined;
+    let override: string | undefined;
+    const query = opts.params ? "?" + new URLSearchParams(
+      Object.entries(opts.params).filter(([, v]) => v !== undefined && v !== null)
+        .map(([k, v]) => [k, String(v)])).toString() : "";
+    for (;;) {
+      if (queue) await this.freshMap();
+      const base = override ?? (queue ? this.cachedOwner(queue) : this.seeds[0]);
+      override = undefined;
+      try {
+        const answer = await this.transport.request(method, base + path + query, opts.body,
+                                                    this.headers, opts.signal);
+        if (answer.status < 300) return (answer.body ?? {}) as Json;
+        last = errorFrom(answer.status, answer.body);
+        if (answer.status === 404 && opts.ok404) return null;
+        if (last.code === "wrong_node") {
+          override = last.details.owner as string | undefined;
+          await this.refreshQuietly();
+        } else if ((answer.status === 429 || answer.status === 503) &&
+                   answer.headers["retry-after"]) {
+          delay = Math.max(delay, Math.min(Number(answer.headers["retry-after"]) * 1000,
+                                           5_000) / 4);
+          if (last.code === "partition_unavailable") await this.refreshQuietly();
+        }
+        if (!last.retriable && last.code !== "wrong_node") throw last;
+      } catch (exc) {
+        if (exc instanceof VQError) throw exc;
+        if (opts.signal?.aborted) throw opts.signal.reason;
+        last = new VQError(0, "connection_error", `${base}: ${(exc as Error).message}`, {}, true);
+        await this.refreshQuietly();
+      }
+      const remaining = deadline - Date.now();
+      if (remaining <= 0) throw new DeadlineExceededError(last);
+      if (override === undefined) {
+        await sleep(Math.min(remaining, Math.random() * delay), opts.signal);
+        delay = Math.min(this.backoffMaxMs, delay * 2);
+      }
+    }
+  }
+
+  /** One call to one node, never sent elsewhere, retried while it fails retriably (not on
+   * `wrong_node`: the caller follows the map). */
+  async callNode(url: string, method: string, path: string, body?: unknown,
+                 opts: CallOptions = {}): Promise<Json> {
+    const deadline = Date.now() + (opts.deadlineMs ?? this.deadlineMs);
+    let delay = this.backoffInitialMs;
+    let last: VQError;
+    for (;;) {
+      try {
+        const answer = await this.transport.request(method, url + path, body, this.headers,
+                                                    opts.signal);
+        if (answer.status < 300) return (answer.body ?? {}) as Json;
+        last = errorFrom(answer.status, answer.body);
+        if (!last.retriable || last.code === "wrong_node") throw last;
+      } catch (exc) {
+        if (exc instanceof VQError && exc.status !== 0) throw exc;
+        if (opts.signal?.aborted) throw opts.signal.reason;
+        last = new VQError(0, "connection_error", `${url}: ${(exc as Error).message}`, {}, true);
+        if ((exc as NodeJS.ErrnoException).code === "ECONNREFUSED") throw last;
+      }
+      const remaining = deadline - Date.now();
+      if (remaining <= 0) throw new DeadlineExceededError(last);
+      await sleep(Math.min(remaining, Math.random() * delay), opts.signal);
+      delay = Math.min(this.backoffMaxMs, delay * 2);
+    }
+  }
+
+  private static c(queue: string, consumer: string): string {
+    return `/v1/queues/${q(queue)}/consumers/${q(consumer)}`;
+  }
+
+  private static tokens(leases: Tokens): string[] {
+    return (Array.isArray(leases) ? leases : [leases])
+      .map((x) => (typeof x === "string" ? x : x.token));
+  }
+
+  // Records --------------------------------------------------------------------------------
+
+  /** Enqueue one value or a list, in one request and in this order; `Uint8Array`s go base64,
+   * strings as UTF-8. A retried enqueue may write twice (at-least-once) unless the records
+   * carry idempotency keys. */
+  async enqueue(queue: string, values: Value | NewRecord | Array<Value | NewRecord>,
+                opts: EnqueueOptions = {}): Promise<EnqueueResult> {
+    let items = Array.isArray(values) ? values : [values];
+    const single = [opts.idempotencyKey, opts.tags, opts.deliverAt, opts.delayMs]
+      .some((x) => x !== undefined);
+    if (single) {
+      if (items.length !== 1 || isNewRecord(items[0])) {
+        throw new TypeError("idempotencyKey, tags, deliverAt and delayMs are for one plain " +
+                            "value; give each NewRecord its own");
+      }
+      items = [{ value: items[0] as Value, headers: opts.headers,
+                 idempotencyKey: opts.idempotencyKey, tags: opts.tags,
+                 deliverAt: opts.deliverAt, delayMs: opts.delayMs }];
+    }
+    const body = await this.call("POST", queue, `/v1/queues/${q(queue)}/records`, {
+      ...opts, body: { records: items.map((v) => encodeRecord(v, opts.headers)) } });
+    return { partition: body!.partition as number, offsets: body!.offsets as number[] | null };
+  }
+
+  /** Enqueue records to many queues: one `POST /v1/records` per owner node (up to
+   * `maxRecordsPerCall` each), the owners in parallel. Records that fail retriably
+   * (`wrong_node`: the map is refreshed and they go to the new owner; a partition moving or
+   * replaying; a broker error; a lost connection) are sent again, before any later record of
+   * their queue, until the deadline. Each queue's records keep their order. One result per
+   * record, in order; a record that failed for good has `error` (nothing is thrown for it). A
+   * request a node refuses as a whole (a bad record: 400) throws. */
+  async enqueueMany(records: Array<[string, Value | NewRecord]>,
+                    opts: CallOptions = {}): Promise<RecordResult[]> {
+    const deadline = Date.now() + (opts.deadlineMs ?? this.deadlineMs);
+    const items = records.map(([queue, v]) => ({ queue, ...encodeRecord(v) }));
+    const results: Array<RecordResult | undefined> = new Array(items.length);
+    const last = new Map<number, VQError>();
+    let todo = items.map((_, i) => i);
+    let delay = this.backoffInitialMs;
+    while (todo.length) {
+      await this.freshMap();
+      const byOwner = new Map<string, number[]>();
+      for (const i of todo) {
+        const url = this.cachedOwner(items[i].queue);
+        byOwner.set(url, [...(byOwner.get(url) ?? []), i]);
+      }
+      const rounds = await Promise.all([...byOwner].map(
+        ([url, indices]) => this.enqueueAt(url, items, indices, results, last, opts.signal)));
+      todo = rounds.flatMap(([retry]) => retry).sort((a, b) => a - b);
+      if (!todo.length) break;
+      if (rounds.some(([, refresh]) => refresh)) await this.refreshQuietly();
+      const remaining = deadline - Date.now();
+      if (remaining <= 0) {
+        for (const i of todo) {
+          results[i] = { queue: items[i].queue, partition: this.partitionOf(items[i].queue),
+                         offset: null, error: new DeadlineExceededError(last.get(i)) };
+        }
+        break;
+      }
+      if (!todo.every((i) => last.get(i)?.code === "wrong_node")) {
+        await sleep(Math.min(remaining, Math.random() * delay), opts.signal);
+        delay = Math.min(this.backoffMaxMs, delay * 2);
+      }
+    }
+    return results as RecordResult[];
+  }
+
+  private async enqueueAt(url: string, items: Array<Json & { queue: string }>,
+                          indices: number[], results: Array<RecordResult | undefined>,
+                          last: Map<number, VQError>, signal?: AbortSignal
+                          ): Promise<[number[], boolean]> {
+    const retry: number[] = [];
+    const held = new Set<string>();
+    let refresh = false;
+    for (let start = 0; start < indices.length; start += this.maxRecordsPerCall) {
+      const chunk: number[] = [];
+      for (const i of indices.slice(start, start + this.maxRecordsPerCall)) {
+        (held.has(items[i].queue) ? retry : chunk).push(i);
+      }
+      if (!chunk.length) continue;
+      let answers: Json[];
+      try {
+        answers = await this.postRecords(url, chunk.map((i) => items[i]), signal);
+      } catch (exc) {
+        if (!(exc instanceof VQError) || !exc.retriable) throw exc;
+        refresh ||= exc.status === 0 || exc.status === 503;
+        for (const i of chunk) {
+          retry.push(i);
+          last.set(i, exc);
+          held.add(items[i].queue);
+        }
+        continue;
+      }
+      chunk.forEach((i, n) => {
+        const answer = answers[n];
+        const queue = items[i].queue;
+        if (!("error" in answer)) {
+          results[i] = { queue, partition: answer.partition as number,
+                         offset: (answer.offset as number | null | undefined) ?? null };
+          return;
+        }
+        const err = errorFrom((answer.status as number | undefined) ?? 0, answer);
+        if (err.retriable || err.code === "wrong_node") {
+          retry.push(i);
+          last.set(i, err);
+          held.add(queue);
+          refresh ||= err.code === "wrong_node" || err.code === "partition_unavailable";
+        } else {
+          results[i] = { queue, partition: (answer.partition as number | undefined) ?? -1,
+                         offset: null, error: err };
+        }
+      });
+    }
+    return [retry, refresh];
+  }
+
+  /** One `POST /v1/records` to one node, not retried: its per-record answers. Throws a
+   * VQError for a refusal of the whole request, or a transport failure (status 0). */
+  async postRecords(url: string, items: Json[], signal?: AbortSignal): Promise<Json[]> {
+    let answer;
+    try {
+      answer = await this.transport.request("POST", `${url}/v1/records`, { records: items },
+                                            this.headers, signal);
+    } catch (exc) {
+      if (signal?.aborted) throw signal.reason;
+      throw new VQError(0, "connection_error", `${url}: ${(exc as Error).message}`, {}, true);
+    }
+    if (answer.status >= 300) throw errorFrom(answer.status, answer.body);
+    return (answer.body as { results: Json[] }).results;
+  }
+
+  /** Read records from `offset`, the consumer's committed offset, or the queue's first
+   * retained record; long-polls up to `waitMs` when there are none. */
+  async read(queue: string, opts: ReadOptions = {}): Promise<ReadResult> {
+    const body = await this.call("GET", queue, `/v1/queues/${q(queue)}/records`, {
+      ...opts, deadlineMs: (opts.deadlineMs ?? this.deadlineMs) + (opts.waitMs ?? 0),
+      params: { consumer: opts.consumer, offset: opts.offset, limit: opts.limit,
+                wait_ms: opts.waitMs, tag: opts.tag } });
+    return { partition: body!.partition as number,
+             records: (body!.records as Json[]).map(decodeRecord),
+             nextOffset: body!.next_offset as number };
+  }
+
+  /** Commit `offset`, the consumer's next offset to read. */
+  async ack(queue: string, consumer: string, offset: number,
+            opts: CallOptions & { allowRewind?: boolean } = {}): Promise<AckResult> {
+    return (await this.call("POST", queue, Client.c(queue, consumer) + "/ack", {
+      ...opts, body: { offset, allow_rewind: opts.allowRewind ?? false } })) as unknown as AckResult;
+  }
+
+  /** Cancel a scheduled record (its id: the offset its enqueue answered) before it is due;
+   * null if it is not waiting any more. */
+  async cancelScheduled(queue: string, id: number, opts: CallOptions = {}
+                        ): Promise<ScheduledCancellation | null> {
+    return await this.call("DELETE", queue, `/v1/queues/${q(queue)}/scheduled/${id}`,
+                     { ...opts, ok404: true }) as unknown as ScheduledCancellation | null;
+  }
+
+  /** The queue's partition, record count, offsets and consumers; null if unknown. */
+  async queueInfo(queue: string, opts: CallOptions = {}): Promise<QueueInfo | null> {
+    return await this.call("GET", queue, `/v1/queues/${q(queue)}`,
+                           { ...opts, ok404: true }) as unknown as QueueInfo | null;
+  }
+
+  /** Delete the queue and its consumers; null if it did not exist. */
+  async deleteQueue(queue: string, opts: CallOptions = {}): Promise<QueueDeletion | null> {
+    return await this.call("DELETE", queue, `/v1/queues/${q(queue)}`,
+                           { ...opts, ok404: true }) as unknown as QueueDeletion | null;
+  }
+
+  async deleteConsumer(queue: string, consumer: string, opts: CallOptions = {}
+                       ): Promise<ConsumerDeletion | null> {
+    return await this.call("DELETE", queue, Client.c(queue, consumer),
+                           { ...opts, ok404: true }) as unknown as ConsumerDeletion | null;
+  }
+
+  /** The cluster map as a node serves it (`GET /v1/partitions`). */
+  async clusterMap(): Promise<PartitionsInfo> {
+    return await this.refreshMap() as unknown as PartitionsInfo;
+  }
+
+  // Work queues ----------------------------------------------------------------------------
+
+  /** Set a consumer's settings; fields left out keep their value (`deadLetterQueue: null`
+   * removes the dead-letter queue). */
+  async configureConsumer(queue: string, consumer: string, settings: ConsumerSettings,
+                          opts: CallOptions = {}): Promise<ConsumerSettingsInfo> {
+    const body: Json = {};
+    if (settings.mode !== undefined) body.mode = settings.mode;
+    if (settings.maxAttempts !== undefined) body.max_attempts = settings.maxAttempts;
+    if (settings.deadLetterQueue !== undefined) body.dead_letter_queue = settings.deadLetterQueue;
+    if (settings.visibilityMs !== undefined) body.visibility_ms = settings.visibilityMs;
+    if (settings.maxInFlight !== undefined) body.max_in_flight = settings.maxInFlight;
+    return await this.call("PUT", queue, Client.c(queue, consumer),
+                           { ...opts, body }) as unknown as ConsumerSettingsInfo;
+  }
+
+  async consumerSettings(queue: string, consumer: string, opts: CallOptions = {}
+                         ): Promise<ConsumerSettingsInfo | null> {
+    return await this.call("GET", queue, Client.c(queue, consumer),
+                           { ...opts, ok404: true }) as unknown as ConsumerSettingsInfo | null;
+  }
+
+  /** Lease up to `maxRecords` records no other worker holds (long poll: `waitMs`). */
+  async lease(queue: string, consumer: string, opts: LeaseOptions = {}): Promise<Lease[]> {
+    const body: Json = { max_records: opts.maxRecords ?? 1, wait_ms: opts.waitMs ?? 0 };
+    if (opts.visibilityMs !== undefined) body.visibility_ms = opts.visibilityMs;
+    if (opts.tag !== undefined) body.tag = opts.tag;
+    const out = await this.call("POST", queue, Client.c(queue, consumer) + "/lease", {
+      ...opts, body, deadlineMs: (opts.deadlineMs ?? this.deadlineMs) + (opts.waitMs ?? 0) });
+    return (out!.records as Json[]).map(decodeLease);
+  }
+
+  /** Finish leased records for good; 409 `lease_expired` if a lease is not current any more
+   * (then nothing was done). */
+  async complete(queue: string, consumer: string, leases: Tokens,
+                 opts: CallOptions = {}): Promise<SettleResult> {
+    return await this.call("POST", queue, Client.c(queue, consumer) + "/complete", {
+      ...opts, body: { tokens: Client.tokens(leases) } }) as unknown as SettleResult;
+  }
+
+  /** Give leased records back, available again after `delayMs`; a record that used up its
+   * attempts goes to the consumer's dead-letter queue instead. */
+  async retry(queue: string, consumer: string, leases: Tokens,
+              opts: CallOptions & { delayMs?: number; reason?: string } = {}
+              ): Promise<SettleResult> {
+    const body: Json = { tokens: Client.tokens(leases), delay_ms: opts.delayMs ?? 0 };
+    if (opts.reason !== undefined) body.reason = opts.reason;
+    return await this.call("POST", queue, Client.c(queue, consumer) + "/retry",
+                           { ...opts, body }) as unknown as SettleResult;
+  }
+
+  /** A WebSocket stream of the queue's records for `consumer`, from the queue's owner, under
+   * credit (`Stream`); a `wrong_node` answer to the upgrade refreshes the map and tries the
+   * owner it names, once. */
+  async stream(queue: string, consumer: string, opts: StreamOptions = {}): Promise<Stream> {
+    await this.freshMap();
+    const params = new URLSearchParams();
+    if (opts.mode) params.set("mode", opts.mode);
+    if (opts.visibilityMs !== undefined) params.set("visibility_ms", String(opts.visibilityMs));
+    if (opts.tag !== undefined) params.set("tag", opts.tag);
+    const path = `${Client.c(queue, consumer)}/stream${params.size ? "?" + params : ""}`;
+    const decode = (raw: Json) => ("token" in raw ? decodeLease(raw) : decodeRecord(raw));
+    let base = this.cachedOwner(queue);
+    for (let attempt = 0; ; attempt++) {
+      try {
+        return await Stream.open(this, base.replace(/^http/, "ws") + path, this.headers,
+                                 decode, opts.credit ?? 100, opts.signal);
+      } catch (exc) {
+        if (!(exc instanceof VQError) || exc.code !== "wrong_node" || attempt > 0) throw exc;
+        await this.refreshQuietly();
+        base = (exc.details.owner as string | undefined) ?? this.cachedOwner(queue);
+      }
+    }
+  }
+
+  /** Move the leases' deadline to now + `visibilityMs`. */
+  async extend(queue: string, consumer: string, leases: Tokens, visibilityMs: number,
+               opts: CallOptions = {}): Promise<SettleResult> {
+    return await this.call("POST", queue, Client.c(queue, consumer) + "/extend", {
+      ...opts, body: { tokens: Client.tokens(leases), visibility_ms: visibilityMs } }
+    ) as unknown as SettleResult;
+  }
+}

@@ -1,0 +1,21 @@
+/** vqueues-client: a partition-aware client for vqueues. */
+export {
+  Client, Lease, QueueRecord, encodeRecord, sleep,
+  type CallOptions, type ClientOptions, type ConsumerSettings, type EnqueueOptions,
+  type EnqueueResult, type LeaseOptions, type NewRecord, type ReadOptions, type ReadResult,
+  type RecordResult, type Value,
+} from "./client.js";
+export {
+  BadRequestError, ConflictError, DeadlineExceededError, ERROR_CODES, ForbiddenError,
+  NotFoundError, RateLimitedError, RequestRefusedError, UnauthenticatedError, UnavailableError,
+  VQError, WrongNodeError, errorFrom, type ErrorCode,
+} from "./errors.js";
+export { murmur2, partitionFor } from "./murmur2.js";
+export { BatchProducer } from "./producer.js";
+export { Worker, type Handler, type WorkerOptions } from "./worker.js";
+export { Stream, type StreamOptions } from "./stream.js";
+export type {
+  AckResult, ConsumerDeletion, ConsumerInfo, ConsumerSettingsInfo, PartitionsInfo,
+  QueueDeletion, QueueInfo, ScheduledCancellation, SettleResult,
+} from "./types.js";
+export { SCHEMA_FIELDS } from "./types.js";

@@ -1,0 +1,110 @@
+/**
+ * The node's answers, as it serves them (snake_case, as in its OpenAPI document). Written by
+ * hand; `SCHEMA_FIELDS` lists each one's fields, and a test checks them against the OpenAPI
+ * document a running node serves (test/client.test.ts), so a field added or renamed on the
+ * server fails the client's suite.
+ */
+
+export interface AckResult {
+  queue: string;
+  consumer: string;
+  offset: number;
+  previous_offset: number | null;
+}
+
+export interface ConsumerInfo {
+  consumer: string;
+  offset: number;
+  lag: number;
+  mode?: string;
+  in_flight?: number;
+  delayed?: number;
+  available?: number;
+  dead_lettered?: number;
+}
+
+export interface QueueInfo {
+  queue: string;
+  partition: number;
+  records: number;
+  first_offset: number | null;
+  last_offset: number | null;
+  consumers: ConsumerInfo[];
+  scheduled?: number;
+  next_due?: number | null;
+}
+
+export interface ConsumerSettingsInfo {
+  queue: string;
+  consumer: string;
+  mode: "cursor" | "lease";
+  max_attempts: number;
+  dead_letter_queue: string | null;
+  visibility_ms: number;
+  offset: number | null;
+  max_in_flight?: number | null;
+  prefix?: string | null;
+}
+
+export interface SettleResult {
+  queue: string;
+  consumer: string;
+  /** The tokens acted on. */
+  done: string[];
+  /** (retry) Tokens past max_attempts: sent to the dead letters. */
+  dead_lettered: string[];
+  /** The consumer's committed offset (low-water mark) after the call. */
+  offset: number;
+  /** (extend) The new lease deadline, UTC epoch ms. */
+  deadline?: number | null;
+}
+
+export interface QueueDeletion {
+  queue: string;
+  deleted: boolean;
+  partition: number;
+  records: number;
+  consumers: string[];
+  deleted_before: number;
+}
+
+export interface ConsumerDeletion {
+  queue: string;
+  consumer: string;
+  deleted: boolean;
+  offset: number;
+}
+
+export interface ScheduledCancellation {
+  queue: string;
+  id: number;
+  cancelled: boolean;
+}
+
+export interface PartitionsInfo {
+  partitions: number;
+  generation: number;
+  owners: Record<string, { node: string; url: string; generation?: number }>;
+  node: string;
+  url: string;
+  owned: number[];
+  ready: number[];
+  details?: Array<Record<string, unknown>>;
+}
+
+/** Each answer's fields, checked against the OpenAPI document's schema of the same name. */
+export const SCHEMA_FIELDS: Readonly<Record<string, readonly string[]>> = {
+  AckResult: ["queue", "consumer", "offset", "previous_offset"],
+  ConsumerInfo: ["consumer", "offset", "lag", "mode", "in_flight", "delayed", "available",
+                 "dead_lettered"],
+  QueueInfo: ["queue", "partition", "records", "first_offset", "last_offset", "consumers",
+              "scheduled", "next_due"],
+  ConsumerSettings: ["queue", "consumer", "mode", "max_attempts", "dead_letter_queue",
+                     "visibility_ms", "offset", "max_in_flight", "prefix"],
+  SettleResult: ["queue", "consumer", "done", "dead_lettered", "offset", "deadline"],
+  QueueDeletion: ["queue", "deleted", "partition", "records", "consumers", "deleted_before"],
+  ConsumerDeletion: ["queue", "consumer", "deleted", "offset"],
+  ScheduledCancellation: ["queue", "id", "cancelled"],
+  PartitionsInfo: ["partitions", "generation", "owners", "node", "url", "owned", "ready",
+                   "details"],
+};

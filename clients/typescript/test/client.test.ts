@@ -1,0 +1,230 @@
+/** The client against a real two-node cluster (`vqueues dev`, the embedded broker). */
+import assert from "node:assert/strict";
+import { randomUUID } from "node:crypto";
+import { after, before, describe, test } from "node:test";
+
+import {
+  BadRequestError, BatchProducer, Client, ConflictError, ERROR_CODES, type Lease, SCHEMA_FIELDS,
+  Worker, WrongNodeError, partitionFor,
+} from "../src/index.js";
+import { DevCluster } from "./cluster.js";
+
+const run = randomUUID().slice(0, 6);
+
+describe("against two nodes", { timeout: 240_000 }, () => {
+  let cluster: DevCluster;
+  let vq: Client;
+
+  before(async () => {
+    cluster = await DevCluster.start(2);
+    vq = new Client(cluster.urls);
+    await vq.refreshMap();
+  });
+
+  after(async () => {
+    vq?.close();
+    await cluster?.stop();
+  });
+
+  test("the hand-written answer types match the OpenAPI document the node serves", async () => {
+    const doc = await (await fetch(`${cluster.urls[0]}/v1/openapi.json`)).json() as {
+      components: { schemas: Record<string, { properties: Record<string, unknown> }> } };
+    for (const [name, fields] of Object.entries(SCHEMA_FIELDS)) {
+      const schema = doc.components.schemas[name];
+      assert.ok(schema, `${name} is not in the OpenAPI document`);
+      assert.deepEqual([...fields].sort(), Object.keys(schema.properties).sort(), name);
+    }
+    assert.ok(Object.keys(ERROR_CODES).includes("wrong_node"));
+  });
+
+  test("enqueue, read with a long poll, ack, queue info, delete", async () => {
+    const q = `ts-basic-${run}`;
+    const res = await vq.enqueue(q, ["one", new Uint8Array([0, 1, 255]),
+                                     { value: "three", headers: { kind: "x" }, tags: ["red"] }],
+                                 { headers: { src: "test" } });
+    assert.equal(res.partition, partitionFor(q, vq.partitions!));
+    assert.equal(res.offsets!.length, 3);
+    const page = await vq.read(q, { consumer: "c", limit: 10 });
+    assert.deepEqual(page.records.map((r) => r.offset), res.offsets);
+    assert.equal(page.records[0].text, "one");
+    assert.deepEqual(page.records[0].headers, { src: "test" });
+    assert.deepEqual([...page.records[1].value!], [0, 1, 255]);
+    assert.equal(page.records[2].headers.kind, "x");
+    const red = await vq.read(q, { tag: "red" });
+    assert.deepEqual(red.records.map((r) => r.text), ["three"]);
+    await vq.ack(q, "c", page.nextOffset);
+    const waited = Date.now();
+    const empty = await vq.read(q, { consumer: "c", waitMs: 300 });
+    assert.equal(empty.records.length, 0);
+    assert.ok(Date.now() - waited >= 250, "the read long-polled");
+    const info = await vq.queueInfo(q);
+    assert.equal(info!.records, 3);
+    assert.equal((info!.consumers as Array<{ offset: number }>)[0].offset, page.nextOffset);
+    assert.ok(await vq.deleteConsumer(q, "c"));
+    assert.ok(await vq.deleteQueue(q));
+    assert.equal(await vq.queueInfo(q), null);
+  });
+
+  test("idempotency keys, scheduled records and their cancellation", async () => {
+    const q = `ts-keys-${run}`;
+    const a = await vq.enqueue(q, "once", { idempotencyKey: "k1" });
+    const b = await vq.enqueue(q, "once", { idempotencyKey: "k1" });
+    assert.deepEqual(a.offsets, b.offsets);
+    await assert.rejects(vq.enqueue(q, "other", { idempotencyKey: "k1" }),
+                         (e: ConflictError) => e.code === "idempotency_key_reused" &&
+                           e instanceof ConflictError && !e.retriable);
+    const later = await vq.enqueue(q, "later", { delayMs: 60_000 });
+    const soon = await vq.enqueue(q, "soon", { delayMs: 200 });
+    assert.ok(await vq.cancelScheduled(q, later.offsets![0]));
+    assert.equal(await vq.cancelScheduled(q, later.offsets![0]), null);
+    const page = await vq.read(q, { offset: (soon.offsets![0]) + 1, waitMs: 5_000 });
+    assert.deepEqual(page.records.map((r) => r.text), ["soon"]);
+  });
+
+  test("a stale map is corrected by the 409 wrong_node and its refresh", async () => {
+    const stale = new Client(cluster.urls[0], { refreshIntervalMs: 3_600_000 });
+    try {
+      await stale.refreshMap();
+      const urls = [...new Set(stale.owners.values())].sort();
+      assert.equal(urls.length, 2, "both nodes own partitions");
+      for (const [p, u] of stale.owners) stale.owners.set(p, urls[(urls.indexOf(u) + 1) % 2]);
+      const q = `ts-stale-${run}`;
+      const res = await stale.enqueue(q, "found its way");
+      assert.ok(res.offsets);
+      assert.equal(stale.owners.get(res.partition), vq.owners.get(res.partition));
+      // Asked directly, the wrong node answers a typed 409 naming the owner.
+      const owner = vq.owners.get(res.partition)!;
+      const other = urls.find((u) => u !== owner)!;
+      const wrong = new Client(other, { refreshIntervalMs: 3_600_000, deadlineMs: 0 });
+      try {
+        await assert.rejects(wrong.callNode(other, "POST", `/v1/queues/${q}/records`,
+                                            { records: [{ value: "x" }] }),
+                             (e: WrongNodeError) => e instanceof WrongNodeError &&
+                               e.owner === owner && e.status === 409);
+      } finally {
+        wrong.close();
+      }
+    } finally {
+      stale.close();
+    }
+  });
+
+  test("bad input is a typed, non-retriable error", async () => {
+    await assert.rejects(vq.call("POST", "ts-bad", "/v1/queues/ts-bad/records",
+                                 { body: { records: [{ value: 5 }] } }),
+                         (e: BadRequestError) => e instanceof BadRequestError &&
+                           e.code === "invalid_record" && !e.retriable && e.status === 400);
+  });
+
+  test("enqueueMany writes to many queues over both nodes, each queue in order", async () => {
+    const queues = Array.from({ length: 30 }, (_, i) => `ts-many-${run}-${i}`);
+    const items: Array<[string, string]> = [];
+    for (let k = 0; k < 3; k++) for (const q of queues) items.push([q, `${q}:${k}`]);
+    const results = await vq.enqueueMany(items);
+    assert.ok(results.every((r) => r.error === undefined && r.offset !== null));
+    assert.deepEqual(results.map((r) => r.queue), items.map(([q]) => q));
+    for (const q of queues.slice(0, 5)) {
+      const page = await vq.read(q);
+      assert.deepEqual(page.records.map((r) => r.text), [0, 1, 2].map((k) => `${q}:${k}`));
+    }
+  });
+
+  test("the BatchProducer keeps each queue's order over many queues", async () => {
+    const queues = Array.from({ length: 50 }, (_, i) => `ts-batch-${run}-${i}`);
+    const producer = new BatchProducer(vq, { lingerMs: 5, maxBatch: 200 });
+    const sent: Array<Promise<number | null>> = [];
+    for (let k = 0; k < 6; k++) {
+      for (const q of queues) sent.push(producer.send(q, `${q}:${k}`));
+      await new Promise((r) => setTimeout(r, 1));
+    }
+    await producer.flush();
+    const offsets = await Promise.all(sent);
+    assert.ok(producer.requests <= 20, `${producer.requests} requests`);
+    for (const [i, q] of queues.entries()) {
+      const mine = offsets.filter((_, n) => n % queues.length === i);
+      assert.deepEqual(mine, [...mine].sort((a, b) => a! - b!));
+      const page = await vq.read(q);
+      assert.deepEqual(page.records.map((r) => r.text),
+                       [0, 1, 2, 3, 4, 5].map((k) => `${q}:${k}`));
+    }
+  });
+
+  test("lease, extend, retry and complete; a consumer's settings", async () => {
+    const q = `ts-work-${run}`;
+    const settings = await vq.configureConsumer(q, "w", { mode: "lease", maxAttempts: 3,
+                                                          visibilityMs: 10_000 });
+    assert.equal(settings.mode, "lease");
+    assert.equal((await vq.consumerSettings(q, "w"))!.max_attempts, 3);
+    await vq.enqueue(q, ["a", "b"]);
+    const leases = await vq.lease(q, "w", { maxRecords: 2 });
+    assert.deepEqual(leases.map((l) => l.text), ["a", "b"]);
+    const extended = await vq.extend(q, "w", leases[0], 20_000);
+    assert.ok((extended.deadline as number) > leases[0].deadline);
+    await vq.retry(q, "w", leases[1], { delayMs: 0 });
+    await vq.complete(q, "w", leases[0]);
+    await vq.complete(q, "w", leases[0].token);  // completing again is safe
+    const again = await vq.lease(q, "w", { maxRecords: 5, waitMs: 2_000 });
+    assert.deepEqual(again.map((l) => [l.text, l.attempt]), [["b", 2]]);
+    // The first grant's token, now that the record is leased again: 409 lease_expired.
+    await assert.rejects(vq.complete(q, "w", leases[1].token),
+                         (e: ConflictError) => e.code === "lease_expired" &&
+                           e instanceof ConflictError);
+    await vq.complete(q, "w", again);
+  });
+
+  test("a lease stream under credit, settled on the socket; a cursor stream acked", async () => {
+    const q = `ts-stream-${run}`;
+    await vq.configureConsumer(q, "s", { mode: "lease" });
+    await vq.enqueue(q, ["s0", "s1", "s2", "s3", "s4"]);
+    const stream = await vq.stream(q, "s", { credit: 2 });
+    const got: string[] = [];
+    for await (const item of stream) {
+      const lease = item as Lease;
+      got.push(lease.text!);
+      const done = await stream.complete(lease);
+      assert.deepEqual(done.done, [lease.token]);
+      if (got.length === 5) break;
+    }
+    stream.close();
+    assert.deepEqual(got, ["s0", "s1", "s2", "s3", "s4"]);
+    assert.equal((await vq.lease(q, "s", { maxRecords: 5 })).length, 0);
+
+    const c = `ts-cursor-stream-${run}`;
+    const written = await vq.enqueue(c, ["c0", "c1"]);
+    const cursor = await vq.stream(c, "reader", { mode: "cursor", credit: 10 });
+    const seen: string[] = [];
+    for await (const rec of cursor) {
+      seen.push(rec.text!);
+      if (seen.length === 2) break;
+    }
+    const acked = await cursor.ack(written.offsets![1] + 1);
+    cursor.close();
+    assert.deepEqual(seen, ["c0", "c1"]);
+    assert.equal(acked.offset, written.offsets![1] + 1);
+  });
+
+  test("a Worker handles every record; a poison record reaches the dead-letter queue",
+       async () => {
+    const q = `ts-pool-${run}`;
+    const dlq = `ts-pool-dlq-${run}`;
+    await vq.configureConsumer(q, "pool", { mode: "lease", maxAttempts: 2,
+                                            deadLetterQueue: dlq });
+    await vq.enqueue(q, [...Array.from({ length: 20 }, (_, i) => `job-${i}`), "poison"]);
+    const done: string[] = [];
+    const worker = new Worker(vq, q, "pool", (lease: Lease) => {
+      if (lease.text === "poison") throw new Error("cannot handle it");
+      done.push(lease.text!);
+    }, { concurrency: 4, backoffInitialMs: 50, waitMs: 500 }).start();
+    let dead: string[] = [];
+    const deadline = Date.now() + 30_000;
+    while ((done.length < 20 || !dead.length) && Date.now() < deadline) {
+      await new Promise((r) => setTimeout(r, 100));
+      dead = (await vq.read(dlq)).records.map((r) => r.text!);
+    }
+    await worker.stop();
+    assert.deepEqual(done.sort(), Array.from({ length: 20 }, (_, i) => `job-${i}`).sort());
+    assert.deepEqual(dead, ["poison"]);
+    assert.equal(worker.completed, 20);
+    assert.ok(worker.retried >= 2, `${worker.retried} retries`);
+  });
+});
