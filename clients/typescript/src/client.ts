@@ -599,6 +599,122 @@ export class Client {
                            { ...opts, body }) as unknown as SettleResult;
   }
 
+  // The cluster ----------------------------------------------------------------------------
+
+  /** Every node in the cluster map (the seeds if no partition has an owner yet). */
+  async nodeUrls(): Promise<string[]> {
+    await this.refreshMap();
+    const urls = [...new Set(this.owners.values())].sort();
+    return urls.length ? urls : [...this.seeds];
+  }
+
+  /** Queue names (or, with `stats`, one summary each) across the whole cluster, sorted by
+   * name: every node's listing, paged and merged. */
+  async listQueues(prefix = "", opts: { limit?: number; stats?: boolean } = {}
+                   ): Promise<Array<string | Json>> {
+    const out: Array<string | Json> = [];
+    for (const url of await this.nodeUrls()) {
+      let after: string | null = null;
+      for (;;) {
+        const params = new URLSearchParams({ prefix, limit: "1000",
+                                             stats: String(opts.stats ?? false) });
+        if (after !== null) params.set("after", after);
+        const body = await this.callNode(url, "GET", `/v1/queues?${params}`);
+        out.push(...((opts.stats ? body.stats : body.queues) as Array<string | Json>));
+        after = body.next_after as string | null;
+        if (after === null || (opts.limit !== undefined && out.length >= opts.limit * 2)) break;
+      }
+    }
+    const key = (x: string | Json) => (typeof x === "string" ? x : String(x.queue));
+    out.sort((a, b) => (key(a) < key(b) ? -1 : key(a) > key(b) ? 1 : 0));
+    return opts.limit === undefined ? out : out.slice(0, opts.limit);
+  }
+
+  // Prefix consumers: one pool of workers for every queue under a prefix ----------------------
+
+  private static p(consumer: string): string {
+    return `/v1/prefix-consumers/${q(consumer)}`;
+  }
+
+  /** Define (or redefine) `consumer` over every queue whose name starts with `prefix`
+   * (docs/work-queues.md); `deadLetterQueue` may hold `{queue}`: one per queue. */
+  async configurePrefixConsumer(consumer: string, prefix: string, settings: {
+    maxAttempts?: number; visibilityMs?: number; deadLetterQueue?: string;
+    maxInFlight?: number; weights?: Record<string, number>; recordsPerTurn?: number;
+  } = {}, opts: CallOptions = {}): Promise<Json> {
+    const body: Json = { prefix };
+    if (settings.maxAttempts !== undefined) body.max_attempts = settings.maxAttempts;
+    if (settings.visibilityMs !== undefined) body.visibility_ms = settings.visibilityMs;
+    if (settings.deadLetterQueue !== undefined) body.dead_letter_queue = settings.deadLetterQueue;
+    if (settings.maxInFlight !== undefined) body.max_in_flight = settings.maxInFlight;
+    if (settings.weights !== undefined) body.weights = settings.weights;
+    if (settings.recordsPerTurn !== undefined) body.records_per_turn = settings.recordsPerTurn;
+    return (await this.call("PUT", null, Client.p(consumer), { ...opts, body }))!;
+  }
+
+  deletePrefixConsumer(consumer: string, opts: CallOptions = {}): Promise<Json | null> {
+    return this.call("DELETE", null, Client.p(consumer), { ...opts, ok404: true });
+  }
+
+  /** Every prefix consumer, with its queues, queues waiting for a turn, records in flight and
+   * backlog summed over the nodes. */
+  async prefixConsumers(): Promise<Json[]> {
+    const counts = ["queues", "ready_queues", "in_flight", "backlog"];
+    const merged = new Map<string, Json>();
+    for (const url of await this.nodeUrls()) {
+      const body = await this.callNode(url, "GET", "/v1/prefix-consumers");
+      for (const info of body.prefix_consumers as Json[]) {
+        const name = info.consumer as string;
+        const seen = merged.get(name) ?? { ...info, ...Object.fromEntries(counts.map((c) => [c, 0])) };
+        for (const c of counts) seen[c] = (seen[c] as number) + ((info[c] as number) ?? 0);
+        merged.set(name, seen);
+      }
+    }
+    return [...merged.keys()].sort().map((k) => merged.get(k)!);
+  }
+
+  /** Lease up to `maxRecords` records from the queues under `consumer`'s prefix that `node`
+   * (a URL of `nodeUrls()`) owns, queue by queue in turn; each names its `queue`. Settle them
+   * with the same node. */
+  async leasePrefix(consumer: string, node: string, opts: Omit<LeaseOptions, "tag"> = {}
+                    ): Promise<Lease[]> {
+    const body: Json = { max_records: opts.maxRecords ?? 1, wait_ms: opts.waitMs ?? 0 };
+    if (opts.visibilityMs !== undefined) body.visibility_ms = opts.visibilityMs;
+    const out = await this.callNode(node, "POST", Client.p(consumer) + "/lease", body, {
+      ...opts, deadlineMs: (opts.deadlineMs ?? this.deadlineMs) + (opts.waitMs ?? 0) });
+    return (out.records as Json[]).map(decodeLease);
+  }
+
+  private static pairs(leases: Lease[]): Array<{ queue: string; token: string }> {
+    return leases.map((x) => {
+      if (x.queue === undefined) {
+        throw new TypeError("prefix calls take leases from a prefix lease (they name a queue)");
+      }
+      return { queue: x.queue, token: x.token };
+    });
+  }
+
+  /** Complete leases of many queues at once; all or nothing (409 `lease_expired` names every
+   * stale one as {queue, token}). */
+  completePrefix(consumer: string, node: string, leases: Lease[],
+                 opts: CallOptions = {}): Promise<Json> {
+    return this.callNode(node, "POST", Client.p(consumer) + "/complete",
+                         { tokens: Client.pairs(leases) }, opts);
+  }
+
+  retryPrefix(consumer: string, node: string, leases: Lease[],
+              opts: CallOptions & { delayMs?: number; reason?: string } = {}): Promise<Json> {
+    const body: Json = { tokens: Client.pairs(leases), delay_ms: opts.delayMs ?? 0 };
+    if (opts.reason !== undefined) body.reason = opts.reason;
+    return this.callNode(node, "POST", Client.p(consumer) + "/retry", body, opts);
+  }
+
+  extendPrefix(consumer: string, node: string, leases: Lease[], visibilityMs: number,
+               opts: CallOptions = {}): Promise<Json> {
+    return this.callNode(node, "POST", Client.p(consumer) + "/extend",
+                         { tokens: Client.pairs(leases), visibility_ms: visibilityMs }, opts);
+  }
+
   /** A WebSocket stream of the queue's records for `consumer`, from the queue's owner, under
    * credit (`Stream`); a `wrong_node` answer to the upgrade refreshes the map and tries the
    * owner it names, once. */

@@ -20,6 +20,51 @@ export interface WorkerOptions {
   extendBeforeMs?: number;
   /** Called with errors the worker goes on after (a failed lease call, say). */
   onError?: (err: unknown) => void;
+  /** Lease from the prefix consumer named `consumer` (give no queues): a leaser per node of
+   * the cluster map, each settling with its node. */
+  prefix?: boolean;
+  /** (prefix) How often the map is looked at for nodes that came or went, ms (5,000). */
+  mapRefreshMs?: number;
+}
+
+/** Where records come from and go back to: a queue, or one node of a prefix consumer. */
+interface Source {
+  name: string;
+  lease(maxRecords: number, waitMs: number, visibilityMs: number | undefined,
+        signal: AbortSignal): Promise<Lease[]>;
+  complete(lease: Lease): Promise<unknown>;
+  retry(lease: Lease, delayMs: number, reason: string | undefined): Promise<unknown>;
+  /** The lease's new deadline, if the node said. */
+  extend(lease: Lease, visibilityMs: number): Promise<number | undefined>;
+}
+
+function queueSource(client: Client, queue: string, consumer: string): Source {
+  return {
+    name: queue,
+    lease: (n, waitMs, visibilityMs, signal) => client.lease(queue, consumer, {
+      maxRecords: n, waitMs, visibilityMs, signal }),
+    complete: (lease) => client.complete(queue, consumer, lease),
+    retry: (lease, delayMs, reason) => client.retry(queue, consumer, lease, { delayMs, reason }),
+    extend: async (lease, v) => (await client.extend(queue, consumer, lease, v)).deadline ??
+      undefined,
+  };
+}
+
+function nodeSource(client: Client, node: string, consumer: string): Source {
+  return {
+    name: `${consumer}@${node}`,
+    lease: (n, waitMs, visibilityMs, signal) => client.leasePrefix(consumer, node, {
+      maxRecords: n, waitMs, visibilityMs, signal }),
+    complete: (lease) => client.completePrefix(consumer, node, [lease]),
+    retry: (lease, delayMs, reason) => client.retryPrefix(consumer, node, [lease],
+                                                          { delayMs, reason }),
+    extend: async (lease, v) => {
+      const out = await client.extendPrefix(consumer, node, [lease], v);
+      const mine = (out.queues as Array<{ queue: string; deadline?: number | null }> | undefined)
+        ?.find((r) => r.queue === lease.queue);
+      return mine?.deadline ?? undefined;
+    },
+  };
 }
 
 /**
@@ -39,17 +84,26 @@ export class Worker {
   retried = 0;
   private readonly opts: Required<Omit<WorkerOptions, "visibilityMs" | "onError">> &
     Pick<WorkerOptions, "visibilityMs" | "onError">;
+  private readonly nodes = new Map<string, Promise<void>>();  // (prefix) a leaser per node
   private readonly queues: string[];
   private running = 0;
+  private reserved = 0;  // slots held by lease calls in flight (several leasers share them)
   private stopping = false;
-  private readonly abort = new AbortController();
+  private readonly abort = new AbortController();  // stop({ finish: false }): handlers too
+  private readonly halt = new AbortController();  // any stop: the map's next look
   private readonly leasers: Promise<void>[] = [];
   private readonly handling = new Set<Promise<void>>();
-  private slotFreed: (() => void) | null = null;
+  private waiting: Array<() => void> = [];  // leasers waiting for a free slot
 
-  constructor(readonly client: Client, queues: string | string[], readonly consumer: string,
+  constructor(readonly client: Client, queues: string | string[] | null, readonly consumer: string,
               readonly handler: Handler, options: WorkerOptions = {}) {
-    this.queues = typeof queues === "string" ? [queues] : queues;
+    this.queues = queues === null ? [] : typeof queues === "string" ? [queues] : queues;
+    if (options.prefix && this.queues.length) {
+      throw new TypeError("a prefix Worker leases from the prefix consumer: give no queues");
+    }
+    if (!options.prefix && !this.queues.length) {
+      throw new TypeError("a Worker needs at least one queue (or prefix: true)");
+    }
     this.concurrency = options.concurrency ?? 4;
     this.opts = {
       concurrency: this.concurrency, maxBatch: options.maxBatch ?? 100,
@@ -57,66 +111,114 @@ export class Worker {
       backoffInitialMs: options.backoffInitialMs ?? 1_000,
       backoffMaxMs: options.backoffMaxMs ?? 60_000,
       extendBeforeMs: options.extendBeforeMs ?? 5_000, onError: options.onError,
+      prefix: options.prefix ?? false, mapRefreshMs: options.mapRefreshMs ?? 5_000,
     };
   }
 
   /** Start leasing; returns the worker. */
   start(): this {
-    for (const queue of this.queues) this.leasers.push(this.lease(queue));
+    if (this.opts.prefix) {
+      this.leasers.push(this.followNodes());
+    } else {
+      for (const queue of this.queues) {
+        this.leasers.push(this.lease(queueSource(this.client, queue, this.consumer)));
+      }
+    }
     return this;
+  }
+
+  /** (prefix) A leaser for each node in the cluster map, as nodes come and go. */
+  private async followNodes(): Promise<void> {
+    while (!this.stopping) {
+      try {
+        const urls = await this.client.nodeUrls();
+        for (const url of urls) {
+          if (this.nodes.has(url)) continue;
+          let started!: () => void;
+          const ready = new Promise<void>((resolve) => { started = resolve; });
+          // Registered before it runs: its loop asks whether its node is still in the map.
+          this.nodes.set(url, ready.then(() => this.lease(
+            nodeSource(this.client, url, this.consumer),
+            () => [...this.client.owners.values()].includes(url)))
+            .finally(() => this.nodes.delete(url)));
+          started();
+        }
+      } catch (exc) {
+        this.opts.onError?.(exc);
+      }
+      await sleep(this.opts.mapRefreshMs, this.halt.signal).catch(() => undefined);
+    }
+    await Promise.allSettled([...this.nodes.values()]);
   }
 
   /** Stop leasing, then wait for running handlers (`finish`, the default) or abort them and
    * give their records back. */
   async stop(opts: { finish?: boolean } = {}): Promise<void> {
     this.stopping = true;
+    this.halt.abort();
     if (opts.finish === false) this.abort.abort(new Error("worker stopped"));
-    this.slotFreed?.();
+    this.wakeLeasers();
     await Promise.allSettled(this.leasers);
     await Promise.allSettled([...this.handling]);
   }
 
-  private async lease(queue: string): Promise<void> {
+  private async lease(source: Source, current: () => boolean = () => true): Promise<void> {
     let delay = 100;
-    while (!this.stopping) {
-      const room = this.concurrency - this.running;
+    // A source that had nothing long-polls with one slot, so that it holds no room another
+    // source could use.
+    let idle = false;
+    while (!this.stopping && current()) {
+      const room = this.concurrency - this.running - this.reserved;
       if (room <= 0) {
-        await new Promise<void>((resolve) => { this.slotFreed = resolve; });
+        await new Promise<void>((resolve) => { this.waiting.push(resolve); });
         continue;
       }
+      const wanted = idle ? 1 : Math.min(room, this.opts.maxBatch);
+      this.reserved += wanted;
       let leases: Lease[];
       try {
-        leases = await this.client.lease(queue, this.consumer, {
-          maxRecords: Math.min(room, this.opts.maxBatch), waitMs: this.opts.waitMs,
-          visibilityMs: this.opts.visibilityMs, signal: this.abort.signal });
+        leases = await source.lease(wanted, this.opts.waitMs, this.opts.visibilityMs,
+                                    this.abort.signal);
         delay = 100;
+        idle = leases.length === 0;
       } catch (exc) {
         if (this.stopping) return;
         this.opts.onError?.(exc);
+        if (this.opts.prefix && exc instanceof VQError &&
+            (exc.code === "wrong_node" || exc.status === 0)) {
+          return;  // the node is gone or moved: the map's next look starts what follows
+        }
         await sleep(Math.random() * delay).catch(() => undefined);
         delay = Math.min(5_000, delay * 2);
         continue;
+      } finally {
+        this.reserved -= wanted;
+        this.wakeLeasers();
       }
       for (const lease of leases) {
         if (this.stopping && !this.abort.signal.aborted) {
           // Leased while stopping: give it back at once for another worker.
-          await this.settle(queue, lease, false, 0, "worker stopping");
+          await this.settle(source, lease, false, 0, "worker stopping");
           continue;
         }
         this.running += 1;
-        const task: Promise<void> = this.handle(queue, lease).finally(() => {
+        const task: Promise<void> = this.handle(source, lease).finally(() => {
           this.running -= 1;
           this.handling.delete(task);
-          const freed = this.slotFreed;
-          this.slotFreed = null;
-          freed?.();
+          this.wakeLeasers();
         });
         this.handling.add(task);
       }
     }
   }
 
-  private async handle(queue: string, lease: Lease): Promise<void> {
+  private wakeLeasers(): void {
+    const waiting = this.waiting;
+    this.waiting = [];
+    for (const wake of waiting) wake();
+  }
+
+  private async handle(source: Source, lease: Lease): Promise<void> {
     let deadline = lease.deadline;
     let timer: NodeJS.Timeout | undefined;
     const extend = () => {
@@ -125,8 +227,7 @@ export class Worker {
         try {
           const visibility = this.opts.visibilityMs ??
             Math.max(this.opts.extendBeforeMs * 2, lease.deadline - Date.now() + 1000);
-          const out = await this.client.extend(queue, this.consumer, lease, visibility);
-          const d = (out.deadline as number | undefined);
+          const d = await source.extend(lease, visibility);
           deadline = d ?? Date.now() + visibility;
           extend();
         } catch (exc) {
@@ -146,23 +247,22 @@ export class Worker {
       clearTimeout(timer);
     }
     if (this.abort.signal.aborted) {
-      await this.settle(queue, lease, false, 0, "worker stopped");
+      await this.settle(source, lease, false, 0, "worker stopped");
       return;
     }
     const backoff = Math.min(this.opts.backoffMaxMs,
                              this.opts.backoffInitialMs * 2 ** Math.max(0, lease.attempt - 1));
-    await this.settle(queue, lease, ok, Math.round(Math.random() * backoff), reason);
+    await this.settle(source, lease, ok, Math.round(Math.random() * backoff), reason);
   }
 
-  private async settle(queue: string, lease: Lease, ok: boolean, delayMs: number,
+  private async settle(source: Source, lease: Lease, ok: boolean, delayMs: number,
                        reason: string): Promise<void> {
     try {
       if (ok) {
-        await this.client.complete(queue, this.consumer, lease);
+        await source.complete(lease);
         this.completed += 1;
       } else {
-        await this.client.retry(queue, this.consumer, lease,
-                                { delayMs, reason: reason.slice(0, 200) || undefined });
+        await source.retry(lease, delayMs, reason.slice(0, 200) || undefined);
         this.retried += 1;
       }
     } catch (exc) {

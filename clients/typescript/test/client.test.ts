@@ -4,8 +4,8 @@ import { randomUUID } from "node:crypto";
 import { after, before, describe, test } from "node:test";
 
 import {
-  BadRequestError, BatchProducer, Client, ConflictError, ERROR_CODES, type Lease, SCHEMA_FIELDS,
-  Worker, WrongNodeError, partitionFor,
+  BadRequestError, BatchProducer, Client, ConflictError, ERROR_CODES, type Lease, NotFoundError,
+  SCHEMA_FIELDS, Worker, WrongNodeError, partitionFor,
 } from "../src/index.js";
 import { DevCluster } from "./cluster.js";
 
@@ -201,6 +201,51 @@ describe("against two nodes", { timeout: 240_000 }, () => {
     cursor.close();
     assert.deepEqual(seen, ["c0", "c1"]);
     assert.equal(acked.offset, written.offsets![1] + 1);
+  });
+
+  test("a prefix consumer: one Worker over every queue under the prefix, on both nodes",
+       async () => {
+    const pool = `ts-prefix-${run}`;
+    const prefix = `tsp-${run}-`;
+    const defined = await vq.configurePrefixConsumer(pool, prefix, { maxAttempts: 3,
+                                                                     recordsPerTurn: 5 });
+    assert.equal(defined.prefix, prefix);
+    const queues = Array.from({ length: 12 }, (_, i) => `${prefix}${i}`);
+    const results = await vq.enqueueMany(queues.flatMap((q) => [0, 1, 2].map(
+      (k): [string, string] => [q, `${q}:${k}`])));
+    assert.ok(results.every((r) => r.error === undefined));
+    const owners = new Set(queues.map((q) => vq.cachedOwner(q)));
+    assert.equal(owners.size, 2, "the queues are spread over both nodes");
+    // By hand first: a lease from one node names its queues; settle them with that node.
+    const node = [...owners][0];
+    let leases: Lease[] = [];
+    const until = Date.now() + 10_000;
+    while (!leases.length && Date.now() < until) {
+      try {
+        leases = await vq.leasePrefix(pool, node, { maxRecords: 4, waitMs: 500 });
+      } catch (exc) {
+        // Every node learns a definition from the assignment topic's tail: 404 until then.
+        if (!(exc instanceof NotFoundError)) throw exc;
+      }
+    }
+    assert.ok(leases.length && leases.every((l) => l.queue?.startsWith(prefix)));
+    await vq.extendPrefix(pool, node, leases, 20_000);
+    await vq.completePrefix(pool, node, leases);
+    const handled = new Set(leases.map((l) => l.text!));
+    const worker = new Worker(vq, null, pool, (lease: Lease) => {
+      handled.add(lease.text!);
+    }, { prefix: true, concurrency: 4, waitMs: 300, mapRefreshMs: 200 }).start();
+    const deadline = Date.now() + 30_000;
+    while (handled.size < 36 && Date.now() < deadline) {
+      await new Promise((r) => setTimeout(r, 100));
+    }
+    await worker.stop();
+    assert.equal(handled.size, 36);
+    const listed = await vq.prefixConsumers();
+    assert.ok(listed.some((p) => p.consumer === pool));
+    const names = await vq.listQueues(prefix);
+    assert.deepEqual(names, [...queues].sort());
+    assert.ok(await vq.deletePrefixConsumer(pool));
   });
 
   test("a Worker handles every record; a poison record reaches the dead-letter queue",
