@@ -1,11 +1,13 @@
-"""Faults only a real cluster has, under enqueue, cursor and lease load: one broker of three
-SIGKILLed (the leader of the busy partition) and restarted, one SIGSTOPped past its session, and
-all three stopped and started again.
+"""Faults only a real cluster has, under enqueue, cursor, lease, keyed (each failed call sent
+again as it was) and scheduled load: one broker of three SIGKILLed (the leader of the busy
+partition) and restarted, one SIGSTOPped past its session, and all three stopped and started
+again.
 
-Each checks, through a successor node that knows only what Kafka kept, that no acknowledged record,
-completion or committed offset was lost, that no request got a 500, and prints how long the node
-could not serve. The faults hit the session's local cluster and leave it whole again (every broker
-back and in sync), so the tests after them run on a healthy cluster.
+Each checks, through a successor node that knows only what Kafka kept, that no acknowledged
+record (plain, keyed, scheduled), completion or committed offset was lost, that no keyed record
+was stored twice and no scheduled one came twice, that no request got a 500, and prints how long
+the node could not serve. The faults hit the session's local cluster and leave it whole again
+(every broker back and in sync), so the tests after them run on a healthy cluster.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from vqueues.kafka.local_cluster import LocalKafkaCluster
 
 PARTITIONS = 4
 CURSOR, WORK = "fault-cursor", "fault-work"
+KEYED, SCHEDULED = "fault-keyed", "fault-scheduled"
 
 
 @pytest.fixture
@@ -67,7 +70,9 @@ class Load:
     other; remembers everything the node acknowledged."""
 
     url: str
-    acked: dict[str, set[str]] = field(default_factory=lambda: {CURSOR: set(), WORK: set()})
+    acked: dict[str, set[str]] = field(default_factory=lambda: {CURSOR: set(), WORK: set(),
+                                                                 KEYED: set(),
+                                                                 SCHEDULED: set()})
     completed: set[str] = field(default_factory=set)
     maybe_completed: set[str] = field(default_factory=set)
     committed: int = 0
@@ -98,6 +103,33 @@ class Load:
                 if await self.call(s, loop, "POST", f"/v1/queues/{q}/records",
                                    {"records": [{"value": v} for v in values]}) is not None:
                     self.acked[q].update(values)
+
+    async def enqueue_keyed(self, s: aiohttp.ClientSession) -> None:
+        """Records with idempotency keys; a call that failed is sent again as it was until it
+        is answered 200, so each key must be stored once."""
+        loop = self.loops.setdefault("keyed", Loop("keyed"))
+        n = 0
+        while not self.stopping:
+            values = [f"{KEYED}-{n}-{k}" for k in range(5)]
+            n += 1
+            body = {"records": [{"value": v, "idempotency_key": v} for v in values]}
+            while await self.call(s, loop, "POST", f"/v1/queues/{KEYED}/records",
+                                  body) is None:
+                pass
+            self.acked[KEYED].update(values)
+
+    async def enqueue_scheduled(self, s: aiohttp.ClientSession) -> None:
+        """Records due 1 s later: each acknowledged one must come, once."""
+        loop = self.loops.setdefault("scheduled", Loop("scheduled"))
+        n = 0
+        while not self.stopping:
+            values = [f"{SCHEDULED}-{n}-{k}" for k in range(5)]
+            n += 1
+            if await self.call(s, loop, "POST", f"/v1/queues/{SCHEDULED}/records",
+                               {"records": [{"value": v, "delay_ms": 1000} for v in values]}
+                               ) is not None:
+                self.acked[SCHEDULED].update(values)
+            await asyncio.sleep(0.05)
 
     async def read_and_ack(self, s: aiohttp.ClientSession) -> None:
         loop = self.loops.setdefault("read+ack", Loop("read+ack"))
@@ -150,7 +182,9 @@ async def run_fault(node: NodeProcess, fault: Callable[[], Awaitable[None]]) -> 
     timeout = aiohttp.ClientTimeout(total=15)
     async with aiohttp.ClientSession(timeout=timeout) as s:
         tasks = [asyncio.create_task(f(s)) for f in (load.enqueue, load.read_and_ack,
-                                                    load.lease_and_complete)]
+                                                    load.lease_and_complete,
+                                                    load.enqueue_keyed,
+                                                    load.enqueue_scheduled)]
         await asyncio.sleep(3)
         began = time.monotonic()
         await fault()
@@ -171,18 +205,22 @@ def check_nothing_lost(t, load: Load) -> None:
     committed offset, and never delivers a completed record again."""
     successor = NodeProcess(t).start()
     try:
-        for q in (CURSOR, WORK):
-            stored: set[str] = set()
+        time.sleep(1.5)  # the last scheduled records fall due
+        for q in (CURSOR, WORK, KEYED, SCHEDULED):
+            stored: list[str] = []
             offset = 0
             while True:
                 page = http("GET", f"{successor.url}/v1/queues/{q}/records?offset={offset}"
                                    "&limit=1000")[1]
-                stored.update(r["value"] for r in page["records"])
+                stored += [r["value"] for r in page["records"]]
                 if not page["records"]:
                     break
                 offset = page["next_offset"]
-            lost = load.acked[q] - stored
+            lost = load.acked[q] - set(stored)
             assert not lost, f"{len(lost)} acked records of {q} lost, e.g. {sorted(lost)[:3]}"
+            if q in (KEYED, SCHEDULED):  # idempotent retries; moved once
+                twice = sorted({v for v in stored if stored.count(v) > 1})
+                assert not twice, f"{q}: stored twice {twice[:3]}"
         info = http("GET", f"{successor.url}/v1/queues/{CURSOR}/consumers/r")[1]
         assert info["offset"] >= load.committed
         # Drain the work queue: what comes back was never completed, and nothing acked is lost
