@@ -630,6 +630,48 @@ export class Client {
     return opts.limit === undefined ? out : out.slice(0, opts.limit);
   }
 
+  /** Each node's own view: its `/readyz` answer (`status`, `owned`, `ready`, `details`) or,
+   * if it did not answer, `error`. */
+  async nodes(): Promise<Json[]> {
+    const out: Json[] = [];
+    for (const url of await this.nodeUrls()) {
+      try {
+        const answer = await this.transport.request("GET", `${url}/readyz`, undefined,
+                                                    this.headers);
+        out.push(typeof answer.body === "object" && answer.body !== null ?
+          { url, ...(answer.body as Json) } : { url, error: `HTTP ${answer.status}` });
+      } catch (exc) {
+        out.push({ url, status: "unreachable", error: (exc as Error).message });
+      }
+    }
+    return out;
+  }
+
+  /** The offset of the queue's first record stamped at or after `timestampMs` (the queue's
+   * end if none): a binary search over one-record reads, like Kafka's offsets-for-times.
+   * Assumes the queue's timestamps do not go back in time. */
+  async findOffset(queue: string, timestampMs: number): Promise<number> {
+    const info = await this.queueInfo(queue);
+    if (info === null || info.first_offset === null || info.last_offset === null) {
+      throw errorFrom(404, { error: { code: "queue_not_found",
+                                      message: `queue ${queue} has no records` } });
+    }
+    let lo = info.first_offset;
+    let hi = info.last_offset + 1;
+    const end = hi;
+    while (lo < hi) {  // the smallest start whose first record is at or after timestampMs
+      const mid = Math.floor((lo + hi) / 2);
+      const page = await this.read(queue, { offset: mid, limit: 1 });
+      if (page.records.length && page.records[0].timestamp < timestampMs) {
+        lo = page.records[0].offset + 1;
+      } else {
+        hi = mid;
+      }
+    }
+    const page = await this.read(queue, { offset: lo, limit: 1 });
+    return page.records.length ? page.records[0].offset : end;
+  }
+
   // Prefix consumers: one pool of workers for every queue under a prefix ----------------------
 
   private static p(consumer: string): string {

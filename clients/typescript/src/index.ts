@@ -19,3 +19,4 @@ export type {
   QueueDeletion, QueueInfo, ScheduledCancellation, SettleResult,
 } from "./types.js";
 export { SCHEMA_FIELDS } from "./types.js";
+export { consume, type RecordHandler } from "./consumer.js";

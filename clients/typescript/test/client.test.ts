@@ -5,7 +5,7 @@ import { after, before, describe, test } from "node:test";
 
 import {
   BadRequestError, BatchProducer, Client, ConflictError, ERROR_CODES, type Lease, NotFoundError,
-  SCHEMA_FIELDS, Worker, WrongNodeError, partitionFor,
+  SCHEMA_FIELDS, Worker, WrongNodeError, consume, partitionFor,
 } from "../src/index.js";
 import { DevCluster } from "./cluster.js";
 
@@ -63,6 +63,33 @@ describe("against two nodes", { timeout: 240_000 }, () => {
     assert.ok(await vq.deleteConsumer(q, "c"));
     assert.ok(await vq.deleteQueue(q));
     assert.equal(await vq.queueInfo(q), null);
+  });
+
+  test("consume handles every record once and acks; nodes; findOffset", async () => {
+    const q = `ts-consume-${run}`;
+    const first = await vq.enqueue(q, ["c0", "c1", "c2"]);
+    const before = Date.now();
+    await new Promise((r) => setTimeout(r, 20));
+    await vq.enqueue(q, ["c3", "c4"]);
+    const seen: string[] = [];
+    const handled = await consume(vq, q, "loop", (rec) => { seen.push(rec.text!); },
+                                  { limit: 2, waitMs: 200, maxRecords: 5 });
+    assert.equal(handled, 5);
+    assert.deepEqual(seen, ["c0", "c1", "c2", "c3", "c4"]);
+    const info = await vq.queueInfo(q);
+    assert.equal(info!.consumers[0].offset, info!.last_offset! + 1);
+    // A handler that throws: the records before it are acked, the failing one comes again.
+    await vq.enqueue(q, ["d0", "boom"]);
+    await assert.rejects(consume(vq, q, "loop", (rec) => {
+      if (rec.text === "boom") throw new Error("boom");
+    }, { waitMs: 200 }), /boom/);
+    const again = await vq.read(q, { consumer: "loop" });
+    assert.equal(again.records[0].text, "boom");
+    const nodes = await vq.nodes();
+    assert.equal(nodes.length, 2);
+    assert.ok(nodes.every((n) => n.status === "ready"));
+    const at = await vq.findOffset(q, before + 10);
+    assert.ok(at > first.offsets![2] && at <= info!.last_offset!);
   });
 
   test("idempotency keys, scheduled records and their cancellation", async () => {
