@@ -15,9 +15,10 @@ from concurrent.futures import ThreadPoolExecutor
 from vqueues.cache import RecordCache
 from vqueues.errors import BadRequest, BrokerError, Conflict, NotFound
 from vqueues.hashing import partition_for
-from vqueues.idempotency import fingerprints, key_of, payload_of
+from vqueues.idempotency import key_of
+from vqueues.keyed_enqueue import KeyedEnqueue
 from vqueues.leases import CURSOR, LEASE
-from vqueues.locks import Claims, KeyedLocks
+from vqueues.locks import KeyedLocks
 from vqueues.offset_writer import OffsetWriter
 from vqueues.ownership import Ownership
 from vqueues.partition_state import PartitionState
@@ -83,7 +84,7 @@ class QueueService:
         self._fetcher = fetcher
         self._fetch_pool = ThreadPoolExecutor(settings.fetchers, thread_name_prefix="vq-fetch")
         self.locks = KeyedLocks()
-        self._claims = Claims()  # idempotency keys being written
+        self._keyed = KeyedEnqueue(self)
         # Highest offset this node's producer had acknowledged, per partition (for deletions).
         self._produced_max: dict[int, int] = {}
 
@@ -105,73 +106,7 @@ class QueueService:
         keys = [key_of(headers) if headers else None for _, headers in records]
         if not any(keys) or self.settings.producer_acks == "0":
             return await self.append_records(queue, records, state)
-        return await self._enqueue_once(queue, records, keys)
-
-    async def _enqueue_once(self, queue: str, records: Sequence[NewRecord],
-                            keys: list[bytes | None]) -> EnqueueResult:
-        """Enqueue records some of which carry idempotency keys: a key already in the window
-        answers its first offset and writes nothing; its payload must match, and a key repeated
-        in the request must repeat its payload (409 otherwise, and nothing is written). The
-        keys are claimed (`Claims`) from the check to the indexing of the write, so two
-        requests with one key never both write: the later one waits and looks again."""
-        p = self.partition_of(queue)
-        fps = fingerprints(queue, [k for k in keys if k is not None])
-        while True:
-            state = self.ownership.require(p)
-            now = now_ms()
-            window = state.idempotency
-            window.expire(now)
-            offsets: list[int | None] = [None] * len(records)
-            first_in_batch: dict[bytes, tuple[int, int]] = {}  # key -> (index, payload)
-            todo: list[int] = []
-            busy: asyncio.Future[None] | None = None
-            for i, (key, (value, headers)) in enumerate(zip(keys, records, strict=True)):
-                if key is None:
-                    todo.append(i)
-                    continue
-                payload = payload_of(value, headers)
-                seen = window.lookup(fps[key])
-                if seen is not None:
-                    if seen.payload != payload:
-                        raise Conflict("idempotency_key_reused",
-                                       f"records[{i}]: idempotency key seen at offset "
-                                       f"{seen.offset} with another payload",
-                                       first_offset=seen.offset, index=i)
-                    offsets[i] = seen.offset
-                elif key in first_in_batch:
-                    first, first_payload = first_in_batch[key]
-                    if payload != first_payload:
-                        raise Conflict("idempotency_key_reused",
-                                       f"records[{i}]: idempotency key already given to "
-                                       f"records[{first}] of this request with another payload",
-                                       first_offset=None, first_index=first, index=i)
-                    # the same as an earlier record of this request: filled below
-                else:
-                    busy = busy or self._claims.holder((p, fps[key]))
-                    first_in_batch[key] = (i, payload)
-                    todo.append(i)
-            if busy is None:
-                break
-            # Another call is writing one of these keys: once it is done, look again (its
-            # record is then in the window, or it failed and this call writes the key).
-            await asyncio.wait([busy])
-        claimed = [(p, fps[k]) for k in first_in_batch]
-        done = self._claims.claim(claimed)
-        try:
-            if todo:
-                known = [(fps[k], first_in_batch[k][1]) if (k := keys[i]) is not None
-                         else None for i in todo]
-                written = await self.append_records(queue, [records[i] for i in todo], state,
-                                                    known)
-                assert written.offsets is not None
-                for i, off in zip(todo, written.offsets, strict=True):
-                    offsets[i] = off
-        finally:
-            self._claims.release(claimed, done)
-        for i, key in enumerate(keys):
-            if offsets[i] is None and key is not None:
-                offsets[i] = offsets[first_in_batch[key][0]]
-        return EnqueueResult(p, [int(o) for o in offsets if o is not None])
+        return await self._keyed.enqueue(queue, records, keys)
 
     async def append_records(self, queue: str, records: Sequence[NewRecord],
                              state: PartitionState | None = None,
