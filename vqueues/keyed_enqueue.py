@@ -79,8 +79,8 @@ class KeyedEnqueue:
             if todo:
                 known = [(fps[k], first_in_batch[k][1]) if (k := keys[i]) is not None
                          else None for i in todo]
-                written = await service.append_records(queue, [records[i] for i in todo], state,
-                                                    known)
+                written = await service.append_records(queue, [records[i] for i in todo],
+                                                       state, known)
                 assert written.offsets is not None
                 for i, off in zip(todo, written.offsets, strict=True):
                     offsets[i] = off
@@ -90,4 +90,3 @@ class KeyedEnqueue:
             if offsets[i] is None and key is not None:
                 offsets[i] = offsets[first_in_batch[key][0]]
         return EnqueueResult(p, [int(o) for o in offsets if o is not None])
-

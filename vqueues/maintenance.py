@@ -139,23 +139,21 @@ class Maintenance:
         `snapshot_min_records` records since its last snapshot (ADR 7)."""
         while True:
             await asyncio.sleep(self.settings.snapshot_interval_s)
-            for p in list(self.ownership.states):
-                try:
-                    await self.write_snapshot(p)
-                except Exception:  # logged; the next round tries again
-                    log.exception("snapshot_failed", extra={"partition": p})
+            await self.snapshot_changed()
 
-    async def snapshot_changed(self, min_records: int, timeout_s: float) -> int:
-        """Snapshot every owned, ready partition with at least `min_records` records since its
-        last snapshot, for at most `timeout_s` in all (a stopping node: its successor, or
-        itself restarted, then loads instead of replaying). How many were written."""
+    async def snapshot_changed(self, min_records: int | None = None,
+                               timeout_s: float | None = None) -> int:
+        """Snapshot every owned, ready partition with at least `min_records` (by default
+        `snapshot_min_records`) records since its last snapshot, for at most `timeout_s` in all
+        (a stopping node: its successor, or itself restarted, then loads instead of
+        replaying). How many were written."""
         written = 0
         try:
             async with asyncio.timeout(timeout_s):
                 for p in list(self.ownership.states):
                     try:
                         written += await self.write_snapshot(p, min_records=min_records)
-                    except Exception:  # logged; the successor replays instead
+                    except Exception:  # logged; the next round (or the successor's replay)
                         log.exception("snapshot_failed", extra={"partition": p})
         except TimeoutError:
             log.warning("snapshots_at_stop_cut_short", extra={"written": written})

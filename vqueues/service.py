@@ -118,18 +118,13 @@ class QueueService:
         p = self.partition_of(queue)
         key = queue.encode("utf-8")
         acked = await self._data.append(p, [(key, value, headers) for value, headers in records])
-        offsets = [o for o, _ in acked]
-        self.metrics.records_enqueued.inc(len(offsets))
-        if self.settings.producer_acks == "0" or min(offsets) < 0:
+        if not self._acknowledged(p, acked):
             return EnqueueResult(p, None)
-        last = offsets[-1]
-        if last > self._produced_max.get(p, -1):
-            self._produced_max[p] = last
+        offsets = [o for o, _ in acked]
         if state is None:
             return EnqueueResult(p, offsets)
         _index_own(state, queue, acked, records, known)
-        if state.next_offset <= last:  # a gap below our records: the tail fills it
-            await state.wait_indexed(last, self.settings.write_visible_timeout_ms / 1000)
+        await self._visible(state, offsets[-1])
         return EnqueueResult(p, offsets)
 
     async def append_queues(self, p: int, state: PartitionState,
@@ -140,12 +135,8 @@ class QueueService:
         acked = await self._data.append(p, [(queue.encode("utf-8"), value, headers)
                                             for queue, records in groups
                                             for value, headers in records])
-        self.metrics.records_enqueued.inc(len(acked))
-        if self.settings.producer_acks == "0" or min(o for o, _ in acked) < 0:
+        if not self._acknowledged(p, acked):
             return [None] * len(groups)
-        last = acked[-1][0]
-        if last > self._produced_max.get(p, -1):
-            self._produced_max[p] = last
         out: list[list[int] | None] = []
         at = 0
         for queue, records in groups:
@@ -153,9 +144,25 @@ class QueueService:
             at += len(records)
             _index_own(state, queue, mine, records, None)
             out.append([o for o, _ in mine])
-        if state.next_offset <= last:  # a gap below our records: the tail fills it
-            await state.wait_indexed(last, self.settings.write_visible_timeout_ms / 1000)
+        await self._visible(state, acked[-1][0])
         return out
+
+    def _acknowledged(self, p: int, acked: Sequence[Delivered]) -> bool:
+        """Count a write's records and note its last offset (for deletions); False when the
+        offsets are unknown (acks=0, or a resent batch stored without them)."""
+        self.metrics.records_enqueued.inc(len(acked))
+        if self.settings.producer_acks == "0" or min(o for o, _ in acked) < 0:
+            return False
+        last = acked[-1][0]
+        if last > self._produced_max.get(p, -1):
+            self._produced_max[p] = last
+        return True
+
+    async def _visible(self, state: PartitionState, last: int) -> None:
+        """Wait until the partition is indexed up to `last`: with a gap below this node's
+        records (another producer's, not read yet) the tail fills it first."""
+        if state.next_offset <= last:
+            await state.wait_indexed(last, self.settings.write_visible_timeout_ms / 1000)
 
     async def read(self, queue: str, consumer: str | None, offset: int | None, limit: int,
                    wait_ms: int, tag: str | None = None) -> ReadResult:

@@ -57,7 +57,6 @@ class GroupMember:
             self._consumer = Consumer(conf)
         self._closed = False
         self._owned: set[int] = set()  # what this member's consumer was given, as it reported
-        self.replaced = 0  # consumers replaced after a fatal error
         self._topic = topic
         self._listener = listener
         self._batch_size = batch_size
@@ -152,7 +151,6 @@ class GroupMember:
             self._consumer = Consumer(self._conf)
         self._closed = False
         self._subscribe()
-        self.replaced += 1
 
     def _confirm(self, fence: SelfFence) -> None:
         """After a pause: ask the group coordinator whether this member's generation still

@@ -51,7 +51,6 @@ class AsyncProducer:
         with kafka_errors("producer"):
             self._producer = Producer(self._confs[0])
             self._busy = Producer(self._confs[1]) if len(self._confs) > 1 else None
-        self.replaced = 0  # producers replaced after the brokers fenced them
         self._in_flight = 0
         self.busy_sends = 0  # sends that went through the lingering producer
         self._name = name
@@ -116,7 +115,6 @@ class AsyncProducer:
             self._producer = fresh
         else:
             self._busy = fresh
-        self.replaced += 1
         log.warning("producer_replaced", extra={"producer": self._name, "which": i})
         threading.Thread(target=_retire, args=(broken,), daemon=True,
                          name=f"vq-{self._name}-retire").start()

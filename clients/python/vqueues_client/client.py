@@ -237,9 +237,15 @@ class AsyncClient:
         await self._fresh_map()
         return self.cached_owner(queue)
 
+    @property
+    def map_stale(self) -> bool:
+        """The cached map is unknown or older than `refresh_interval_s`."""
+        return self.partitions is None or \
+            time.monotonic() - self._map_at > self.refresh_interval_s
+
     async def _fresh_map(self) -> None:
-        """Fetch the map if it is unknown or older than `refresh_interval_s`."""
-        if self.partitions is None or time.monotonic() - self._map_at > self.refresh_interval_s:
+        """Fetch the map if it is stale (`map_stale`)."""
+        if self.map_stale:
             try:
                 await self.refresh_map()
             except VQError:

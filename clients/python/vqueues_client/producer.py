@@ -85,8 +85,7 @@ class BatchProducer:
             self._timer.cancel()
             self._timer = None
         client = self.client
-        if client.partitions is None or \
-                time.monotonic() - client._map_at > client.refresh_interval_s:
+        if client.map_stale:
             if self._refreshing is None:
                 self._refreshing = asyncio.get_running_loop().create_task(self._refresh())
             return
