@@ -687,10 +687,11 @@ async def measure_prefix(args: argparse.Namespace, bootstrap: str) -> dict[str, 
         stop_nodes(procs)
 
 
-def share_group_run(cluster: LocalKafkaCluster, topic: str, records: int, threads: int
-                    ) -> dict[str, float]:
-    """Kafka's own ShareConsumerPerformance over `records` already in `topic`: each poll
-    acknowledges the previous poll's records (implicit acknowledgement), as lease -> complete."""
+def share_group_run(cluster: LocalKafkaCluster, topic: str, records: int, threads: int,
+                    per_poll: int | None = None) -> dict[str, float]:
+    """Kafka's own ShareConsumerPerformance over `records` already in `topic`: each poll (of up
+    to `per_poll` records: max.poll.records, 500 unless given) acknowledges the previous poll's
+    records (implicit acknowledgement), as lease -> complete."""
     group = f"{topic}-share"
     # A share group starts at the latest offset unless told otherwise (KIP-932).
     cfg = cluster.tool("org.apache.kafka.tools.ConfigCommand", "--bootstrap-server",
@@ -701,7 +702,9 @@ def share_group_run(cluster: LocalKafkaCluster, topic: str, records: int, thread
     t0 = time.perf_counter()
     run = cluster.tool("org.apache.kafka.tools.ShareConsumerPerformance", "--bootstrap-server",
                        cluster.bootstrap, "--topic", topic, "--group", group, "--num-records",
-                       str(records), "--threads", str(threads), "--timeout", "30000")
+                       str(records), "--threads", str(threads), "--timeout", "30000",
+                       *(["--command-property", f"max.poll.records={per_poll}"] if per_poll
+                         else []))
     wall = time.perf_counter() - t0
     lines = run.stdout.splitlines()
     head = next((i for i, ln in enumerate(lines) if "nMsg.sec" in ln), None)

@@ -44,6 +44,9 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
 import bench  # noqa: E402
+from peers.redis_peer import xreadgroup_drain  # noqa: E402
+from peers.vqueues_peer import drain_with_worker  # noqa: E402
+from vqueues_client import AsyncClient  # noqa: E402
 
 from vqueues import topics as vq_topics  # noqa: E402
 from vqueues.broker import EmbeddedBroker, free_port  # noqa: E402
@@ -136,21 +139,8 @@ async def healthz(s: aiohttp.ClientSession, url: str, seconds: float) -> tuple[i
 
 
 async def worker_drain(url: str, names: list[str], total: int) -> tuple[int, int]:
-    from vqueues_client import AsyncClient, Worker
     async with AsyncClient(url) as vq:
-        done = 0
-
-        async def handle(lease: Any) -> None:
-            nonlocal done
-            done += 1
-
-        worker = Worker(vq, names, "worker", handle, concurrency=16, wait_ms=200)
-        runner = asyncio.create_task(worker.run())
-        while done < total:
-            await asyncio.sleep(0.01)
-        await worker.stop()
-        await runner
-    return done, 0
+        return await drain_with_worker(vq, names, total, 16)
 
 
 async def measure_vqueues(args: argparse.Namespace, code: str | None = None
@@ -242,44 +232,20 @@ async def measure_redis(args: argparse.Namespace) -> list[dict[str, Any]]:
                 await asyncio.sleep(0.05)
         print("Redis Streams (AOF everysec):", flush=True)
 
-        async def backlog(streams: list[str]) -> bool:
-            for st in streams:
-                if (await r.xinfo_groups(st))[0]["lag"]:
-                    return True
-            return False
         for count in (100, 10):
             streams = [f"s{count}-{i}" for i in range(10)]
+            per_stream = args.records // 10 // 1000 * 1000
             for st in streams:
                 await r.xgroup_create(st, "g", id="0", mkstream=True)
-                for _ in range(args.records // 10 // 1000):
+                for _ in range(per_stream // 1000):
                     pipe = r.pipeline(transaction=False)
                     for _ in range(1000):
                         pipe.xadd(st, {"v": VALUE})
                     await pipe.execute()
-            total = args.records
 
             async def run(streams: list[str] = streams, count: int = count,
-                          total: int = total) -> tuple[int, int]:
-                done = calls = 0
-
-                async def worker(i: int) -> None:
-                    nonlocal done, calls
-                    k = i
-                    while done < total:
-                        st = streams[k % 10]
-                        k += 1
-                        got = await r.xreadgroup("g", f"c{i}", {st: ">"}, count=count)
-                        calls += 1
-                        ids = [mid for _, entries in got for mid, _ in entries]
-                        if ids:
-                            await r.xack(st, "g", *ids)
-                            calls += 1
-                            done += len(ids)
-                        elif done >= total or not await backlog(streams):
-                            return
-
-                await asyncio.gather(*(worker(i) for i in range(16)))
-                return done, calls
+                          total: int = per_stream * 10) -> tuple[int, int]:
+                return await xreadgroup_drain(r, streams, total, 16, count)
             out.append(await measured(f"XREADGROUP COUNT {count} + XACK", proc.pid, None, run))
         await r.aclose()
     finally:
