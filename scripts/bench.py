@@ -36,6 +36,7 @@ import argparse
 import asyncio
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -687,6 +688,13 @@ async def measure_prefix(args: argparse.Namespace, bootstrap: str) -> dict[str, 
         stop_nodes(procs)
 
 
+def _tool_time(text: str) -> float:
+    """A time as Kafka's perf tools print it (yyyy-MM-dd HH:mm:ss:SSS), in seconds."""
+    day, clock = text.strip().split(" ")
+    h, m, sec, ms = (int(x) for x in clock.split(":"))
+    return time.mktime(time.strptime(day, "%Y-%m-%d")) + h * 3600 + m * 60 + sec + ms / 1000
+
+
 def share_group_run(cluster: LocalKafkaCluster, topic: str, records: int, threads: int,
                     per_poll: int | None = None) -> dict[str, float]:
     """Kafka's own ShareConsumerPerformance over `records` already in `topic`: each poll (of up
@@ -703,16 +711,35 @@ def share_group_run(cluster: LocalKafkaCluster, topic: str, records: int, thread
     run = cluster.tool("org.apache.kafka.tools.ShareConsumerPerformance", "--bootstrap-server",
                        cluster.bootstrap, "--topic", topic, "--group", group, "--num-records",
                        str(records), "--threads", str(threads), "--timeout", "30000",
+                       "--show-detailed-stats", "--reporting-interval", "100",
                        *(["--command-property", f"max.poll.records={per_poll}"] if per_poll
                          else []))
     wall = time.perf_counter() - t0
-    lines = run.stdout.splitlines()
+    # Only the tool's own rows (the header, per-consumer intervals, the total): its logs share
+    # stdout with them.
+    lines = [ln for ln in run.stdout.splitlines()
+             if "nMsg.sec" in ln or re.match(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d:\d{3}, ", ln)]
     head = next((i for i, ln in enumerate(lines) if "nMsg.sec" in ln), None)
-    if run.returncode != 0 or head is None or head + 1 >= len(lines):
+    total = next((ln for ln in reversed(lines) if "for share consumer" not in ln), "")
+    if run.returncode != 0 or head is None or total == lines[head]:
         raise RuntimeError(f"ShareConsumerPerformance failed: {run.stdout}{run.stderr}")
     header = [h.strip() for h in lines[head].split(",")]
-    row = dict(zip(header, (v.strip() for v in lines[head + 1].split(",")), strict=False))
+    row = dict(zip(header, (v.strip() for v in total.split(",")), strict=False))
+    # Each share consumer's first report ends when its first records came: before that it was
+    # joining the share group (seconds). The steady rate counts from the first records.
+    firsts: dict[str, tuple[float, float]] = {}
+    for ln in lines[head + 1:]:
+        if "for share consumer" in ln:
+            cells = [c.strip() for c in ln.split(" for share consumer")[0].split(",")]
+            who = ln.rsplit(" ", 1)[1]
+            if who not in firsts and float(cells[5]) > 0:
+                firsts[who] = (_tool_time(cells[1]), float(cells[5]))
+    start, end = _tool_time(row["start.time"]), _tool_time(row["end.time"])
+    first = min((t for t, _ in firsts.values()), default=start)
+    steady = (float(row["data.consumed.in.nMsg"]) - sum(n for _, n in firsts.values())) \
+        / max(end - first, 1e-9)
     return {"rate": float(row["nMsg.sec"]), "records": float(row["data.consumed.in.nMsg"]),
+            "to_first_s": first - start, "steady_rate": steady,
             "wall_s": wall}
 
 

@@ -135,14 +135,13 @@ async def phase_queues(peer: Peer, sz: Sizes, out: dict[str, Figure]) -> None:
         names = [f"w{per_call}x{i}" for i in range(sz.work_queues)]
         await peer.create(names)
         await peer.fill(names, per_queue)
-        peer.last_wall_s = None  # type: ignore[attr-defined]
+        peer.last_wall_s = None
         async with Meter(pids) as m:
             done = await peer.work(names, per_queue * len(names), sz.workers, per_call)
         fig = m.rate(*done)
-        tool_wall = getattr(peer, "last_wall_s", None)
-        if tool_wall:  # Kafka's tool: its own time, not its JVM's start
-            fig.value = done[0] / tool_wall
-            fig.note = f"the tool's own rate; {m.figure.wall_s:.1f} s with its JVM's start"
+        if peer.last_wall_s:  # Kafka's tool: its own time, not its JVM's start
+            fig.value = done[0] / peer.last_wall_s
+            fig.note = f"{peer.last_note}; {m.figure.wall_s:.1f} s with the JVM's start"
         out[f"work_{per_call}"] = fig
         log(peer, f"work_{per_call}", out)
     if isinstance(peer, VQueues):

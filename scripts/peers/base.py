@@ -22,6 +22,10 @@ class Peer(ABC):
     many_queues_note = ""  # ... and when there are 100,000
     work_note = ""    # how the work queue is drained
     restart_note = ""  # what "restart" restarts
+    # The last work() run's own duration, when the process it ran in took longer to start
+    # than to drain (Kafka's perf tool in a JVM); None: the caller's wall time stands.
+    last_wall_s: float | None = None
+    last_note = ""  # ... and what it left out
 
     # Lifecycle -----------------------------------------------------------------------------
 
