@@ -9,7 +9,6 @@ import os
 import resource
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -17,6 +16,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from vqueues.broker import free_port  # noqa: F401 - the peers' one free port
 
 VALUE = b"x" * 100  # every record: 100 bytes
 SPAWNED: list[int] = []  # every server process started, for the report (and the smoke test)
@@ -39,12 +40,6 @@ class Sizes:
     workers: int = 16
     per_call: tuple[int, ...] = (10, 100)
     restart_cap_s: float = 300.0    # a restart not ready by then is reported so
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _stat(pid: int) -> list[str] | None:
