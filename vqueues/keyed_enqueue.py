@@ -4,16 +4,18 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from vqueues.errors import Conflict
+from vqueues.errors import Conflict, Unavailable
 from vqueues.idempotency import fingerprints, payload_of
 from vqueues.locks import Claims
 from vqueues.records import now_ms
 from vqueues.results import EnqueueResult
 
 if TYPE_CHECKING:
+    from vqueues.partition_state import PartitionState
     from vqueues.service import NewRecord, QueueService
 
 
@@ -81,12 +83,41 @@ class KeyedEnqueue:
                          else None for i in todo]
                 written = await service.append_records(queue, [records[i] for i in todo],
                                                        state, known)
-                assert written.offsets is not None
-                for i, off in zip(todo, written.offsets, strict=True):
-                    offsets[i] = off
+                if written.offsets is None:
+                    # Stored, offsets unreported (a batch resent after a lost connection):
+                    # the keys stay claimed until the tail has indexed them, so a retry
+                    # finds them instead of writing them again.
+                    await self._until_known(state, [(i, fps[k]) for i in todo
+                                                    if (k := keys[i]) is not None], offsets)
+                else:
+                    for i, off in zip(todo, written.offsets, strict=True):
+                        offsets[i] = off
         finally:
             self._claims.release(claimed, done)
         for i, key in enumerate(keys):
             if offsets[i] is None and key is not None:
                 offsets[i] = offsets[first_in_batch[key][0]]
+        if any(o is None for o in offsets):  # records without keys whose offsets are unknown
+            return EnqueueResult(p, None)
         return EnqueueResult(p, [int(o) for o in offsets if o is not None])
+
+    async def _until_known(self, state: PartitionState, keyed: list[tuple[int, int]],
+                           offsets: list[int | None]) -> None:
+        """Wait until the tail has indexed the keyed records (index, key fingerprint) of a
+        write whose offsets went unreported, and fill in their offsets from the window; 503
+        broker_timeout after `write_visible_timeout_ms`."""
+        window = state.idempotency
+        deadline = time.monotonic() + self._service.settings.write_visible_timeout_ms / 1000
+        while True:
+            missing = [(i, fp) for i, fp in keyed if window.lookup(fp) is None]
+            for i, fp in keyed:
+                seen = window.lookup(fp)
+                if seen is not None:
+                    offsets[i] = seen.offset
+            if not missing:
+                return
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or state.revoked:
+                raise Unavailable("broker_timeout", "the write was stored, but its "
+                                         "records were not indexed in time; send it again")
+            await state.wait_indexed(state.next_offset, remaining)

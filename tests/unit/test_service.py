@@ -8,7 +8,7 @@ from tests.unit.fakes import MemoryFetcher, MemoryLog
 from vqueues.cache import RecordCache
 from vqueues.errors import VQError
 from vqueues.ownership import Ownership
-from vqueues.records import Record
+from vqueues.records import Record, now_ms
 from vqueues.service import QueueService
 from vqueues.settings import Settings
 
@@ -153,3 +153,31 @@ async def test_records_the_tail_indexed_before_their_delivery_report_are_indexed
         (0, b"before"), (1, b"a"), (2, b"b"), (3, b"c")]
     p = service.partition_of("tf")
     assert service.ownership.states[p].next_offset == 4
+
+
+async def test_a_keyed_write_stored_without_its_offsets_answers_them_from_the_tail(service):
+    """A batch resent after a lost connection can come back stored with no offsets (-1): the
+    keyed enqueue waits for the tail to index it and answers the keys' offsets from the window,
+    and the same key sent again writes nothing (the fault tier found this answered 500)."""
+    log = service._data
+    log.timestamp = now_ms()  # inside the idempotency window
+    plain = log.append
+
+    async def unreported(partition, records):
+        delivered = await plain(partition, records)
+        return [(-1, ts) for _, ts in delivered]
+
+    log.append = unreported
+    keyed = [("vq-idempotency-key", b"k1")]
+    first = await service.enqueue("kq", [(b"a", keyed), (b"b", [("vq-idempotency-key", b"k2")])])
+    assert first.offsets == [0, 1]
+    log.append = plain
+    again = await service.enqueue("kq", [(b"a", keyed)])
+    assert again.offsets == [0]
+    assert len(log.partitions[service.partition_of("kq")]) == 2  # nothing written again
+    log.append = unreported
+    mixed = await service.enqueue("kq", [(b"c", [("vq-idempotency-key", b"k3")]), (b"d", [])])
+    assert mixed.offsets is None  # a record without a key: its offset is unknown
+    log.append = plain
+    assert (await service.enqueue("kq", [(b"c", [("vq-idempotency-key", b"k3")])])).offsets \
+        == [2]
