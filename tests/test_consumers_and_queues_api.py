@@ -170,3 +170,13 @@ async def test_metrics_count_requests_by_route_template_and_records(client, node
     assert _metric(after, "vq_partitions_owned") == topics.partitions
     assert _metric(after, "vq_partitions_ready") == topics.partitions
     assert _metric(after, "vq_cache_bytes") > 0
+
+
+async def test_metrics_name_filter_answers_only_the_samples_named(client, node):
+    async with client.get(f"{node.url}/metrics", params=[
+            ("name[]", "vq_acks_total"), ("name[]", "vq_partitions_owned")]) as r:
+        assert r.status == 200
+        text = await r.text()
+    names = {line.split("{")[0].split(" ")[0] for line in text.splitlines()
+             if line and not line.startswith("#")}
+    assert names == {"vq_acks_total", "vq_partitions_owned"}

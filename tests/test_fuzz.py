@@ -70,8 +70,11 @@ def fuzz_schema(fuzz_node):
     return schemathesis.openapi.from_url(f"{fuzz_node.url}/v1/openapi.json")
 
 
+_COUNTERS_QUERY = "&".join(f"name[]={name}" for name in _WRITE_COUNTERS)
+
+
 def _counters(url):
-    _, text = http("GET", f"{url}/metrics")
+    _, text = http("GET", f"{url}/metrics?{_COUNTERS_QUERY}")  # just these: fast to answer
     out = {}
     for line in text.decode().splitlines():
         name = line.split("{")[0].split(" ")[0]

@@ -136,5 +136,9 @@ async def openapi(request: web.Request) -> web.Response:
 
 
 async def metrics(request: web.Request) -> web.Response:
-    body = generate_latest(request.app[SERVICE].metrics.registry)
+    """Every metric, or with `name[]` (repeated) only those samples, as Prometheus' own
+    exposition does."""
+    registry = request.app[SERVICE].metrics.registry
+    names = request.query.getall("name[]", [])
+    body = generate_latest(registry.restricted_registry(names) if names else registry)
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})

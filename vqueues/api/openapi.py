@@ -416,6 +416,11 @@ def openapi_document(s: Settings) -> dict[str, Any]:
             "/v1/openapi.json": {"get": {"summary": "This document",
                                          "responses": {"200": _ok("Object")}}},
             "/metrics": {"get": {"summary": "Prometheus metrics (text format)",
+                                 "parameters": [{
+                                     "name": "name[]", "in": "query", "required": False,
+                                     "description": "only these samples (repeat it)",
+                                     "schema": {"type": "array", "items": {"type": "string"}},
+                                     "style": "form", "explode": True}],
                                  "responses": {"200": {"description": "metrics"}}}},
             "/healthz": {"get": {"summary": "Liveness", "responses": {
                 "200": _ok("Object"),
