@@ -5,7 +5,7 @@ import random
 
 import pytest
 
-from vqueues.api.body import MAX_JSON_DEPTH, decode_object, refuse_unknown, too_deep
+from vqueues.api.body import MAX_JSON_DEPTH, decode_object, refuse_unknown, shape
 from vqueues.api.codec import decode_enqueue
 from vqueues.errors import VQError
 from vqueues.settings import Settings
@@ -103,10 +103,12 @@ def test_bodies_that_are_not_one_strict_json_object_are_malformed(raw):
 
 
 def test_depth_is_counted_outside_strings_only():
-    deep = b"[" * MAX_JSON_DEPTH + b"]" * MAX_JSON_DEPTH
-    assert not too_deep(deep) and too_deep(b"[" + deep + b"]")
+    deep = [[]]
+    for _ in range(MAX_JSON_DEPTH - 3):
+        deep = [deep]
+    assert shape({"a": deep}) is not None and shape({"a": [deep]}) is None  # 32 and 33 levels
     brackets_in_strings = json.dumps({"v": "[[[{{{" * 100, "w": ["]]]"] * 50}).encode()
-    assert not too_deep(brackets_in_strings)
+    assert decode_object(brackets_in_strings)["w"] == ["]]]"] * 50
     inner = b"[" * (MAX_JSON_DEPTH - 1) + b"]" * (MAX_JSON_DEPTH - 1)  # the object is one
     assert decode_object(b'{"a": ' + inner + b"}") == {"a": json.loads(inner)}
 
@@ -117,3 +119,17 @@ def test_unknown_fields_are_named():
         refuse_unknown({"offset": 1, "ofset": 2, "z": 0}, ("offset",))
     assert exc.value.code == "invalid_parameter" and exc.value.details["unknown"] == [
         "ofset", "z"]
+
+
+def test_keys_twice_are_found_in_any_object_and_colons_in_strings_fool_nothing():
+    """The colon count (`shape`) settles most bodies without a second parse; a body it cannot
+    settle is parsed again, so no doubled key gets through either way."""
+    fine = [{"queue": f"q:{i}", "token": "1.2:3"} for i in range(100)]
+    assert decode_object(json.dumps({"tokens": fine}).encode())["tokens"] == fine
+    for raw in (b'{"tokens": [{"queue": "a", "queue": "b"}]}',
+                b'{"t": [{"a": ":"}, {"b": 1, "b": 1}]}',
+                b'{"t": [{"a\\u003a": 1, "a:": 2}], "t": 1}',
+                b'{"x": {"y": {"z": 1, "z": 1}}}'):
+        with pytest.raises(VQError) as exc:
+            decode_object(raw)
+        assert exc.value.code == "malformed_json", raw

@@ -16,10 +16,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 import zlib
 from collections.abc import Collection
-from itertools import accumulate
 from typing import Any
 
 import msgspec
@@ -31,8 +29,6 @@ from vqueues.errors import BadRequest, PayloadTooLarge, VQError
 MAX_JSON_DEPTH = 32  # our deepest body is 4 levels; deeper is an attack on the decoder
 DECODED_ENCODINGS = ("identity", "gzip", "deflate")
 
-_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
-_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
 _DECODE_ERRORS = (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError,
                   RecursionError)
 
@@ -107,12 +103,39 @@ def colon_escaped(raw: bytes) -> bool:
     return b"\\" in raw and (b"\\u003a" in raw or b"\\u003A" in raw)
 
 
-def too_deep(raw: bytes) -> bool:
-    """Whether any array or object in `raw` (valid JSON) nests deeper than MAX_JSON_DEPTH."""
-    if raw.count(b"[") + raw.count(b"{") <= MAX_JSON_DEPTH:
-        return False
-    brackets = _STRING.sub(b"", raw).translate(None, _BRACKETS)
-    return max(accumulate(1 if c in b"[{" else -1 for c in brackets)) > MAX_JSON_DEPTH
+def shape(body: dict[str, Any]) -> tuple[int, int] | None:
+    """A decoded body's keys (in all its objects) and the colons its keys and strings hold,
+    for `refuse_duplicate_keys`; None if it nests deeper than MAX_JSON_DEPTH (the body itself
+    is the first level). One walk of what the decoder built: a regular expression over the
+    raw bytes to find the brackets outside strings cost 10x more for 100 small objects."""
+    keys = colons = 0
+    level: list[Any] = [body]
+    depth = 1
+    while level:
+        if depth > MAX_JSON_DEPTH:
+            return None
+        below: list[Any] = []
+        for value in level:
+            if type(value) is dict:
+                keys += len(value)
+                for key, item in value.items():
+                    if ":" in key:
+                        colons += key.count(":")
+                    if type(item) is str:
+                        if ":" in item:
+                            colons += item.count(":")
+                    elif type(item) is dict or type(item) is list:
+                        below.append(item)
+            else:
+                for item in value:
+                    if type(item) is str:
+                        if ":" in item:
+                            colons += item.count(":")
+                    elif type(item) is dict or type(item) is list:
+                        below.append(item)
+        level = below
+        depth += 1
+    return keys, colons
 
 
 def _unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -149,9 +172,10 @@ def decode_object(raw: bytes) -> dict[str, Any]:
                          f"{_why(exc)}") from None
     if not isinstance(body, dict):
         raise BadRequest("malformed_json", "request body must be a JSON object")
-    if too_deep(raw):
+    counted = shape(body)
+    if counted is None:
         raise BadRequest("malformed_json", f"request body nests deeper than {MAX_JSON_DEPTH}")
-    refuse_duplicate_keys(raw)
+    refuse_duplicate_keys(raw, *counted)
     return body
 
 
