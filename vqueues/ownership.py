@@ -208,12 +208,9 @@ class Ownership:
         restoring = self._inbox.hold()
         try:
             try:
-                for p, state in states.items():
-                    started = time.monotonic()
-                    image = await self._snapshots.latest(p, state, self._read_snapshot)
-                    if image is not None:
-                        found[p] = image
-                        read_ms[p] = (time.monotonic() - started) * 1000
+                started = time.monotonic()
+                found = await self._snapshots.latest(states, self._read_snapshots)
+                read_ms = dict.fromkeys(found, (time.monotonic() - started) * 1000)
             finally:
                 with contextlib.suppress(concurrent.futures.InvalidStateError):  # cancelled
                     starts.set_result({p: image.data_position for p, image in found.items()})
@@ -229,9 +226,10 @@ class Ownership:
         await self._offsets.replay(states, await reading, lambda: self._generation,
                                    self._log_if_ready)
 
-    def _read_snapshot(self, p: int) -> snapshot.Snapshot | None:
-        """Partition p's latest complete snapshot (blocking; `SnapshotRestore.read`)."""
-        return self._snapshots.read(p)
+    def _read_snapshots(self, partitions: list[int]
+                        ) -> dict[int, snapshot.Snapshot | snapshot.SnapshotError | None]:
+        """The partitions' latest complete snapshots (blocking; `SnapshotRestore.read`)."""
+        return self._snapshots.read(partitions)
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = self.loop.create_task(coro)

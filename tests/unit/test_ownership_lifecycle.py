@@ -166,13 +166,13 @@ async def test_a_snapshot_that_loads_after_the_group_gave_up_waiting_is_not_appl
     snapshots = await snapshot_log_of(0, q, 1)
     own = make(logs, snapshots)
     monkeypatch.setattr(ownership_module, "SNAPSHOT_LOAD_TIMEOUT_S", 0.0)  # give up at once
-    read = own._read_snapshot
+    read = own._read_snapshots
 
-    def slow_read(p):
+    def slow_read(partitions):
         time.sleep(0.05)  # surely after the group gave up
-        return read(p)
+        return read(partitions)
 
-    monkeypatch.setattr(own, "_read_snapshot", slow_read)
+    monkeypatch.setattr(own, "_read_snapshots", slow_read)
     assert await asyncio.to_thread(own.assigned, [0]) == {}
     await until(lambda: 0 in own.states)
     await asyncio.sleep(0.2)  # the load finishes meanwhile
