@@ -18,12 +18,12 @@ import json
 import logging
 import os
 from dataclasses import dataclass, field
-from typing import Any
-
-import jwt
-from jwt.types import Options
+from typing import TYPE_CHECKING, Any
 
 from vqueues.errors import VQError
+
+if TYPE_CHECKING:
+    from jwt.types import Options
 
 log = logging.getLogger(__name__)
 
@@ -113,6 +113,8 @@ class Authenticator:
         self.jwt_audience = jwt_audience or None
         # PyJWT checks `exp` only when present; a token without one would never expire.
         self.jwt_options: Options = {"require": [] if jwt_allow_no_exp else ["exp"]}
+        if self.jwt_secret or self.jwt_key:
+            import jwt  # noqa: F401  PyJWT (and cryptography) cost 30 ms at start: only when used
         if not (self.tokens or self.jwt_secret or self.jwt_key):
             raise ValueError("auth is on but no token file, JWT secret or JWT public key is set")
 
@@ -128,6 +130,8 @@ class Authenticator:
         return identity
 
     def _from_jwt(self, token: str) -> Identity:
+        import jwt  # imported at start already (above): a look-up here
+
         try:
             header = jwt.get_unverified_header(token)
             alg = header.get("alg")
