@@ -109,15 +109,17 @@ class KeyedEnqueue:
         window = state.idempotency
         deadline = time.monotonic() + self._service.settings.write_visible_timeout_ms / 1000
         while True:
-            missing = [(i, fp) for i, fp in keyed if window.lookup(fp) is None]
+            missing = False
             for i, fp in keyed:
                 seen = window.lookup(fp)
-                if seen is not None:
+                if seen is None:
+                    missing = True
+                else:
                     offsets[i] = seen.offset
             if not missing:
                 return
             remaining = deadline - time.monotonic()
             if remaining <= 0 or state.revoked:
-                raise Unavailable("broker_timeout", "the write was stored, but its "
-                                         "records were not indexed in time; send it again")
+                raise Unavailable("broker_timeout", "the write was stored, but its records "
+                                  "were not indexed in time; send it again")
             await state.wait_indexed(state.next_offset, remaining)
