@@ -5,7 +5,8 @@ beside a raw confluent-kafka producer with the node's producer settings through 
 The embedded broker advertises a fault proxy (tests/faults/proxy.py), so every connection of
 the node and of the raw producer goes through it; a drop closes them all at once. Measured from
 each drop:
-  raw    an idempotent producer (acks all, linger 5 ms, lz4, the node's message timeout)
+  raw    an idempotent producer with the node's producer settings (`client_config`: acks
+         all, linger 5 ms, lz4, the node's message timeout, metadata.recovery.strategy none)
          writing continuously, 20 in flight: its first acknowledged write after the drop
   node   one node under the fault tier's load (cursor enqueue/ack, lease/complete, keyed and
          scheduled enqueues): the first success of every kind of call after the drop (the
@@ -31,6 +32,7 @@ from tests.faults.proxy import FaultProxy  # noqa: E402
 from tests.faults.test_network_faults import Load  # noqa: E402
 from tests.support import NodeProcess, create_topics, http  # noqa: E402
 from vqueues.broker import EmbeddedBroker, free_port  # noqa: E402
+from vqueues.kafka import client_config  # noqa: E402
 from vqueues.settings import Settings  # noqa: E402
 
 APART_S = 4.0
@@ -38,9 +40,9 @@ APART_S = 4.0
 
 def raw_drops(proxy: FaultProxy, bootstrap: str, topic: str, drops: int) -> list[float]:
     """Seconds from each drop to the raw producer's first acknowledged write."""
-    p = Producer({"bootstrap.servers": bootstrap, "acks": "all", "enable.idempotence": True,
-                  "linger.ms": 5, "compression.type": "lz4",
-                  "message.timeout.ms": Settings().broker_timeout_ms})
+    p = Producer(client_config(bootstrap, None, **{
+        "acks": "all", "enable.idempotence": True, "linger.ms": 5, "compression.type": "lz4",
+        "message.timeout.ms": Settings().broker_timeout_ms}))
     acked: list[float] = []
     stop = threading.Event()
 
