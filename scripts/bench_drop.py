@@ -5,8 +5,8 @@ beside a raw confluent-kafka producer with the node's producer settings through 
 The embedded broker advertises a fault proxy (tests/faults/proxy.py), so every connection of
 the node and of the raw producer goes through it; a drop closes them all at once. Measured from
 each drop:
-  raw    an idempotent producer with the node's producer settings (`client_config`: acks
-         all, linger 5 ms, lz4, the node's message timeout, metadata.recovery.strategy none)
+  raw    an idempotent producer with the node's producer settings (acks all, linger 5 ms,
+         lz4, the node's message timeout, metadata.recovery.strategy none)
          writing continuously, 20 in flight: its first acknowledged write after the drop
   node   one node under the fault tier's load (cursor enqueue/ack, lease/complete, keyed and
          scheduled enqueues): the first success of every kind of call after the drop (the
@@ -42,7 +42,8 @@ def raw_drops(proxy: FaultProxy, bootstrap: str, topic: str, drops: int) -> list
     """Seconds from each drop to the raw producer's first acknowledged write."""
     p = Producer(client_config(bootstrap, None, **{
         "acks": "all", "enable.idempotence": True, "linger.ms": 5, "compression.type": "lz4",
-        "message.timeout.ms": Settings().broker_timeout_ms}))
+        "message.timeout.ms": Settings().broker_timeout_ms,
+        "metadata.recovery.strategy": "none"}))  # as the node sets it on the embedded broker
     acked: list[float] = []
     stop = threading.Event()
 

@@ -56,11 +56,18 @@ class Node:
         self._maintenance: list[asyncio.Task[None]] = []
         self._upkeep: Maintenance | None = None
         self.ownership: Ownership | None = None
+        # On the embedded broker, one broker: any dropped connection loses every broker at once,
+        # and librdkafka's default re-bootstrap then forgets it and learns it again, which
+        # stalled every write 1.7 s per drop (scripts/bench_drop.py; 0.12 s without). On a
+        # cluster the default stays: with it, a node served again after all three brokers
+        # restarted, and without it did not (tests/test_kafka_faults.py).
+        self._single_broker: dict[str, str] = {}
 
     def _conf(self, **conf: Any) -> dict[str, Any]:
         s = self.settings
         return client_config(s.bootstrap, s.kafka_extra(),
-                             **{"client.id": f"vqueues-{s.effective_node_id}", **conf})
+                             **{"client.id": f"vqueues-{s.effective_node_id}",
+                                **self._single_broker, **conf})
 
     async def start(self) -> None:
         s = self.settings
@@ -68,9 +75,10 @@ class Node:
         admin = Admin(self._conf())
         partitions = await asyncio.to_thread(
             topics.check, admin, s.data_topic, s.offset_topic, s.assignment_topic)
-        static = s.static_membership == "on" or (
-            s.static_membership == "auto"
-            and await asyncio.to_thread(admin.cluster_id) != EMBEDDED_CLUSTER_ID)
+        embedded = await asyncio.to_thread(admin.cluster_id) == EMBEDDED_CLUSTER_ID
+        static = s.static_membership == "on" or (s.static_membership == "auto" and not embedded)
+        if embedded:
+            self._single_broker = {"metadata.recovery.strategy": "none"}
         with_snapshots = await asyncio.to_thread(topics.check_snapshots, admin, s.snapshot_topic,
                                                  partitions)
         if not with_snapshots:

@@ -27,15 +27,8 @@ _UNREACHABLE = {KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN, KafkaError.
 
 def client_config(bootstrap: str, extra: dict[str, str] | None = None,
                   **conf: Any) -> dict[str, Any]:
-    """A librdkafka config: bootstrap, our settings, then the user's pass-through options.
-
-    `metadata.recovery.strategy` none: with every broker connection lost at once (one broker,
-    or a dropped network), librdkafka's default re-bootstrap forgets the brokers and learns
-    them again, which stalled every write 1.7 s per drop (scripts/bench_drop.py); without it
-    the node served again in 0.1 s. Brokers are reached by the names they advertise, which are
-    resolved again on every connection."""
-    out: dict[str, Any] = {"bootstrap.servers": bootstrap, "client.dns.lookup": "use_all_dns_ips",
-                           "metadata.recovery.strategy": "none"}
+    """A librdkafka config: bootstrap, our settings, then the user's pass-through options."""
+    out: dict[str, Any] = {"bootstrap.servers": bootstrap, "client.dns.lookup": "use_all_dns_ips"}
     out.update(conf)
     out.update(extra or {})
     return out
