@@ -462,6 +462,16 @@ class WorkState:
         if self._flying is not None:
             self._flying = None  # built again with the index (`ensure_index`)
 
+    def may_lease(self, now: int) -> bool:
+        """Whether a lease may find one of the window's records now: one available, or one
+        whose last attempt ran out (for the dead letters). An unindexed window (replayed, or
+        let go: `release_index`) cannot tell without a walk: any delivery may be. Records
+        past the frontier are the caller's to check."""
+        if not self.indexed:
+            return bool(self.deliveries)
+        timers = self._timers
+        return bool(self._ready_set or self._exhausted or (timers and timers[0][0] <= now))
+
     def in_flight(self) -> int:
         """Records leased now, as of the last `ensure_index` (with `count_in_flight`)."""
         return len(self._flying) if self._flying is not None else 0

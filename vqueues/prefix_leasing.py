@@ -161,7 +161,8 @@ class PrefixLeasing:
             progressed = False
             for i, state in enumerate(states):
                 rq = state.ready_queues
-                rq.due(consumer, now)
+                for queue in rq.due(consumer, now):
+                    state.recheck_queue(consumer, queue)
                 current, left = self._turn.get(consumer, (-1, 0))
                 if state.partition != current or left <= 0:
                     left = rq.size(consumer)  # a new turn: every queue waiting in it, once
@@ -224,11 +225,12 @@ class PrefixLeasing:
                         entries += decision.entries
                         taken += got
                     work = state.work.get((queue, consumer))
-                    if got >= share and share < turn:  # the call's end cut its turn short
+                    if got >= share and share < turn and state.may_lease(consumer, queue):
+                        # The call's end cut its turn short.
                         rq.resume(consumer, queue, turn - share)
                         left += 1  # its turn goes on: not yet taken from this round
                     elif got >= share:
-                        rq.add(consumer, queue)  # it may have more: its next turn comes
+                        state.recheck_queue(consumer, queue)  # its next turn, if it has more
                     elif work is not None:  # nothing more now: back when a lease runs out
                         change = work.next_change(now_ms())
                         if change is not None:
@@ -320,16 +322,16 @@ class PrefixLeasing:
         task.add_done_callback(self._building.discard)
 
     async def _build(self, state: PartitionState, pc: PrefixConsumer) -> None:
-        """Every queue under the prefix holding records takes a turn: the partition's sorted
-        names, from the prefix on, BUILD_STEP per loop turn."""
+        """Every queue under the prefix with a record to lease takes a turn (one with its
+        records all in flight is timed instead): the partition's sorted names, from the
+        prefix on, BUILD_STEP per loop turn."""
         for count, name in enumerate(state.queue_names(pc.prefix, None), 1):
             if not name.startswith(pc.prefix):
                 break
             if state.revoked or self.prefixes.by_name.get(pc.consumer) is not pc:
                 return
-            q = state.queues.get(name)
-            if q is not None and q.offsets:
-                state.ready_queues.add(pc.consumer, name)
+            if not self._locks.held(("c", name, pc.consumer)):  # else its holder rechecks it
+                state.recheck_queue(pc.consumer, name)
             if count % BUILD_STEP == 0:
                 await asyncio.sleep(0)
 

@@ -16,7 +16,7 @@ from heapq import heappop, heappush
 
 
 class ReadyQueues:
-    __slots__ = ("_on_ready", "_orders", "_owed", "_timers")
+    __slots__ = ("_on_ready", "_orders", "_owed", "_timed", "_timers")
 
     def __init__(self, on_ready: Callable[[str], None] | None = None) -> None:
         self._orders: dict[str, tuple[deque[str], set[str]]] = {}
@@ -25,6 +25,10 @@ class ReadyQueues:
         # (consumer, queue) -> records left of a turn a lease call's end cut short: the
         # queue is first in turn, and its next turn takes just these.
         self._owed: dict[tuple[str, str], int] = {}
+        # (consumer, queue) -> the earliest time it is timed for: a later time is not pushed
+        # (the queue's turn or recheck then times it again), so every window write of a busy
+        # queue does not leave a heap entry behind.
+        self._timed: dict[tuple[str, str], int] = {}
 
     def add(self, consumer: str, queue: str) -> None:
         """`queue` may have records for `consumer`: it takes its turn (at the back)."""
@@ -44,13 +48,25 @@ class ReadyQueues:
 
     def later(self, consumer: str, queue: str, at_ms: int) -> None:
         """`queue` has nothing for `consumer` until `at_ms` (a lease runs out, a retry)."""
+        key = (consumer, queue)
+        timed = self._timed.get(key)
+        if timed is not None and timed <= at_ms:
+            return
+        self._timed[key] = at_ms
         heappush(self._timers.setdefault(consumer, []), (at_ms, queue))
 
-    def due(self, consumer: str, now_ms: int) -> None:
-        """Queues whose time came take their turn."""
+    def due(self, consumer: str, now_ms: int) -> list[str]:
+        """The queues whose time came, out of the timers: the caller looks at each again
+        (`PartitionState.recheck_queue`)."""
         timers = self._timers.get(consumer)
+        out: list[str] = []
         while timers and timers[0][0] <= now_ms:
-            self.add(consumer, heappop(timers)[1])
+            at, queue = heappop(timers)
+            key = (consumer, queue)
+            if self._timed.get(key) == at:
+                del self._timed[key]
+                out.append(queue)
+        return out
 
     def next_at(self, consumer: str) -> int | None:
         timers = self._timers.get(consumer)
@@ -98,3 +114,5 @@ class ReadyQueues:
         self._timers.pop(consumer, None)
         for key in [k for k in self._owed if k[0] == consumer]:
             del self._owed[key]
+        for key in [k for k in self._timed if k[0] == consumer]:
+            del self._timed[key]

@@ -10,6 +10,7 @@ from tests.unit.fakes import MemoryLog
 from tests.unit.test_work_service import _node as work_node
 from vqueues.errors import VQError
 from vqueues.prefix_leasing import PrefixLeasing
+from vqueues.ready_queues import ReadyQueues
 from vqueues.settings import Settings
 from vqueues.work_service import COMPLETE, RETRY, Settle
 
@@ -292,3 +293,33 @@ async def test_queues_a_pool_emptied_take_no_turn_until_a_record_comes(node):
     assert sum(s.ready_queues.size("e") for s in states) == 1
     got = await prefix.lease("e", 50, 60_000, 0)
     assert [r.queue for r in got.records] == ["e-7"]
+
+
+async def test_a_queue_with_nothing_to_lease_leaves_the_turns_at_once(node):
+    """Leasing or completing a queue's last records takes it out of turn: no later lease pays
+    a turn to find it empty. It comes back when one of its leases runs out."""
+    svc, _, prefix, _ = node
+    await prefix.define("x", {"prefix": "x-"})
+    queues = [f"x-{i}" for i in range(30)]
+    for q in queues:
+        await _fill(svc, q, 2)
+    states = {svc.ownership.require(svc.partition_of(q)) for q in queues}
+    got = await prefix.lease("x", 60, 300, 0)
+    assert len(got.records) == 60
+    assert sum(s.ready_queues.size("x") for s in states) == 0  # all in flight
+    back = [r for r in got.records if r.queue == "x-3"]
+    await _settle_all(prefix, "x", type(got)("x", [r for r in got.records if r.queue != "x-3"]))
+    assert sum(s.ready_queues.size("x") for s in states) == 0  # done, or in flight
+    again = await prefix.lease("x", 60, 60_000, 2000)  # x-3's leases run out
+    assert {r.queue for r in again.records} == {"x-3"} and len(again.records) == len(back)
+
+
+def test_a_queue_timed_again_and_again_keeps_one_timer_and_comes_due_once():
+    rq = ReadyQueues()
+    for at in (500, 400, 450, 900, 300):
+        rq.later("c", "q", at)
+    rq.later("c", "other", 350)
+    assert rq.next_at("c") == 300
+    assert rq.due("c", 299) == []
+    assert rq.due("c", 1000) == ["q", "other"]  # each once, the earliest time first
+    assert rq.due("c", 2000) == [] and rq.size("c") == 0  # the caller decides what to add
