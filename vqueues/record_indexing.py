@@ -36,27 +36,84 @@ class RecordIndexer:
             self.headers(queue, rec)
 
     def index_records(self, queue: str, records: Sequence[Record], woken: set[str]) -> None:
-        """Index one queue's consecutive `records` (at the frontier) as runs: a scheduled
-        record's control (its due time, a cancellation) alone, in its place; the rest, moved
-        copies of scheduled records included, as one run, then what their headers ask for
-        (keyed or 10% scheduled batches went record by record: 2.6x the indexing CPU)."""
-        start = 0
+        """Index one queue's consecutive `records` (at the frontier) as one run: its queue
+        records (moved copies of scheduled records included) join the queue at once, and the
+        records to deliver later (and cancellations) go to the schedule, each in its place
+        among what the headers ask for. A run cut at every scheduled record cost 10%
+        scheduled batches 1.6x plain indexing, as record by record had cost 2.6x (measured)."""
+        controls: dict[int, tuple[str, int]] | None = None
+        schedule = self.state.schedule
+        cuts = False  # a record that is not the queue's (to deliver later, a cancellation)
         for i, rec in enumerate(records):
             if rec.headers:
                 ctl = control_of(rec.headers)
                 if ctl is None:
                     continue
-                if ctl[0] == "from":  # a moved copy: a record of the queue, in the run
-                    self.state.schedule.remove(queue, ctl[1])
-                    continue
-                if start < i:
-                    self._index_with_headers(queue, records[start:i], woken)
-                self.index(queue, rec, woken)
-                start = i + 1
-        if start == 0:
+                if controls is None:
+                    controls = {}
+                controls[i] = ctl
+                cuts = cuts or ctl[0] != "from"
+        if not cuts:
+            if controls is not None:  # moved copies: records of the queue, in the run
+                for _, number in controls.values():
+                    schedule.remove(queue, number)
             self._index_with_headers(queue, records, woken)
-        elif start < len(records):
-            self._index_with_headers(queue, records[start:], woken)
+            return
+        assert controls is not None
+        state = self.state
+        q = state.queues.get(queue)
+        floor = q.deleted_before if q is not None else 0
+        # The cache takes a partition's records in offset order: the scheduled ones (read
+        # back at their due time) in their places among the queue's; cancellations are not
+        # read again. What the controls ask for is done in log order: a moved copy after the
+        # record it was moved from.
+        run: list[Record] = []
+        cached: list[Record] = []
+        kept_controls: list[tuple[Record, tuple[str, int]]] = []
+        if records[0].offset >= floor:  # the usual case: every record is kept
+            at = cut = 0
+            for i, ctl in controls.items():
+                kept_controls.append((records[i], ctl))
+                if ctl[0] == "from":
+                    continue
+                run += records[at:i]
+                at = i + 1
+                if ctl[0] == "cancel":
+                    cached += records[cut:i]
+                    cut = i + 1
+            run += records[at:]
+            cached += records[cut:]
+        else:
+            for i, rec in enumerate(records):
+                ctl = controls.get(i)
+                if ctl is None or ctl[0] == "from":
+                    run.append(rec)
+                    if rec.offset >= floor:
+                        cached.append(rec)
+                    if ctl is not None:
+                        kept_controls.append((rec, ctl))
+                elif rec.offset >= floor:  # below it: deleted with the queue's records
+                    kept_controls.append((rec, ctl))
+                    if ctl[0] == "at":
+                        cached.append(rec)
+        kept = self._index_many(queue, run, woken, cached) if run else []
+        if not kept:  # nothing of the queue's was indexed, nor cached
+            self._cache(cached)
+        now = now_ms()
+        headed = iter([rec for rec in kept if rec.headers])
+        nxt = next(headed, None)
+        for rec, ctl in kept_controls:
+            while nxt is not None and nxt.offset < rec.offset:
+                self.headers(queue, nxt, now)
+                nxt = next(headed, None)
+            if ctl[0] == "at":
+                schedule.add(queue, rec.offset, ctl[1])
+                state.idempotency.remember(queue, rec, now)  # a repeat must not schedule twice
+            else:  # a cancellation, or a moved copy
+                schedule.remove(queue, ctl[1])
+        while nxt is not None:
+            self.headers(queue, nxt, now)
+            nxt = next(headed, None)
 
     def headers(self, queue: str, rec: Record, now: int = 0) -> None:
         """What a record's headers ask the index to remember: its tags, its idempotency key."""
@@ -74,21 +131,17 @@ class RecordIndexer:
                 now = now or now_ms()
                 self.headers(queue, rec, now)
 
-    def _index_many(self, queue: str, records: Sequence[Record], woken: set[str]
-                    ) -> Sequence[Record]:
+    def _index_many(self, queue: str, records: Sequence[Record], woken: set[str],
+                    cached: Sequence[Record] | None = None) -> Sequence[Record]:
         """Index one queue's `records` (ascending, at the frontier; what their headers ask for
         is the caller's): the queue is looked up, extended, cached and woken once. Records
-        below the queue's deletion floor are dropped; returns those kept."""
+        below the queue's deletion floor are dropped; returns those kept. `cached`: what to
+        cache instead of the records kept (the caller's run holds more)."""
         state = self.state
         records = state.index.append(queue, records)
         if not records:
             return records
-        uncached_below = self.uncached_below
-        if records[-1].offset >= uncached_below:
-            cached = records
-            if records[0].offset < uncached_below:  # the run crosses it: once per replay
-                cached = [rec for rec in records if rec.offset >= uncached_below]
-            state.cache.put_run(state.partition, cached)
+        self._cache(records if cached is None else cached)
         if queue in state.waiters.readers:
             woken.add(queue)
         prefixes = state.prefixes
@@ -96,6 +149,16 @@ class RecordIndexer:
             for pc in prefixes.covering(queue):
                 state.ready_queues.add(pc.consumer, queue)
         return records
+
+    def _cache(self, records: Sequence[Record]) -> None:
+        """Cache `records` (ascending), those not below `uncached_below` (a replay's)."""
+        if not records:
+            return
+        uncached_below = self.uncached_below
+        if records[-1].offset >= uncached_below:
+            if records[0].offset < uncached_below:  # the run crosses it: once per replay
+                records = [rec for rec in records if rec.offset >= uncached_below]
+            self.state.cache.put_run(self.state.partition, records)
 
     def _control(self, queue: str, rec: Record) -> bool:
         """Scheduled records: a record to deliver later goes to the schedule, not the queue; a

@@ -241,16 +241,16 @@ def test_a_queue_is_a_bare_array_until_it_gets_a_consumer_or_a_deletion_floor():
 async def test_own_writes_indexed_as_a_run_leave_the_state_indexing_them_one_by_one_leaves(
         seed, monkeypatch):
     """Own writes (consecutive, at the frontier) and the tail's records (a queue's
-    consecutive ones) are indexed as runs, a scheduled record's control alone in its place;
-    random histories of own writes (runs, tags, idempotency keys, scheduled records and their
-    moved copies, gaps another writer left, reports out of order or after the tail), tail
-    records, a replay crossing the cache's line, readers and deleted queues end in the same
-    state as indexing every record on its own leaves."""
+    consecutive ones) are indexed as runs, scheduled records and cancellations set aside;
+    random histories of own writes (runs, tags, idempotency keys, scheduled records, their
+    moved copies and cancellations, gaps another writer left, reports out of order or after
+    the tail), tail records, a replay crossing the cache's line, readers and deleted queues
+    end in the same state as indexing every record on its own leaves."""
     import random
 
     from vqueues.idempotency import KEY_HEADER
     from vqueues.records import QueueDeleted, now_ms
-    from vqueues.schedule import DELIVER_AT_HEADER, FROM_HEADER
+    from vqueues.schedule import CANCEL_HEADER, DELIVER_AT_HEADER, FROM_HEADER
     from vqueues.tags import TAGS_HEADER
 
     rng = random.Random(seed)
@@ -260,6 +260,8 @@ async def test_own_writes_indexed_as_a_run_leave_the_state_indexing_them_one_by_
     monkeypatch.setattr(ones.indexer, "index_records", lambda queue, recs, woken: [
         ones.indexer.index(queue, r, woken) for r in recs] and None)
 
+    scheduled = []
+
     def headers(offset):
         roll = rng.random()
         if roll < 0.1:
@@ -267,9 +269,12 @@ async def test_own_writes_indexed_as_a_run_leave_the_state_indexing_them_one_by_
         if roll < 0.2:
             return ((KEY_HEADER, b"k%d" % rng.randrange(20)),)
         if roll < 0.25:
+            scheduled.append(offset)
             return ((DELIVER_AT_HEADER, b"%d" % (10**13 + offset)),)
         if roll < 0.3:  # a moved copy of an earlier scheduled record (or of none)
             return ((FROM_HEADER, b"%d" % rng.randrange(max(1, offset))),)
+        if roll < 0.33 and scheduled:  # a cancellation of an earlier scheduled record
+            return ((CANCEL_HEADER, b"%d" % rng.choice(scheduled)),)
         return ()
     taken = []
     original = runs._index_run
