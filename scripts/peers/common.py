@@ -67,9 +67,23 @@ def cpu_seconds(roots: list[int]) -> float:
     """User + system CPU seconds of these processes and everything below them, so far."""
     total = 0.0
     for pid in tree(roots):
-        if (st := _stat(pid)) is not None:
+        exact = process_cpu(pid)
+        if exact is not None:
+            total += exact
+        elif (st := _stat(pid)) is not None:
             total += (int(st[11]) + int(st[12])) / CLK
     return total
+
+
+def process_cpu(pid: int) -> float | None:
+    """Another process's CPU seconds so far (every thread, ended ones too) from Linux's
+    per-process CPU-time clock, in nanoseconds; /proc's stat counts 10 ms clock ticks, and a
+    smoke run's 20 ms workload could count none (the id is the one clock_getcpuclockid(3)
+    makes: the process's CPUCLOCK_SCHED). None where the clock cannot be read."""
+    try:
+        return time.clock_gettime(((~pid) << 3) | 2)
+    except OSError:
+        return None
 
 
 def rss_bytes(roots: list[int]) -> int:
@@ -209,7 +223,7 @@ class Meter:
         f.extra["records"] = records
         if calls is not None:
             f.extra["calls_per_s"] = round(calls / max(f.wall_s, 1e-9), 1)
-        # CPU is counted in clock ticks (10 ms): too few of them say nothing.
+        # Too short a time to say what a record costs.
         if records and f.server_cpu_s >= 0.1:
             f.extra["records_per_server_cpu_s"] = round(records / f.server_cpu_s)
         return f
