@@ -308,7 +308,8 @@ async def test_a_queue_with_nothing_to_lease_leaves_the_turns_at_once(node):
     assert len(got.records) == 60
     assert sum(s.ready_queues.size("x") for s in states) == 0  # all in flight
     back = [r for r in got.records if r.queue == "x-3"]
-    await _settle_all(prefix, "x", type(got)("x", [r for r in got.records if r.queue != "x-3"]))
+    await prefix.settle("x", Settle(COMPLETE), [(r.queue, r.leased.token) for r in got.records
+                                                if r.queue != "x-3"])
     assert sum(s.ready_queues.size("x") for s in states) == 0  # done, or in flight
     again = await prefix.lease("x", 60, 60_000, 2000)  # x-3's leases run out
     assert {r.queue for r in again.records} == {"x-3"} and len(again.records) == len(back)
