@@ -21,7 +21,9 @@ import statistics
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 from confluent_kafka import Producer
 
@@ -36,6 +38,7 @@ from vqueues.kafka import client_config  # noqa: E402
 from vqueues.settings import Settings  # noqa: E402
 
 APART_S = 4.0
+T = TypeVar("T")
 
 
 def raw_drops(proxy: FaultProxy, bootstrap: str, topic: str, drops: int) -> list[float]:
@@ -59,19 +62,14 @@ def raw_drops(proxy: FaultProxy, bootstrap: str, topic: str, drops: int) -> list
 
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
-    out = []
     try:
         time.sleep(2)
-        for _ in range(drops):
-            at = time.monotonic()
-            proxy.drop()
-            time.sleep(APART_S)
-            out.append(min((t for t in acked if t > at), default=APART_S) - at)
+        return each_drop(proxy, drops, lambda at: min(
+            (t for t in acked if t > at), default=at + APART_S) - at)
     finally:
         stop.set()
         thread.join(10)
         p.flush(10)
-    return out
 
 
 def node_drops(proxy: FaultProxy, url: str, drops: int) -> list[tuple[float, str]]:
@@ -81,21 +79,31 @@ def node_drops(proxy: FaultProxy, url: str, drops: int) -> list[tuple[float, str
                 {"mode": "lease", "visibility_ms": 2000})[0] == 200
     load = Load(url)
     threads = load.run()
-    out = []
+
+    def slowest(at: float) -> tuple[float, str]:
+        firsts = {kind: min((t for t in times if t > at), default=at + APART_S) - at
+                  for kind, times in load.successes.items()}
+        kind = max(firsts, key=lambda k: firsts[k])
+        return firsts[kind], kind
+
     try:
         time.sleep(3)
-        for _ in range(drops):
-            at = time.monotonic()
-            proxy.drop()
-            time.sleep(APART_S)
-            firsts = {kind: min((t for t in times if t > at), default=at + APART_S) - at
-                      for kind, times in load.successes.items()}
-            kind = max(firsts, key=lambda k: firsts[k])
-            out.append((firsts[kind], kind))
+        return each_drop(proxy, drops, slowest)
     finally:
         load.stop.set()
         for th in threads:
             th.join(20)
+
+
+def each_drop(proxy: FaultProxy, drops: int, since: Callable[[float], T]) -> list[T]:
+    """Drop every connection `drops` times, APART_S apart; after each, what `since` measures
+    from the drop's time."""
+    out = []
+    for _ in range(drops):
+        at = time.monotonic()
+        proxy.drop()
+        time.sleep(APART_S)
+        out.append(since(at))
     return out
 
 
