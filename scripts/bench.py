@@ -42,7 +42,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Sequence
 from pathlib import Path
 
 import aiohttp
@@ -488,8 +488,10 @@ async def wait_ready(urls: list[str], partitions: int) -> dict[int, str]:
 
 
 async def measure_vqueues(args: argparse.Namespace, bootstrap: str, nodes: int,
-                          code: str | None = None) -> dict[str, float]:
-    """Start `nodes` nodes on fresh topics, route by the cluster map as clients do, measure."""
+                          code: str | None = None, broker_pids: Sequence[int] = (),
+                          warm_s: float = 0.0) -> dict[str, float]:
+    """Start `nodes` nodes on fresh topics, route by the cluster map as clients do, measure.
+    `warm_s`: enqueue this long first, unmeasured (a JVM broker's JIT)."""
     prefix = f"bench{uuid.uuid4().hex[:6]}"
     Admin({"bootstrap.servers": bootstrap}).create(vq_topics.specs(
         f"{prefix}-data", f"{prefix}-offsets", f"{prefix}-assignments", args.partitions))
@@ -502,15 +504,22 @@ async def measure_vqueues(args: argparse.Namespace, bootstrap: str, nodes: int,
 
         out: dict[str, float] = {}
         async with aiohttp.ClientSession() as s:
+            if warm_s:
+                await vq_throughput(s, urls, warm_s, args.concurrency, route, queues=10)
             # CPU time per record is steadier than a rate on a shared machine: the node's
-            # user + system seconds over the window, divided by the records written.
-            cpu0 = sum(cpu_seconds(p.pid) for p in procs)
+            # (and the broker's) user + system seconds over the window, divided by the
+            # records written.
+            cpu0 = cpu_of([p.pid for p in procs])
+            broker0 = cpu_of(broker_pids)
             t0 = time.perf_counter()
             out["throughput"] = await vq_throughput(s, urls, args.seconds, args.concurrency,
                                                     route, queues=10)
             records = out["throughput"] * (time.perf_counter() - t0)
-            out["cpu_us_per_record"] = (sum(cpu_seconds(p.pid) for p in procs) - cpu0) / max(
+            out["cpu_us_per_record"] = (cpu_of([p.pid for p in procs]) - cpu0) / max(
                 records, 1) * 1e6
+            if broker_pids:
+                out["broker_us_per_record"] = (cpu_of(broker_pids) - broker0) / max(
+                    records, 1) * 1e6
             out["read_throughput"] = await vq_read_throughput(
                 s, route("rt-1"), "rt-1", args.seconds, args.concurrency)
             await vq_latency(s, route("lat-1"), "lat-1", 20)
@@ -572,6 +581,11 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def cpu_of(pids: Sequence[int]) -> float:
+    """User + system CPU time of several processes so far (a broker's, a cluster's)."""
+    return sum(cpu_seconds(pid) for pid in pids)
+
+
 def prefill(bootstrap: str, topic: str, queues: int, per_queue: int, name: str = "tp-"
             ) -> None:
     """`queues` x `per_queue` records of 100 B with a plain producer (keys tp-0 ...)."""
@@ -589,8 +603,9 @@ def prefill(bootstrap: str, topic: str, queues: int, per_queue: int, name: str =
     assert p.flush(120) == 0
 
 
-async def measure_many_queues(args: argparse.Namespace, bootstrap: str, broker_pid: int | None,
-                              code: str | None = None) -> dict[str, float]:
+async def measure_many_queues(args: argparse.Namespace, bootstrap: str,
+                              broker_pids: Sequence[int], code: str | None = None
+                              ) -> dict[str, float]:
     """One node on a data topic already holding `--many-queues` queues x 2 records: enqueue
     throughput spread over all of them, and the broker's CPU while loaded and while idle."""
     prefix = f"bench{uuid.uuid4().hex[:6]}"
@@ -608,17 +623,17 @@ async def measure_many_queues(args: argparse.Namespace, bootstrap: str, broker_p
             return owners[partition_for(q, args.partitions)]
 
         async with aiohttp.ClientSession() as s:
-            cpu0, w0 = (cpu_seconds(broker_pid) if broker_pid else 0.0), time.perf_counter()
+            cpu0, w0 = cpu_of(broker_pids), time.perf_counter()
             out["throughput"] = await vq_throughput(s, urls, args.seconds, args.concurrency,
                                                     route, queues=args.many_queues)
-            if broker_pid:
-                out["broker_cpu_load"] = (cpu_seconds(broker_pid) - cpu0) / (
+            if broker_pids:
+                out["broker_cpu_load"] = (cpu_of(broker_pids) - cpu0) / (
                     time.perf_counter() - w0)
-        if broker_pid:
+        if broker_pids:
             await asyncio.sleep(1.0)
-            cpu0, w0 = cpu_seconds(broker_pid), time.perf_counter()
+            cpu0, w0 = cpu_of(broker_pids), time.perf_counter()
             await asyncio.sleep(3.0)
-            out["broker_cpu_idle"] = (cpu_seconds(broker_pid) - cpu0) / (time.perf_counter() - w0)
+            out["broker_cpu_idle"] = (cpu_of(broker_pids) - cpu0) / (time.perf_counter() - w0)
         return out
     finally:
         stop_nodes(procs)
@@ -774,11 +789,18 @@ async def measure_share_groups(args: argparse.Namespace, cluster: LocalKafkaClus
             f"{res['wall_s']:.1f} s with its JVM start)"]
 
 
-async def measure_raw(args: argparse.Namespace, bootstrap: str) -> dict[str, float]:
+async def measure_raw(args: argparse.Namespace, bootstrap: str, broker_pids: Sequence[int] = (),
+                      warm_s: float = 0.0) -> dict[str, float]:
     topic = f"bench{uuid.uuid4().hex[:6]}-raw"
     Admin({"bootstrap.servers": bootstrap}).create([TopicSpec(topic, args.partitions)])
+    if warm_s:
+        await asyncio.to_thread(raw_throughput, bootstrap, topic, warm_s)
+    broker0, t0 = cpu_of(broker_pids), time.perf_counter()
     out = {"throughput": await asyncio.to_thread(raw_throughput, bootstrap, topic,
                                                  args.seconds)}
+    if broker_pids:
+        out["broker_us_per_record"] = (cpu_of(broker_pids) - broker0) / max(
+            out["throughput"] * (time.perf_counter() - t0), 1) * 1e6
     samples = {
         "enqueue": await asyncio.to_thread(raw_latency, bootstrap, topic, args.samples),
         "enqueue_idle": await asyncio.to_thread(raw_latency, bootstrap, topic, args.samples,
@@ -809,21 +831,24 @@ ROWS = [("throughput", "enqueue throughput, batches of 100 x 100 B, 10 queues", 
 
 async def run(args: argparse.Namespace) -> None:
     if args.bootstrap:
-        print("\n".join(await measure_broker(args, args.bootstrap, args.bootstrap, None)))
+        print("\n".join(await measure_broker(args, args.bootstrap, args.bootstrap, [])))
         return
     broker = EmbeddedBroker().start()
     try:
-        pid = broker.process.pid if broker.process else None
-        lines = await measure_broker(args, broker.bootstrap, "embedded tansu", pid)
+        pids = [broker.process.pid] if broker.process else []
+        lines = await measure_broker(args, broker.bootstrap, "embedded tansu", pids)
     finally:
         broker.stop()
     if args.broker == "kafka":
         # The same workloads on real Kafka in the same run, then Kafka's share groups.
         cluster = await asyncio.to_thread(LocalKafkaCluster().start)
         try:
+            # The JVMs' JIT: each measure's workload runs once unmeasured first (the
+            # first 5 s of vqueues' enqueue ran at half the rate of the next, measured).
             lines += ["", *await measure_broker(
                 args, cluster.bootstrap, f"Apache Kafka {KAFKA_VERSION}, {cluster.size} brokers "
-                "(replication 3, min.insync.replicas 2)", None)]
+                "(replication 3, min.insync.replicas 2)",
+                [p.process.pid for p in cluster.processes if p.process], warm_s=args.seconds)]
             lines += ["", *await measure_share_groups(args, cluster)]
         finally:
             await asyncio.to_thread(cluster.stop)
@@ -831,29 +856,31 @@ async def run(args: argparse.Namespace) -> None:
 
 
 async def measure_broker(args: argparse.Namespace, bootstrap: str, label: str,
-                         pid: int | None) -> list[str]:
-    """Every measure on one broker: raw client, one node, the cluster, many queues."""
+                         pids: list[int], warm_s: float = 0.0) -> list[str]:
+    """Every measure on one broker (`pids`: its processes, for their CPU): raw client, one
+    node, the cluster, many queues. `warm_s`: the enqueue runs first this long, unmeasured."""
     many: dict[str, dict[str, float]] = {}
-    raw = await measure_raw(args, bootstrap)
+    raw = await measure_raw(args, bootstrap, pids, warm_s)
     if args.baseline:
         # Before and after in one run: old and new nodes alternate, medians reported.
         rounds: dict[str, list[dict[str, float]]] = {"before": [], "1 node": []}
         many_rounds: dict[str, list[dict[str, float]]] = {"before": [], "1 node": []}
         for _ in range(args.rounds):
             for name, code in (("before", args.baseline), ("1 node", None)):
-                rounds[name].append(await measure_vqueues(args, bootstrap, 1, code))
+                rounds[name].append(await measure_vqueues(args, bootstrap, 1, code, pids,
+                                                          warm_s))
                 if args.many_queues:
                     many_rounds[name].append(
-                        await measure_many_queues(args, bootstrap, pid, code))
+                        await measure_many_queues(args, bootstrap, pids, code))
         modes = {name: median_of(r) for name, r in rounds.items()}
         many = {name: median_of(r) for name, r in many_rounds.items() if r}
     else:
-        modes = {"1 node": await measure_vqueues(args, bootstrap, 1)}
+        modes = {"1 node": await measure_vqueues(args, bootstrap, 1, None, pids, warm_s)}
         if args.cluster:
-            modes[f"{args.cluster} nodes"] = await measure_vqueues(args, bootstrap,
-                                                                   args.cluster)
+            modes[f"{args.cluster} nodes"] = await measure_vqueues(
+                args, bootstrap, args.cluster, None, pids, warm_s)
         if args.many_queues:
-            many["1 node"] = await measure_many_queues(args, bootstrap, pid)
+            many["1 node"] = await measure_many_queues(args, bootstrap, pids)
     prefix = await measure_prefix(args, bootstrap) if args.prefix_queues else None
     head = " | ".join(f"vqueues {m} | ratio" for m in modes)
     lines = [f"# vqueues bench, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: "
@@ -875,8 +902,12 @@ async def measure_broker(args: argparse.Namespace, bootstrap: str, label: str,
     for name, res in modes.items():
         lines.append(f"read throughput, cached pages of 100 records, {args.concurrency} readers, "
                      f"{name}: {res['read_throughput']:,.0f} rec/s")
+        broker_cpu = (f"; the broker's {res['broker_us_per_record']:.1f} µs (the raw "
+                      f"client's records: {raw['broker_us_per_record']:.1f} µs)"
+                      if "broker_us_per_record" in res and "broker_us_per_record" in raw
+                      else "")
         lines.append(f"node CPU per enqueued record (user + system, batches of 100), {name}: "
-                     f"{res['cpu_us_per_record']:.1f} µs; a parked reader answers "
+                     f"{res['cpu_us_per_record']:.1f} µs{broker_cpu}; a parked reader answers "
                      f"{res['reader_after_writer_p50']:.2f} ms (p50) after the writer")
         lines.append(f"HTTP alone (GET /healthz), {name}: p50 {res['http_p50']:.2f} ms busy, "
                      f"{res['http_idle_p50']:.2f} ms after {IDLE_S * 1000:.0f} ms idle "
