@@ -90,7 +90,7 @@ class Node:
             "acks": s.producer_acks, "enable.idempotence": s.producer_acks == "all",
             "linger.ms": s.producer_linger_ms, "partitioner": "murmur2",
             "compression.type": "lz4", "message.timeout.ms": s.broker_timeout_ms}), "data",
-            busy_linger_ms=s.producer_busy_linger_ms)
+            busy_linger_ms=s.busy_linger_ms(embedded))
         offsets = AsyncProducer(self._conf(**{
             "acks": "all", "enable.idempotence": True, "linger.ms": 0,
             "message.timeout.ms": s.broker_timeout_ms}), "offsets")

@@ -29,6 +29,18 @@ def test_bad_settings_are_refused_with_the_field_named():
         Settings.load(env={"VQ_PRODUCER_ACKS": "2"})
     with pytest.raises(ValueError, match="not key=value"):
         Settings.load(env={"VQ_KAFKA_OPTIONS": "security.protocol"})
+    for bad in ("-1", "2.5", "soon", "²"):
+        with pytest.raises(ValueError, match="producer_busy_linger_ms"):
+            Settings.load(env={"VQ_PRODUCER_BUSY_LINGER_MS": bad})
+
+
+def test_the_busy_linger_is_2_ms_on_the_embedded_broker_and_5_on_kafka_unless_given():
+    auto = Settings.load(env={})
+    assert (auto.busy_linger_ms(embedded=True), auto.busy_linger_ms(embedded=False)) == (2, 5)
+    given = Settings.load(env={"VQ_PRODUCER_BUSY_LINGER_MS": "10"})
+    assert (given.busy_linger_ms(embedded=True), given.busy_linger_ms(embedded=False)) == (10, 10)
+    off = Settings.load({"producer_busy_linger_ms": "0"}, env={})
+    assert off.busy_linger_ms(embedded=False) == 0
 
 
 def test_the_configuration_doc_lists_every_setting_as_generated():
