@@ -4,6 +4,7 @@ committed offset below the floor reads as the floor."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from vqueues.queue_index import NO_CONSUMERS, QueueIndex
@@ -52,6 +53,41 @@ def lags(q: QueueIndex) -> list[tuple[int, str]]:
 def expired(q: QueueIndex, acked_before_ms: int) -> list[str]:
     """`q`'s consumers whose last ack is older than `acked_before_ms`."""
     return [c for c, (_, at) in q.consumers.items() if at < acked_before_ms]
+
+
+@dataclass(slots=True)
+class ConsumerWalk:
+    """What one walk over queues' consumers found (`walk`)."""
+
+    lags: list[tuple[int, str, str]]  # (lag in records, queue, consumer) over `above`
+    idle: list[tuple[str, str]]  # (queue, consumer) last acked before `acked_before_ms`
+    oldest_ack: int | None  # the earliest last ack (None: not asked, or no consumer)
+
+
+def walk(queues: Iterable[tuple[str, QueueIndex]], above: int, acked_before_ms: int | None
+         ) -> ConsumerWalk:
+    """The consumers of `queues` (name, entry), in one walk: those more than `above` records
+    behind, and with `acked_before_ms` those idle since before it and the earliest last ack.
+    A top-N pass passes its Nth lag as `above`: most consumers then cost no tuple."""
+    out = ConsumerWalk([], [], None)
+    oldest = None
+    for name, q in queues:
+        consumers = q.consumers
+        if not consumers:
+            continue
+        n = len(q.offsets)
+        for c, (off, at) in consumers.items():
+            if n > above:
+                lag = n - q.position(max(off, q.deleted_before))
+                if lag > above:
+                    out.lags.append((lag, name, c))
+            if acked_before_ms is not None:
+                if at < acked_before_ms:
+                    out.idle.append((name, c))
+                if oldest is None or at < oldest:
+                    oldest = at
+    out.oldest_ack = oldest
+    return out
 
 
 def stats(queue: str, q: QueueIndex) -> QueueStats:

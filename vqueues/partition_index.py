@@ -9,6 +9,7 @@ carries this index column by column (`snapshot.py`); the other parts of a partit
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
 
 from sortedcontainers import SortedList
@@ -73,24 +74,27 @@ class PartitionIndex:
     def committed(self, queue: str, consumer: str) -> int | None:
         return committed_offsets.committed(self.queues.get(queue), consumer)
 
-    def consumer_lags(self, names: Iterable[str]) -> list[tuple[int, str, str]]:
-        """(lag in records, queue, consumer) of the consumers of the queues `names`."""
-        out: list[tuple[int, str, str]] = []
-        for name in names:
-            q = self.queues.get(name)
-            if q is not None and q.consumers:
-                out.extend((lag, name, c) for lag, c in committed_offsets.lags(q))
-        return out
+    def consumer_lags(self, names: Iterable[str], above: int = -1
+                      ) -> list[tuple[int, str, str]]:
+        """(lag in records, queue, consumer) of the consumers of the queues `names` more than
+        `above` records behind."""
+        return committed_offsets.walk(self._entries(names), above, None).lags
 
     def expired_consumers(self, acked_before_ms: int, names: Iterable[str]
                           ) -> list[tuple[str, str]]:
         """(queue, consumer) of the consumers among `names` whose last ack is older."""
-        out: list[tuple[str, str]] = []
+        return committed_offsets.walk(self._entries(names), sys.maxsize, acked_before_ms).idle
+
+    def consumers_in_shard(self, shard: int, above: int, acked_before_ms: int | None
+                           ) -> committed_offsets.ConsumerWalk:
+        """One shard's consumers (`committed_offsets.walk`): a maintenance pass's step."""
+        return committed_offsets.walk(self.queues.shard_items(shard), above, acked_before_ms)
+
+    def _entries(self, names: Iterable[str]) -> Iterator[tuple[str, QueueIndex]]:
         for name in names:
             q = self.queues.get(name)
-            if q is not None and q.consumers:  # most queues have none: one lookup each
-                out.extend((name, c) for c in committed_offsets.expired(q, acked_before_ms))
-        return out
+            if q is not None:
+                yield name, q
 
     # Reads -----------------------------------------------------------------------------------
 

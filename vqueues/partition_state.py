@@ -35,7 +35,7 @@ from sortedcontainers import SortedList
 
 from vqueues import committed_offsets
 from vqueues.cache import RecordCache
-from vqueues.committed_offsets import QueueStats
+from vqueues.committed_offsets import ConsumerWalk, QueueStats
 from vqueues.frontier import Frontier
 from vqueues.idempotency import IdempotencyWindow
 from vqueues.lease_windows import LeaseWindows
@@ -275,6 +275,8 @@ class PartitionState:
         at = work.next_change(now_ms()) if work is not None else None
         if at is not None:
             self.ready_queues.later(consumer, queue, at)
+        else:
+            self.ready_queues.untime(consumer, queue)
 
     def may_lease(self, consumer: str, queue: str) -> bool:
         """Whether a lease by `consumer` may find a record of `queue` now: one never looked at
@@ -361,12 +363,17 @@ class PartitionState:
     def stats(self, queue: str) -> QueueStats | None:
         return self.index.stats(queue)
 
-    def consumer_lags(self, names: Iterable[str]) -> list[tuple[int, str, str]]:
-        return self.index.consumer_lags(names)
+    def consumer_lags(self, names: Iterable[str], above: int = -1
+                      ) -> list[tuple[int, str, str]]:
+        return self.index.consumer_lags(names, above)
 
     def expired_consumers(self, acked_before_ms: int, names: Iterable[str]
                           ) -> list[tuple[str, str]]:
         return self.index.expired_consumers(acked_before_ms, names)
+
+    def consumers_in_shard(self, shard: int, above: int, acked_before_ms: int | None
+                           ) -> ConsumerWalk:
+        return self.index.consumers_in_shard(shard, above, acked_before_ms)
 
     def queue_names(self, start: str = "", after: str | None = None) -> Iterator[str]:
         return self.index.queue_names(start, after)

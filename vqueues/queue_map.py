@@ -152,6 +152,11 @@ class QueueMap(MutableMapping[str, QueueIndex]):
             self._forget_if_done(cold)
         self._shards[shard].clear()
 
+    def shard_items(self, shard: int) -> list[tuple[str, QueueIndex]]:
+        """The (name, entry) pairs of one shard, as `shard_names`."""
+        self._warm(shard)
+        return list(self._shards[shard].items())
+
     def shard_names(self, shard: int) -> list[str]:
         """The names in one shard (0 <= shard < QUEUE_SHARDS): a walk in bounded steps."""
         self._warm(shard)

@@ -55,6 +55,12 @@ class ReadyQueues:
         self._timed[key] = at_ms
         heappush(self._timers.setdefault(consumer, []), (at_ms, queue))
 
+    def untime(self, consumer: str, queue: str) -> None:
+        """`queue` has nothing to wait for (its leases were all settled): its timer, if any,
+        comes due as nothing (a pool that leased once from 100,000 queues and completed
+        every record rechecked each of them 30 s later, at its lease's old expiry)."""
+        self._timed.pop((consumer, queue), None)
+
     def due(self, consumer: str, now_ms: int) -> list[str]:
         """The queues whose time came, out of the timers: the caller looks at each again
         (`PartitionState.recheck_queue`)."""

@@ -11,6 +11,7 @@ from tests.unit.test_work_service import _node as work_node
 from vqueues.errors import VQError
 from vqueues.prefix_leasing import PrefixLeasing
 from vqueues.ready_queues import ReadyQueues
+from vqueues.records import now_ms
 from vqueues.settings import Settings
 from vqueues.work_service import COMPLETE, RETRY, Settle
 
@@ -295,15 +296,21 @@ async def test_queues_a_pool_emptied_take_no_turn_until_a_record_comes(node):
     assert [r.queue for r in got.records] == ["e-7"]
 
 
+async def _pool(node, consumer: str, queues: int, records: int):
+    """A prefix consumer `consumer` over `queues` queues "<consumer>-i" of `records` records:
+    the leasing and the partitions' states."""
+    svc, _, prefix, _ = node
+    await prefix.define(consumer, {"prefix": f"{consumer}-"})
+    names = [f"{consumer}-{i}" for i in range(queues)]
+    for q in names:
+        await _fill(svc, q, records)
+    return prefix, {svc.ownership.require(svc.partition_of(q)) for q in names}
+
+
 async def test_a_queue_with_nothing_to_lease_leaves_the_turns_at_once(node):
     """Leasing or completing a queue's last records takes it out of turn: no later lease pays
     a turn to find it empty. It comes back when one of its leases runs out."""
-    svc, _, prefix, _ = node
-    await prefix.define("x", {"prefix": "x-"})
-    queues = [f"x-{i}" for i in range(30)]
-    for q in queues:
-        await _fill(svc, q, 2)
-    states = {svc.ownership.require(svc.partition_of(q)) for q in queues}
+    prefix, states = await _pool(node, "x", 30, 2)
     got = await prefix.lease("x", 60, 300, 0)
     assert len(got.records) == 60
     assert sum(s.ready_queues.size("x") for s in states) == 0  # all in flight
@@ -313,6 +320,20 @@ async def test_a_queue_with_nothing_to_lease_leaves_the_turns_at_once(node):
     assert sum(s.ready_queues.size("x") for s in states) == 0  # done, or in flight
     again = await prefix.lease("x", 60, 60_000, 2000)  # x-3's leases run out
     assert {r.queue for r in again.records} == {"x-3"} and len(again.records) == len(back)
+
+
+async def test_a_queue_whose_leases_were_all_settled_has_no_timer_left(node):
+    """A lease times its queue for the lease's expiry; completing every record of it drops
+    that timer, so no recheck comes due for a queue with nothing to wait for (a pool that
+    leased once from 100,000 queues and completed everything rechecked each of them at
+    its old expiry)."""
+    prefix, states = await _pool(node, "y", 20, 1)
+    got = await prefix.lease("y", 100, 60_000, 0)
+    assert len(got.records) == 20
+    await prefix.settle("y", Settle(COMPLETE), [(r.queue, r.leased.token) for r in got.records
+                                                if r.queue != "y-7"])
+    later = now_ms() + 10**9
+    assert [q for s in states for q in s.ready_queues.due("y", later)] == ["y-7"]
 
 
 def test_a_queue_timed_again_and_again_keeps_one_timer_and_comes_due_once():

@@ -156,3 +156,36 @@ async def test_listings_follow_deletions_and_page_across_partitions(service):  #
     assert got == [n for n in names if n != "l/005"]
     await service.enqueue("l/005", [(b"again", [])])
     assert "l/005" in service.list_queues("l/", "l/004", 1).queues
+
+
+async def test_a_pass_walks_only_for_what_can_have_changed(service, monkeypatch):  # noqa: F811
+    """With the log start where it was and no consumer near the retention, a pass trims
+    nothing and looks for no idle consumer (100,000 prefix-leased queues cost 440 ms of
+    the loop a pass); each walk comes back once it can find something."""
+    await service.enqueue("w", [(b"1", []), (b"2", []), (b"3", [])])
+    await service.ack("w", "c", 1, allow_rewind=False)
+    p = service.partition_of("w")
+    state = service.ownership.states[p]
+    object.__setattr__(service.settings, "consumer_retention_ms", 60_000)
+    upkeep = Maintenance(service.settings, service.ownership, service)
+    trims, walks = [], []
+    trim, walk = state.trim, state.consumers_in_shard
+    monkeypatch.setattr(state, "trim", lambda *a: trims.append(a) or trim(*a))
+    monkeypatch.setattr(state, "consumers_in_shard",
+                        lambda shard, above, before: walks.append(before) or walk(
+                            shard, above, before))
+    await upkeep.follow_retention()
+    assert trims and any(b is not None for b in walks)  # the first pass walks for both
+    trims.clear(), walks.clear()
+    await upkeep.follow_retention()
+    assert not trims and walks and all(b is None for b in walks)  # lags only
+    assert upkeep.top_lags == [(2, "w", "c")]
+    service._data.starts[p] = 1  # retention moved the log start
+    await upkeep.follow_retention()
+    assert trims and service.queue_info("w").first_offset == 1
+    trims.clear(), walks.clear()
+    object.__setattr__(service.settings, "consumer_retention_ms", 5)
+    await asyncio.sleep(0.02)  # the consumer's last ack is now past the retention
+    await upkeep.follow_retention()
+    assert any(b is not None for b in walks) and not trims
+    assert service.queue_info("w").consumers == []
