@@ -344,10 +344,11 @@ class PrefixLeasing:
         pc = self.get(consumer)
         by_queue: dict[str, list[str]] = {}
         for queue, token in tokens:
+            by_queue.setdefault(queue, []).append(token)
+        for queue in by_queue:
             if not pc.covers(queue):
                 raise BadRequest("invalid_parameter", f"queue {queue!r} is not under the "
                                  f"prefix {pc.prefix!r}")
-            by_queue.setdefault(queue, []).append(token)
         checked = {q: settlement.parse_tokens(t) for q, t in by_queue.items()}
         states = {q: self.ownership.require(self.queues.partition_of(q)) for q in checked}
         keys = sorted(("c", q, consumer) for q in checked)  # one order: no two calls deadlock

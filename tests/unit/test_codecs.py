@@ -141,3 +141,22 @@ def test_a_window_delta_is_written_as_its_structs_msgpack_and_reads_back_the_sam
         gaps = [b - a for a, b in zip([0, *e.done], e.done, strict=False)]
         assert msgspec.msgpack.decode(_encode_window(e))[5] == gaps
         assert _decode_window(_encode_window(e)) == e
+
+
+def test_a_prefix_settles_tokens_are_read_as_pairs_and_each_fault_named():
+    from vqueues.api.prefix import _pairs
+
+    good = [{"queue": "t-1", "token": "5.1.a"}, {"token": "6.1.b", "queue": "t-1"},
+            {"queue": "t-2", "token": "7.1.c"}]
+    assert _pairs(good) == [("t-1", "5.1.a"), ("t-1", "6.1.b"), ("t-2", "7.1.c")]
+    for bad, code in (([], "invalid_token"), ("5.1.a", "invalid_token"),
+                      ([*good, "5.1.a"], "invalid_token"),
+                      ([*good, {"queue": "t-1"}], "invalid_token"),
+                      ([*good, {"queue": "t-1", "token": 5}], "invalid_token"),
+                      ([*good, {"queue": "t-1", "token": "5.1.a", "x": 1}], "invalid_parameter"),
+                      ([*good, {"queue": "t-1", "x": "5.1.a"}], "invalid_token"),
+                      ([*good, {"queue": "", "token": "5.1.a"}], "invalid_name"),
+                      ([{"queue": "a\nb", "token": "5.1.a"}], "invalid_name")):
+        with pytest.raises(VQError) as err:
+            _pairs(bad)
+        assert err.value.code == code, bad

@@ -89,6 +89,15 @@ class PrefixLeasePage(msgspec.Struct):
 
 def encode_prefix_leased(queue: str, partition: int, leased: LeasedRecord, encoding: str
                          ) -> PrefixLeasedOut:
+    rec = leased.record
+    if encoding == "utf8" and not rec.headers and rec.value is not None:
+        try:  # the usual record, as `encode_leased`, without a LeasedOut in between
+            return PrefixLeasedOut(offset=rec.offset, timestamp=rec.timestamp,
+                                   value=rec.value.decode("utf-8"), headers={},
+                                   token=leased.token, attempt=leased.attempt,
+                                   deadline=leased.deadline, queue=queue, partition=partition)
+        except UnicodeDecodeError:
+            pass
     out = encode_leased(leased, encoding)
     return PrefixLeasedOut(offset=out.offset, timestamp=out.timestamp, value=out.value,
                            headers=out.headers, token=out.token, attempt=out.attempt,

@@ -61,6 +61,22 @@ def _pairs(raw: Any) -> list[tuple[str, str]]:
         raise BadRequest("invalid_token", "`tokens` must be a non-empty list of "
                          '{"queue": ..., "token": ...} objects')
     out = []
+    named = None  # the last queue name checked: a call's tokens come queue by queue
+    for item in raw:  # the usual item, checked inline (a third of the cost, measured)
+        if type(item) is dict and len(item) == 2:
+            queue, token = item.get("queue"), item.get("token")
+            if type(queue) is str and type(token) is str:
+                if queue != named:
+                    named = validate_name(queue, "queue")
+                out.append((queue, token))
+                continue
+        return _checked_pairs(raw)
+    return out
+
+
+def _checked_pairs(raw: list[Any]) -> list[tuple[str, str]]:
+    """`_pairs` item by item, naming what is wrong."""
+    out = []
     for item in raw:
         if not isinstance(item, dict) or not isinstance(item.get("queue"), str) or \
                 not isinstance(item.get("token"), str):
