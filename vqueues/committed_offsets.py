@@ -44,17 +44,6 @@ def idle(q: QueueIndex | None, consumer: str, acked_before_ms: int) -> bool:
     return entry is not None and entry[1] < acked_before_ms
 
 
-def lags(q: QueueIndex) -> list[tuple[int, str]]:
-    """(lag in retained records, consumer) of each of `q`'s consumers."""
-    n = len(q.offsets)
-    return [(n - q.position(max(off, q.deleted_before)), c) for c, (off, _) in q.consumers.items()]
-
-
-def expired(q: QueueIndex, acked_before_ms: int) -> list[str]:
-    """`q`'s consumers whose last ack is older than `acked_before_ms`."""
-    return [c for c, (_, at) in q.consumers.items() if at < acked_before_ms]
-
-
 @dataclass(slots=True)
 class ConsumerWalk:
     """What one walk over queues' consumers found (`walk`)."""

@@ -30,13 +30,16 @@ def test_idle_and_expired_consumers_by_their_last_ack():
     q.consumers = {"old": (0, 100), "new": (0, 900)}
     assert co.idle(q, "old", 500) and not co.idle(q, "new", 500)
     assert not co.idle(q, "missing", 500) and not co.idle(None, "old", 500)
-    assert co.expired(q, 500) == ["old"]
+    assert co.walk([("q", q)], 10**9, 500).idle == [("q", "old")]
+    assert co.walk([("q", q)], 10**9, 500).oldest_ack == 100
+    assert co.walk([("q", q)], 10**9, None).oldest_ack is None
 
 
 def test_lags_and_stats_count_retained_records_from_the_committed_offset():
     q = StatefulQueueIndex([3, 5, 8, 9])
     q.consumers = {"b": (8, 0), "a": (0, 0)}
-    assert sorted(co.lags(q)) == [(2, "b"), (4, "a")]
+    assert sorted(co.walk([("q", q)], -1, None).lags) == [(2, "q", "b"), (4, "q", "a")]
+    assert co.walk([("q", q)], 2, None).lags == [(4, "q", "a")]  # only those over `above`
     s = co.stats("q", q)
     assert (s.queue, s.records, s.first_offset, s.last_offset) == ("q", 4, 3, 9)
     assert list(s.consumers.items()) == [("a", (0, 4)), ("b", (8, 2))]
