@@ -74,11 +74,9 @@ class PartitionIndex:
     def committed(self, queue: str, consumer: str) -> int | None:
         return committed_offsets.committed(self.queues.get(queue), consumer)
 
-    def consumer_lags(self, names: Iterable[str], above: int = -1
-                      ) -> list[tuple[int, str, str]]:
-        """(lag in records, queue, consumer) of the consumers of the queues `names` more than
-        `above` records behind."""
-        return committed_offsets.walk(self._entries(names), above, None).lags
+    def consumer_lags(self, names: Iterable[str]) -> list[tuple[int, str, str]]:
+        """(lag in records, queue, consumer) of the consumers of the queues `names`."""
+        return committed_offsets.walk(self._entries(names), -1, None).lags
 
     def expired_consumers(self, acked_before_ms: int, names: Iterable[str]
                           ) -> list[tuple[str, str]]:

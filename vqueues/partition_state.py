@@ -363,9 +363,8 @@ class PartitionState:
     def stats(self, queue: str) -> QueueStats | None:
         return self.index.stats(queue)
 
-    def consumer_lags(self, names: Iterable[str], above: int = -1
-                      ) -> list[tuple[int, str, str]]:
-        return self.index.consumer_lags(names, above)
+    def consumer_lags(self, names: Iterable[str]) -> list[tuple[int, str, str]]:
+        return self.index.consumer_lags(names)
 
     def expired_consumers(self, acked_before_ms: int, names: Iterable[str]
                           ) -> list[tuple[str, str]]:
