@@ -1,13 +1,15 @@
 """Leasing across a prefix: one pool of workers for every queue under a prefix consumer's
 prefix, fair between the queues (docs/work-queues.md, ADR 13).
 
-A prefix lease serves this node's partitions in turn, and in each partition the queues that
-may have records in turn (`ReadyQueues`), up to `records_per_turn` × the queue's `weight`
-records of a queue per turn, never past a queue's in-flight cap. Every queue served has its
-own lease consumer: the lease decides each one's share under that queue's lock (a queue
-another call holds is passed over this turn, never waited for), and writes the decisions of
-one partition together, in one submission. Settling takes tokens of many queues; all are
-checked before any is acted on.
+A prefix lease takes turns of one round over this node's partitions: in a round every queue
+that may have records (`ReadyQueues`, one turn order per partition) takes one turn, up to
+`records_per_turn` × the queue's `weight` records, never past the queue's in-flight cap.
+Calls at once start at different partitions (so they write to different offset partitions)
+and share the round: a queue gets as many turns as any other, whichever partition it is in.
+Every queue served has its own lease consumer: the lease decides each one's share under that
+queue's lock (a queue another call holds is passed over this turn, never waited for), and
+writes the decisions of one partition together, in one submission. Settling takes tokens of
+many queues; all are checked before any is acted on.
 """
 
 from __future__ import annotations
@@ -37,6 +39,17 @@ log = logging.getLogger(__name__)
 BUILD_STEP = 5000  # queue names looked at per loop turn when a partition's turns are built
 
 
+class Round:
+    """A prefix consumer's round over this node's partitions, shared by the calls leasing at
+    once: the turns each partition has left in it, and where the next call starts."""
+
+    __slots__ = ("left", "start")
+
+    def __init__(self) -> None:
+        self.left: dict[int, int] = {}  # partition -> turns left (none left: a new round)
+        self.start = 0
+
+
 class PrefixLeasing:
     """Prefix consumers: their definitions (written to the assignment topic), leases across
     their queues, and settling tokens of many queues at once."""
@@ -47,8 +60,7 @@ class PrefixLeasing:
         self.ownership = work.ownership
         self.prefixes: PrefixConsumers = work.ownership.prefixes
         self._locks = work.queues.locks
-        # consumer -> (the partition whose turn it is, queues left in its turn; 0: a new turn)
-        self._turn: dict[str, tuple[int, int]] = {}
+        self._rounds: dict[str, Round] = {}  # by prefix consumer
         self._building: set[asyncio.Task[None]] = set()
         self.ownership.on_ready.append(self._partition_ready)
         self.prefixes.watch(self._definition_changed)
@@ -141,73 +153,76 @@ class PrefixLeasing:
             await self.prefixes.wait(consumer, remaining)
             pc = self.get(consumer)
 
-    def _partitions_in_turn(self, consumer: str) -> list[PartitionState]:
-        """This node's serving partitions, the one whose turn it is first."""
-        states = sorted((s for s in self.ownership.states.values()
-                         if s.ready.is_set() and not s.revoked), key=lambda s: s.partition)
-        current, _ = self._turn.get(consumer, (-1, 0))
-        start = next((i for i, s in enumerate(states) if s.partition >= current), 0)
-        return states[start:] + states[:start]
-
     async def _lease_once(self, pc: PrefixConsumer, max_records: int,
                           visibility_ms: int | None) -> list[PrefixLeased]:
-        """Partitions in turn, and in each its queues in turn (one round of them), round after
-        round until `max_records` or a round that found nothing."""
+        """Turns of the round, from the partition after the one the last call started at,
+        until `max_records`; a new round when no partition has turns left, until a new round
+        finds nothing. One call's turns in a partition make one offset-topic write."""
         consumer = pc.consumer
         out: list[PrefixLeased] = []
         now = now_ms()
+        states = sorted((s for s in self.ownership.states.values()
+                         if s.ready.is_set() and not s.revoked), key=lambda s: s.partition)
+        if not states:
+            return out
+        round_ = self._rounds.get(consumer)
+        if round_ is None:
+            round_ = self._rounds[consumer] = Round()
+        for state in states:
+            for queue in state.ready_queues.due(consumer, now):
+                state.recheck_queue(consumer, queue)
+        start = next((i for i, s in enumerate(states) if s.partition >= round_.start), 0)
+        round_.start = states[start].partition + 1
+        states = states[start:] + states[:start]
+        left = round_.left
         while len(out) < max_records:
-            states = self._partitions_in_turn(consumer)
-            progressed = False
-            for i, state in enumerate(states):
-                rq = state.ready_queues
-                for queue in rq.due(consumer, now):
-                    state.recheck_queue(consumer, queue)
-                current, left = self._turn.get(consumer, (-1, 0))
-                if state.partition != current or left <= 0:
-                    left = rq.size(consumer)  # a new turn: every queue waiting in it, once
-                had = len(out)
-                left = await self._lease_partition(state, pc, max_records - len(out),
-                                                   visibility_ms, left, out)
-                progressed = progressed or len(out) > had
-                if len(out) >= max_records and left > 0:
-                    self._turn[consumer] = (state.partition, left)  # its turn goes on
-                    return out
-                self._turn[consumer] = (states[(i + 1) % len(states)].partition, 0)
-                if len(out) >= max_records:
-                    return out
-            if not progressed:
+            fresh = not any(left.get(s.partition, 0) > 0 for s in states)
+            if fresh:  # a new round: every queue waiting now, once
+                for state in states:
+                    left[state.partition] = state.ready_queues.size(consumer)
+            had = len(out)
+            for state in states:
+                if left.get(state.partition, 0) > 0:
+                    await self._lease_partition(state, pc, max_records - len(out),
+                                                visibility_ms, left, out)
+                    if len(out) >= max_records:
+                        return out
+            if fresh and len(out) == had:
                 break
         return out
 
     async def _lease_partition(self, state: PartitionState, pc: PrefixConsumer, wanted: int,
-                               visibility_ms: int | None, left: int,
-                               out: list[PrefixLeased]) -> int:
-        """Lease up to `wanted` records from `state`'s queues in turn, taking at most `left`
-        turns; the records go to `out`. Returns the turns left."""
-        consumer, rq = pc.consumer, state.ready_queues
+                               visibility_ms: int | None, left: dict[int, int],
+                               out: list[PrefixLeased]) -> None:
+        """Lease up to `wanted` records from `state`'s queues in turn, while the round has
+        turns of it left (`left`, by partition); the records go to `out`."""
+        consumer, rq, p = pc.consumer, state.ready_queues, state.partition
         held: list[tuple[str, str, str]] = []
         decisions: list[LeaseDecision] = []
         entries: list[OffsetEntry] = []
         grant = new_grant()
         taken = 0
         try:
-            while taken < wanted and left > 0:
+            while taken < wanted and left.get(p, 0) > 0:
                 # The queues of the next turns, as many as the records still wanted need.
                 turns: list[tuple[str, int]] = []  # (queue, records its turn may take)
                 need = wanted - taken
-                while need > 0 and left > 0:
+                while need > 0 and left.get(p, 0) > 0:
                     found = rq.take(consumer)
                     if found is None:
+                        left[p] = 0
                         break
                     queue, owed = found
-                    left -= 1
+                    left[p] -= 1
                     key = ("c", queue, consumer)
                     if self._locks.try_hold(key):
                         held.append(key)
                         turn = owed or pc.records_per_turn * pc.weight_of(queue)
                         turns.append((queue, turn))
-                        need -= turn
+                        # what it may give: a queue of a few records gives no more (the first
+                        # lease of 100,000 one-record queues took 10 of them per write)
+                        q = state.queues.get(queue)
+                        need -= min(turn, len(q.offsets)) if q is not None else 0
                     else:
                         rq.add(consumer, queue)  # another call is at it: its turn comes again
                 if not turns:
@@ -218,7 +233,7 @@ class PrefixLeasing:
                     decision = await self._decide(state, pc, queue, share, visibility_ms,
                                                   grant, entries)
                     if state.revoked:
-                        return left
+                        return
                     got = len(decision.chosen) if decision is not None else 0
                     if decision is not None:
                         decisions.append(decision)
@@ -228,7 +243,7 @@ class PrefixLeasing:
                     if got >= share and share < turn and state.may_lease(consumer, queue):
                         # The call's end cut its turn short.
                         rq.resume(consumer, queue, turn - share)
-                        left += 1  # its turn goes on: not yet taken from this round
+                        left[p] = left.get(p, 0) + 1  # its turn goes on, in this round
                     elif got >= share:
                         state.recheck_queue(consumer, queue)  # its next turn, if it has more
                     elif work is not None:  # nothing more now: back when a lease runs out
@@ -241,7 +256,7 @@ class PrefixLeasing:
             for key in held:
                 self._locks.release(key)
         if durable is None:
-            return left
+            return
         try:
             await durable
         except BaseException:
@@ -251,7 +266,6 @@ class PrefixLeasing:
         for decision in decisions:
             for leased in await self.work.leased(state, decision):
                 out.append(PrefixLeased(decision.queue, state.partition, leased))
-        return left
 
     async def _make_consumers(self, state: PartitionState, pc: PrefixConsumer,
                               queues: list[str]) -> None:
@@ -313,7 +327,7 @@ class PrefixLeasing:
             state.ready_queues.forget(consumer)
             if pc is not None and state.ready.is_set():
                 self._spawn_build(state, pc)
-        self._turn.pop(consumer, None)
+        self._rounds.pop(consumer, None)
         self.prefixes.wake(consumer)
 
     def _spawn_build(self, state: PartitionState, pc: PrefixConsumer) -> None:

@@ -9,6 +9,7 @@ import pytest
 from tests.unit.fakes import MemoryLog
 from tests.unit.test_work_service import _node as work_node
 from vqueues.errors import VQError
+from vqueues.prefix_consumers import RECORDS_PER_TURN
 from vqueues.prefix_leasing import PrefixLeasing
 from vqueues.ready_queues import ReadyQueues
 from vqueues.records import now_ms
@@ -73,9 +74,14 @@ async def test_a_prefix_consumer_leases_from_every_queue_under_it_and_no_other(n
     assert [r.queue for r in got.records] == ["tenant-new", "tenant-new"]
 
 
-async def test_a_backlog_delays_no_other_queue_by_more_than_a_round(node):
+@pytest.mark.parametrize("per_turn", [None, 10, 1])
+async def test_a_backlog_delays_no_other_queue_by_more_than_a_round(node, per_turn):
     svc, _, prefix, _ = node
-    await prefix.define("fair", {"prefix": "t-"})
+    definition: dict[str, object] = {"prefix": "t-"}
+    if per_turn is not None:
+        definition["records_per_turn"] = per_turn
+    await prefix.define("fair", definition)
+    turn = per_turn or RECORDS_PER_TURN
     await _fill(svc, "t-big", 100_000)
     for i in range(99):
         await _fill(svc, f"t-small-{i}", 10)
@@ -89,10 +95,41 @@ async def test_a_backlog_delays_no_other_queue_by_more_than_a_round(node):
             else:
                 small += 1
         await _settle_all(prefix, "fair", got)
-    # Every small queue's 10 records went out before the big queue's 2,000th: one record per
-    # queue per round, so the big queue had about one turn per round (10 rounds, 10-ish).
+    # Every small queue's 10 records went out before the big queue's 2,000th: the big queue
+    # had one turn per round, and the small queues' records took 10 / turn rounds.
     assert big < 2000
-    assert big <= 20
+    assert big <= turn * -(-10 // turn)
+
+
+async def test_a_queue_gets_as_many_turns_as_any_other_whatever_its_partition(node):
+    svc, _, prefix, _ = node
+    await prefix.define("spread", {"prefix": "sp-", "records_per_turn": 5})
+    names = [f"sp-{i}" for i in range(200)]
+    alone = names[0]
+    crowd = [n for n in names if svc.partition_of(n) != svc.partition_of(alone)][:12]
+    assert len({svc.partition_of(n) for n in crowd}) >= 2
+    for q in [alone, *crowd]:
+        await _fill(svc, q, 200)
+    counts = dict.fromkeys([alone, *crowd], 0)
+    for _ in range(30):  # 5 rounds of 13 turns of 5 records: 65 records a round
+        got = await prefix.lease("spread", 11, 60_000, 0)
+        for r in got.records:
+            counts[r.queue] += 1
+        await _settle_all(prefix, "spread", got)
+    # 330 records: every queue had 5 turns (25 records) or 6 (the round under way).
+    assert set(counts.values()) <= {25, 30}, counts
+
+
+async def test_leases_at_once_start_in_different_partitions(node):
+    svc, _, prefix, _ = node
+    await prefix.define("par", {"prefix": "pa-", "records_per_turn": 10})
+    queues = [f"pa-{i}" for i in range(40)]
+    for q in queues:
+        await _fill(svc, q, 50)
+    pages = await asyncio.gather(*(prefix.lease("par", 10, 60_000, 0) for _ in range(4)))
+    firsts = [svc.partition_of(page.records[0].queue) for page in pages]
+    assert len(set(firsts)) == PARTITIONS  # each call wrote to its own offset partition
+    assert all(len({svc.partition_of(r.queue) for r in page.records}) == 1 for page in pages)
 
 
 async def test_weights_give_a_queue_more_records_per_turn(node):
