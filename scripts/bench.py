@@ -681,8 +681,10 @@ async def measure_prefix(args: argparse.Namespace, bootstrap: str) -> dict[str, 
             return owners[partition_for(q, args.partitions)]
 
         async with aiohttp.ClientSession() as s:
-            async with s.put(f"{urls[0]}/v1/prefix-consumers/pool", json={
-                    "prefix": "pq-", "records_per_turn": args.prefix_records_per_turn}) as r:
+            definition: dict[str, object] = {"prefix": "pq-"}
+            if args.prefix_records_per_turn is not None:
+                definition["records_per_turn"] = args.prefix_records_per_turn
+            async with s.put(f"{urls[0]}/v1/prefix-consumers/pool", json=definition) as r:
                 assert r.status == 200, await r.text()
             t0, done = time.perf_counter(), 0  # every queue leased from once: then idle
             while done < n:
@@ -987,8 +989,9 @@ def main() -> None:
                          "--fetch-wait-ms), e.g. an older package's own default")
     ap.add_argument("--prefix-queues", type=int, default=100_000,
                     help="queues under the prefix consumer of the prefix run (0: no run)")
-    ap.add_argument("--prefix-records-per-turn", type=int, default=10,
-                    help="the prefix consumer's records_per_turn in the prefix run")
+    ap.add_argument("--prefix-records-per-turn", type=int, default=None,
+                    help="the prefix consumer's records_per_turn in the prefix run (default: "
+                         "the server's)")
     ap.add_argument("--many-queues", type=int, default=100_000,
                     help="also measure one node over this many queues x 2 records (0: skip)")
     args = ap.parse_args()
