@@ -686,6 +686,7 @@ async def measure_prefix(args: argparse.Namespace, bootstrap: str) -> dict[str, 
                 definition["records_per_turn"] = args.prefix_records_per_turn
             async with s.put(f"{urls[0]}/v1/prefix-consumers/pool", json=definition) as r:
                 assert r.status == 200, await r.text()
+                out["records_per_turn"] = (await r.json())["records_per_turn"]
             t0, done = time.perf_counter(), 0  # every queue leased from once: then idle
             while done < n:
                 async with s.post(f"{urls[0]}/v1/prefix-consumers/pool/lease",
@@ -945,7 +946,7 @@ async def measure_broker(args: argparse.Namespace, bootstrap: str, label: str,
     if prefix is not None:
         lines.append(
             f"prefix consumer over {args.prefix_queues:,} queues (records_per_turn "
-            f"{args.prefix_records_per_turn}; each leased from once, "
+            f"{prefix['records_per_turn']:.0f}; each leased from once, "
             f"{prefix['first_pass']:,.0f} rec/s, then idle), 1,000 of them with records, "
             f"{args.concurrency} workers on one node: lease -> complete "
             f"{prefix['prefix_10']:,.0f} rec/s at 10 per call "
