@@ -8,7 +8,7 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from vqueues.errors import Conflict, Unavailable
+from vqueues.errors import Conflict, Unavailable, VQError
 from vqueues.idempotency import fingerprints, payload_of
 from vqueues.locks import Claims
 from vqueues.records import now_ms
@@ -25,6 +25,7 @@ class KeyedEnqueue:
     def __init__(self, service: QueueService) -> None:
         self._service = service
         self._claims = Claims()
+        self._settling: set[asyncio.Task[None]] = set()
 
     async def enqueue(self, queue: str, records: Sequence[NewRecord],
                       keys: list[bytes | None]) -> EnqueueResult:
@@ -77,12 +78,31 @@ class KeyedEnqueue:
             await asyncio.wait([busy])
         claimed = [(p, fps[k]) for k in first_in_batch]
         done = self._claims.claim(claimed)
+        release = True
         try:
             if todo:
                 known = [(fps[k], first_in_batch[k][1]) if (k := keys[i]) is not None
                          else None for i in todo]
-                written = await service.append_records(queue, [records[i] for i in todo],
-                                                       state, known)
+                try:
+                    written = await service.append_records(queue, [records[i] for i in todo],
+                                                           state, known)
+                except Unavailable:
+                    # A failed write may be stored all the same (the broker took it, then its
+                    # answer was lost or came too late): find out before the keys are free,
+                    # or the retry that follows stores them twice (a broker stopped 10 s,
+                    # on the local Kafka cluster).
+                    keyed = [(i, fps[k]) for i in todo if (k := keys[i]) is not None]
+                    if not keyed:
+                        raise  # no key: a retry may store them twice, as documented
+                    if not await self._look_again(state, keyed, offsets):
+                        release = False  # in doubt: held until told (`_settle`)
+                        task = asyncio.ensure_future(self._settle(p, keyed, claimed, done))
+                        self._settling.add(task)
+                        task.add_done_callback(self._settling.discard)
+                        raise
+                    if any(offsets[i] is None for i, _ in keyed):
+                        raise  # not stored: a retry writes them
+                    written = EnqueueResult(p, None)  # stored after all: answered as such
                 if written.offsets is None:
                     # Stored, offsets unreported (a batch resent after a lost connection):
                     # the keys stay claimed until the tail has indexed them, so a retry
@@ -93,13 +113,63 @@ class KeyedEnqueue:
                     for i, off in zip(todo, written.offsets, strict=True):
                         offsets[i] = off
         finally:
-            self._claims.release(claimed, done)
+            if release:
+                self._claims.release(claimed, done)
         for i, key in enumerate(keys):
             if offsets[i] is None and key is not None:
                 offsets[i] = offsets[first_in_batch[key][0]]
         if any(o is None for o in offsets):  # records without keys whose offsets are unknown
             return EnqueueResult(p, None)
         return EnqueueResult(p, [int(o) for o in offsets if o is not None])
+
+    async def _look_again(self, state: PartitionState, keyed: list[tuple[int, int]],
+                          offsets: list[int | None]) -> bool:
+        """After a failed write: index the partition up to its end as the broker reports it
+        now, then fill in the offsets of the write's keyed records (index, key fingerprint)
+        found in the window. False if that cannot be done in `write_visible_timeout_ms` (the
+        broker does not answer, the tail lags): then nobody can tell whether they are stored.
+        On tansu the end may be reported low (ADR 3): a record stored past it is missed."""
+        budget = self._service.settings.write_visible_timeout_ms / 1000
+        started = time.monotonic()
+        try:
+            end = await asyncio.wait_for(self._service.log_end(state.partition), budget)
+        except (VQError, TimeoutError):
+            return False
+        remaining = budget - (time.monotonic() - started)
+        if end > state.next_offset and (
+                remaining <= 0 or not await state.wait_indexed(end - 1, remaining)):
+            return False
+        if state.revoked:
+            return False
+        window = state.idempotency
+        for i, fp in keyed:
+            seen = window.lookup(fp)
+            if seen is not None:
+                offsets[i] = seen.offset
+        return True
+
+    async def _settle(self, p: int, keyed: list[tuple[int, int]],
+                      claimed: list[tuple[int, int]], done: asyncio.Future[None]) -> None:
+        """Keys of a failed write that may be stored stay claimed (a retry waits for them)
+        until partition `p`'s end, indexed by its state on this node (a new one, if it was
+        revoked and assigned again meanwhile), says whether they are, or `broker_timeout_ms`
+        passed (then a retry may write them again: at-least-once, as any write that timed
+        out)."""
+        deadline = time.monotonic() + self._service.settings.broker_timeout_ms / 1000
+        try:
+            offsets: list[int | None] = [None] * (max(i for i, _ in keyed) + 1)
+            while time.monotonic() < deadline:
+                try:
+                    state = self._service.ownership.require(p)
+                except VQError as exc:
+                    if exc.code == "wrong_node":
+                        return  # another node's now: it replays what was stored
+                else:
+                    if await self._look_again(state, keyed, offsets):
+                        return
+                await asyncio.sleep(0.2)
+        finally:
+            self._claims.release(claimed, done)
 
     async def _until_known(self, state: PartitionState, keyed: list[tuple[int, int]],
                            offsets: list[int | None]) -> None:

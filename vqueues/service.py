@@ -368,9 +368,7 @@ class QueueService:
                                f"queue {queue!r} has no records and no consumers")
             # The partition's end: what we indexed, what we wrote, what the broker reports
             # (the last can be low on tansu; the first two are exact for what we know of).
-            loop = asyncio.get_running_loop()
-            broker_end = await loop.run_in_executor(
-                self._fetch_pool, self._fetcher.high_watermark, p)
+            broker_end = await self.log_end(p)
             before = max(state.next_offset, self._produced_max.get(p, -1) + 1, broker_end)
             entries: list[OffsetEntry] = [QueueDeleted(queue, before)]
             for c in stats.consumers:
@@ -420,6 +418,12 @@ class QueueService:
         """The data partition's first retained offset, read off the loop."""
         return asyncio.get_running_loop().run_in_executor(
             self._fetch_pool, self._fetcher.log_start, partition)
+
+    def log_end(self, partition: int) -> Awaitable[int]:
+        """The data partition's end as the broker reports it now (its high watermark), read
+        off the loop."""
+        return asyncio.get_running_loop().run_in_executor(
+            self._fetch_pool, self._fetcher.high_watermark, partition)
 
     def close(self) -> None:
         self._fetch_pool.shutdown(wait=True, cancel_futures=True)

@@ -24,13 +24,37 @@ class MemoryLog:
         self.starts: dict[int, int] = {}  # partition -> log start (a fake retention)
         self.tail = tail
         self.fail_next: Exception | None = None
+        # The next append is stored, then fails with this (its answer lost, or too late), and
+        # the tail reads it `late_tail_s` later (a broker that stalled and came back).
+        self.store_then_fail: Exception | None = None
+        self.late_tail_s = 0.05
         self.timestamp = 1_700_000_000_000
 
     async def append(self, partition: int, records: Sequence[Outgoing]) -> list[Delivered]:
         if self.fail_next is not None:
             exc, self.fail_next = self.fail_next, None
             raise exc
+        if self.store_then_fail is not None:
+            exc, self.store_then_fail = self.store_then_fail, None
+            tail, self.tail = self.tail, None
+            start = self.end(partition)
+            try:
+                self._write(partition, records)
+            finally:
+                self.tail = tail
+            asyncio.get_running_loop().call_later(self.late_tail_s, self._read_late,
+                                                  partition, start, len(records))
+            raise exc
         return self._write(partition, records)
+
+    def _read_late(self, partition: int, start: int, count: int) -> None:
+        if self.tail is None:
+            return
+        log = self.partitions[partition]
+        self.tail.consumed(
+            [(partition, key, Record(o, self.timestamp, value, tuple(headers or ())))
+             for o, (key, value, headers) in enumerate(log[start:start + count], start)],
+            {partition: len(log)}, {partition: start + count})
 
     def _write(self, partition: int, records: Sequence[Outgoing]) -> list[Delivered]:
         log = self.partitions.setdefault(partition, [])

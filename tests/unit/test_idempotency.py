@@ -9,7 +9,7 @@ import pytest
 
 from tests.unit.fakes import MemoryLog
 from tests.unit.test_work_service import _node
-from vqueues.errors import VQError
+from vqueues.errors import Unavailable, VQError
 from vqueues.idempotency import (
     KEY_HEADER,
     IdempotencyWindow,
@@ -46,6 +46,59 @@ async def test_a_key_seen_in_the_window_answers_the_first_offset_and_writes_noth
     # Another queue's key space is its own.
     other = await svc.enqueue("other", [keyed(b"a", "k1")])
     assert other.offsets is not None
+
+
+async def _retried(svc, queue, records):
+    """Sent again as it was until it is answered, as the API asks of a client."""
+    for _ in range(50):
+        try:
+            return await svc.enqueue(queue, records)
+        except VQError as exc:
+            assert exc.retriable
+    raise AssertionError("never answered")
+
+
+async def test_a_write_stored_though_it_failed_answers_its_offset_and_no_retry_stores_it_again(
+        node):
+    svc, data_log, _ = node
+    p = svc.partition_of("sf")
+    data_log.store_then_fail = Unavailable("broker_timeout", "Kafka (delivery): timed out")
+    got = await _retried(svc, "sf", [keyed(b"a", "k1"), keyed(b"b", "k2")])
+    assert data_log.end(p) == 2  # stored once: the node looked at the log before answering
+    assert got.offsets == [0, 1]
+    again = await _retried(svc, "sf", [keyed(b"a", "k1"), keyed(b"b", "k2")])
+    assert again.offsets == [0, 1] and data_log.end(p) == 2
+
+
+async def test_keys_of_a_failed_write_are_held_while_it_cannot_be_told_whether_it_was_stored(
+        node):
+    svc, data_log, _ = node
+    p = svc.partition_of("sd")
+    fetcher = svc._fetcher
+    ends = fetcher.high_watermark
+
+    def unreachable(partition):
+        raise Unavailable("broker_timeout", "Kafka (watermarks): timed out")
+
+    fetcher.high_watermark = unreachable  # the broker does not answer for a while
+    data_log.store_then_fail = Unavailable("broker_timeout", "Kafka (delivery): timed out")
+    data_log.late_tail_s = 0.3
+    with pytest.raises(VQError) as failed:
+        await svc.enqueue("sd", [keyed(b"a", "k1")])
+    assert failed.value.code == "broker_timeout"
+    retry = asyncio.ensure_future(_retried(svc, "sd", [keyed(b"a", "k1")]))
+    await asyncio.sleep(0.1)
+    assert not retry.done()  # waits for the key, which is in doubt
+    fetcher.high_watermark = ends  # the broker answers again: the record was stored
+    assert (await asyncio.wait_for(retry, 5)).offsets == [0]
+    assert data_log.end(p) == 1
+
+
+async def test_a_failed_keyed_write_that_was_not_stored_is_written_by_the_retry(node):
+    svc, data_log, _ = node
+    data_log.fail_next = Unavailable("broker_timeout", "Kafka (delivery): timed out")
+    got = await _retried(svc, "nf", [keyed(b"a", "k1")])
+    assert got.offsets == [0] and data_log.end(svc.partition_of("nf")) == 1
 
 
 async def test_concurrent_enqueues_of_one_key_write_once(node):
