@@ -121,12 +121,9 @@ async def test_a_queue_gets_as_many_turns_as_any_other_whatever_its_partition(no
 
 
 async def test_leases_at_once_start_in_different_partitions(node):
-    svc, _, prefix, _ = node
-    await prefix.define("par", {"prefix": "pa-", "records_per_turn": 10})
-    queues = [f"pa-{i}" for i in range(40)]
-    for q in queues:
-        await _fill(svc, q, 50)
-    pages = await asyncio.gather(*(prefix.lease("par", 10, 60_000, 0) for _ in range(4)))
+    svc = node[0]
+    prefix, _ = await _pool(node, "pa", 40, 50, records_per_turn=10)
+    pages = await asyncio.gather(*(prefix.lease("pa", 10, 60_000, 0) for _ in range(4)))
     firsts = [svc.partition_of(page.records[0].queue) for page in pages]
     assert len(set(firsts)) == PARTITIONS  # each call wrote to its own offset partition
     assert all(len({svc.partition_of(r.queue) for r in page.records}) == 1 for page in pages)
@@ -333,11 +330,11 @@ async def test_queues_a_pool_emptied_take_no_turn_until_a_record_comes(node):
     assert [r.queue for r in got.records] == ["e-7"]
 
 
-async def _pool(node, consumer: str, queues: int, records: int):
-    """A prefix consumer `consumer` over `queues` queues "<consumer>-i" of `records` records:
-    the leasing and the partitions' states."""
+async def _pool(node, consumer: str, queues: int, records: int, **settings: object):
+    """A prefix consumer `consumer` (with `settings`) over `queues` queues "<consumer>-i" of
+    `records` records: the leasing and the partitions' states."""
     svc, _, prefix, _ = node
-    await prefix.define(consumer, {"prefix": f"{consumer}-"})
+    await prefix.define(consumer, {"prefix": f"{consumer}-", **settings})
     names = [f"{consumer}-{i}" for i in range(queues)]
     for q in names:
         await _fill(svc, q, records)
