@@ -9,7 +9,6 @@ carries this index column by column (`snapshot.py`); the other parts of a partit
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
 
 from sortedcontainers import SortedList
@@ -74,25 +73,10 @@ class PartitionIndex:
     def committed(self, queue: str, consumer: str) -> int | None:
         return committed_offsets.committed(self.queues.get(queue), consumer)
 
-    def consumer_lags(self, names: Iterable[str]) -> list[tuple[int, str, str]]:
-        """(lag in records, queue, consumer) of the consumers of the queues `names`."""
-        return committed_offsets.walk(self._entries(names), -1, None).lags
-
-    def expired_consumers(self, acked_before_ms: int, names: Iterable[str]
-                          ) -> list[tuple[str, str]]:
-        """(queue, consumer) of the consumers among `names` whose last ack is older."""
-        return committed_offsets.walk(self._entries(names), sys.maxsize, acked_before_ms).idle
-
     def consumers_in_shard(self, shard: int, above: int, acked_before_ms: int | None
                            ) -> committed_offsets.ConsumerWalk:
         """One shard's consumers (`committed_offsets.walk`): a maintenance pass's step."""
         return committed_offsets.walk(self.queues.shard_items(shard), above, acked_before_ms)
-
-    def _entries(self, names: Iterable[str]) -> Iterator[tuple[str, QueueIndex]]:
-        for name in names:
-            q = self.queues.get(name)
-            if q is not None:
-                yield name, q
 
     # Reads -----------------------------------------------------------------------------------
 

@@ -363,13 +363,6 @@ class PartitionState:
     def stats(self, queue: str) -> QueueStats | None:
         return self.index.stats(queue)
 
-    def consumer_lags(self, names: Iterable[str]) -> list[tuple[int, str, str]]:
-        return self.index.consumer_lags(names)
-
-    def expired_consumers(self, acked_before_ms: int, names: Iterable[str]
-                          ) -> list[tuple[str, str]]:
-        return self.index.expired_consumers(acked_before_ms, names)
-
     def consumers_in_shard(self, shard: int, above: int, acked_before_ms: int | None
                            ) -> ConsumerWalk:
         return self.index.consumers_in_shard(shard, above, acked_before_ms)
