@@ -169,3 +169,18 @@ async def test_the_client_retries_what_the_server_calls_retriable_and_nothing_el
         with pytest.raises(VQError) as err:
             await vq.enqueue("q", "y")
     assert err.value.retriable is False and fake.requests["enqueue"] == 3
+
+
+@pytest.mark.parametrize("records", [
+    [{"queue": "q", "value": "v"}],  # the HTTP shape: would unpack into its two keys
+    [("q", "v"), ("q",)],
+    [(7, "v")],
+    ["qv"],
+])
+async def test_enqueue_many_refuses_what_is_not_a_queue_and_value_pair(fake, records):
+    async with AsyncClient(str(fake.server.make_url(""))) as vq:
+        with pytest.raises(TypeError, match=r"records\[\d\] must be a \(queue, value\) pair"):
+            await vq.enqueue_many(records)
+        assert await vq.enqueue_many([("q", "v"), ["r", "w"]]) != []
+    assert fake.requests.get("enqueue_many") == 1  # only the good call was sent
+    assert [(q, v) for q, v, _ in fake.log] == [("q", "v"), ("r", "w")]

@@ -131,6 +131,16 @@ def _encode_item(item: Value | NewRecord, headers: dict[str, str] | None) -> dic
     return _encode_value(item, headers)
 
 
+def _pairs(records: list[tuple[str, Value | NewRecord]]) -> list[tuple[str, Value | NewRecord]]:
+    """`records` checked: each a (queue, value) pair. A dict would unpack into its two keys,
+    and `{"queue": "q", "value": "v"}` would write "value" to a queue named "queue"."""
+    for i, rec in enumerate(records):
+        if not isinstance(rec, tuple | list) or len(rec) != 2 or not isinstance(rec[0], str):
+            raise TypeError(f"records[{i}] must be a (queue, value) pair, with the queue a "
+                            f"string; got {type(rec).__name__} {rec!r:.60}")
+    return records
+
+
 def _decode_record(raw: dict[str, Any]) -> Record:
     value = raw.get("value")
     b64 = raw.get("encoding") == "base64"
@@ -379,7 +389,7 @@ class AsyncClient:
         has `error` set (nothing is raised for it). A request the node refuses as a whole (a
         bad record: 400) raises."""
         deadline = time.monotonic() + (self.deadline_s if deadline_s is None else deadline_s)
-        items = [{"queue": q, **_encode_item(v, None)} for q, v in records]
+        items = [{"queue": q, **_encode_item(v, None)} for q, v in _pairs(records)]
         results: list[RecordResult | None] = [None] * len(items)
         last: dict[int, VQError] = {}
         todo = list(range(len(items)))
