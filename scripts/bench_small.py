@@ -3,6 +3,9 @@
 
   single requests   --records records of 100 B, one per `POST /v1/queues/{q}/records`, spread
                     over --queues queues, --writers requests in flight
+  raw producer      the floor under single requests: the raw confluent-kafka producer, one
+                    record per produce request, --writers in flight, with nothing reading and
+                    with a consumer tailing every partition (as a node's group member does)
   BatchProducer     the same records through the Python client's BatchProducer (one
                     multi-queue `POST /v1/records` per owner node), fed by --writers tasks
   end to end        enqueue -> a reader long-polling the queue, aiohttp client: p50/p99 busy
@@ -26,6 +29,7 @@ import json
 import os
 import random
 import re
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -111,6 +115,71 @@ async def batch_producer(url: str, records: int, queues: int, writers: int) -> f
         return records / (time.perf_counter() - t0)
 
 
+def raw_single(bootstrap: str, topic: str, partitions: int, records: int, in_flight: int,
+               tailed: bool) -> float:
+    """The floor under single requests: the raw confluent-kafka producer (configured as the
+    node's data producer) writing `records` records one per produce request, `in_flight` at
+    once, spread over the partitions; with `tailed`, while a consumer tails every partition
+    as a node's group member does (its fetch wait). Records/s."""
+    from confluent_kafka import Consumer, Producer, TopicPartition
+
+    producer = Producer({"bootstrap.servers": bootstrap, "acks": "all",
+                         "enable.idempotence": True, "linger.ms": 0,
+                         "compression.type": "lz4", "metadata.recovery.strategy": "none"})
+    stop = threading.Event()
+    tail = None
+    if tailed:
+        consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"raw-{uuid.uuid4()}",
+                             "enable.auto.commit": False, "metadata.recovery.strategy": "none",
+                             "fetch.wait.max.ms": bench.FETCH_WAIT_MS[0]})
+        consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
+
+        def follow() -> None:
+            while not stop.is_set():
+                consumer.consume(2000, 0.05)
+            consumer.close()
+
+        tail = threading.Thread(target=follow, daemon=True)
+        tail.start()
+    waiting = 0
+
+    def acked(err: object, msg: object) -> None:
+        nonlocal waiting
+        assert err is None, err
+        waiting -= 1
+
+    value = VALUE.encode()
+    try:
+        t0 = time.perf_counter()
+        for i in range(records):
+            while waiting >= in_flight:
+                producer.poll(0.001)
+            producer.produce(topic, value, b"raw", partition=i % partitions, on_delivery=acked)
+            waiting += 1
+        producer.flush(30)
+        return records / (time.perf_counter() - t0)
+    finally:
+        stop.set()
+        if tail is not None:
+            tail.join(5)
+
+
+async def measure_raw(bootstrap: str, partitions: int, broker_pid: int | None,
+                      args: argparse.Namespace, tailed: bool) -> dict[str, float]:
+    topic = f"{fresh_topics(bootstrap, partitions)}-data"
+    broker0 = bench.cpu_seconds(broker_pid) if broker_pid else 0.0
+    w0 = time.perf_counter()
+    rate = await asyncio.to_thread(raw_single, bootstrap, topic, partitions, args.records,
+                                   args.writers, tailed)
+    wall = time.perf_counter() - w0
+    broker_cpu = (bench.cpu_seconds(broker_pid) - broker0) / wall if broker_pid else float("nan")
+    print(f"raw producer, one record per produce request, {args.writers} in flight"
+          f"{', a consumer tailing every partition' if tailed else ', nothing reading'}: "
+          f"{rate:,.0f} records/s; broker {broker_cpu:.0%} of a core, "
+          f"{broker_cpu / rate * 1e6:,.0f} us per record", flush=True)
+    return {"rate": rate, "broker_cpu": broker_cpu}
+
+
 async def measure_load(name: str, fn, bootstrap: str, partitions: int, broker_pid: int | None,
                        args: argparse.Namespace) -> dict[str, float]:
     prefix = fresh_topics(bootstrap, partitions)
@@ -193,10 +262,16 @@ async def run(args: argparse.Namespace) -> None:
           f"{args.partitions} partitions, one node, "
           + ("each load on a fresh embedded broker" if not args.bootstrap else args.bootstrap),
           flush=True)
-    parts = set(args.only or ("single", "batch", "e2e"))
+    parts = set(args.only or ("single", "raw", "batch", "e2e"))
     if "single" in parts:
         single = await on_broker(args, lambda b, pid: measure_load(
             "single requests", single_requests, b, args.partitions, pid, args))
+    if "raw" in parts:
+        raws = [await on_broker(args, lambda b, pid, t=tailed: measure_raw(
+            b, args.partitions, pid, args, t)) for tailed in (False, True)]
+        if "single" in parts:
+            print(f"single requests / the raw producer: {single['rate'] / raws[0]['rate']:.2f}x "
+                  f"with nothing reading, {single['rate'] / raws[1]['rate']:.2f}x tailed")
     if "batch" in parts:
         batch = await on_broker(args, lambda b, pid: measure_load(
             "BatchProducer (multi-queue requests)", batch_producer, b, args.partitions, pid,
@@ -220,7 +295,7 @@ def main() -> None:
     ap.add_argument("--samples", type=int, default=300, help="end-to-end samples (0: skip)")
     ap.add_argument("--node-env", action="append", default=[], metavar="VQ_X=VALUE",
                     help="a setting for the node (repeatable), e.g. VQ_PRODUCER_BUSY_LINGER_MS=0")
-    ap.add_argument("--only", choices=("single", "batch", "e2e"), action="append",
+    ap.add_argument("--only", choices=("single", "raw", "batch", "e2e"), action="append",
                     help="run only these parts (repeatable)")
     args = ap.parse_args()
     bench.DEV_ENV.update(dict(kv.split("=", 1) for kv in args.node_env))
