@@ -271,6 +271,27 @@ def test_a_forwarding_node_writes_every_record_through_the_owners(cluster):
         assert values(owners[partition_for(q, PARTITIONS)], q) == [f"{q}:0", f"{q}:1"]
 
 
+def test_a_forwarded_refusal_names_the_record_by_its_place_in_the_request(cluster):
+    fwd = cluster[2]
+    owners = owner_urls(fwd)
+    run = uuid.uuid4().hex[:6]
+    # a queue another node owns, behind records the forwarding node keeps or sends elsewhere
+    far = next(q for q in (f"fwk-{run}-{i}" for i in range(200))
+               if owners[partition_for(q, PARTITIONS)] != fwd.url)
+    filler = [{"queue": f"fwf-{run}-{i}", "value": "x"} for i in range(5)]
+    records = [*filler, {"queue": far, "value": "a", "idempotency_key": "k"},
+               {"queue": far, "value": "b", "idempotency_key": "k"}]
+    status, body = http("POST", f"{fwd.url}/v1/records", {"records": records})
+    assert status == 200, body
+    error = body["results"][6]["error"]
+    assert error["code"] == "idempotency_key_reused"
+    assert (error["index"], error["first_index"]) == (6, 5)
+    assert error["message"].startswith("records[6]: ") and "records[5] of this" in \
+        error["message"]
+    assert body["results"][5]["error"] == error  # a queue's records fail together
+    assert body["written"] == 5
+
+
 @pytest.mark.parametrize(("records", "code"), [
     ([{"value": "no queue"}], "invalid_record"),
     ([{"queue": 7, "value": "x"}], "invalid_record"),

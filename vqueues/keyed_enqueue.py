@@ -28,12 +28,16 @@ class KeyedEnqueue:
         self._settling: set[asyncio.Task[None]] = set()
 
     async def enqueue(self, queue: str, records: Sequence[NewRecord],
-                      keys: list[bytes | None]) -> EnqueueResult:
+                      keys: list[bytes | None], places: Sequence[int] | None = None
+                      ) -> EnqueueResult:
         """Enqueue records some of which carry idempotency keys: a key already in the window
         answers its first offset and writes nothing; its payload must match, and a key repeated
         in the request must repeat its payload (409 otherwise, and nothing is written). The
         keys are claimed (`Claims`) from the check to the indexing of the write, so two
-        requests with one key never both write: the later one waits and looks again."""
+        requests with one key never both write: the later one waits and looks again.
+        `places`: each record's index in the request, when the request held other queues'
+        records too (a 409 names the records by it)."""
+        at = places if places is not None else range(len(records))
         service = self._service
         p = service.partition_of(queue)
         fps = fingerprints(queue, [k for k in keys if k is not None])
@@ -55,17 +59,18 @@ class KeyedEnqueue:
                 if seen is not None:
                     if seen.payload != payload:
                         raise Conflict("idempotency_key_reused",
-                                       f"records[{i}]: idempotency key seen at offset "
+                                       f"records[{at[i]}]: idempotency key seen at offset "
                                        f"{seen.offset} with another payload",
-                                       first_offset=seen.offset, index=i)
+                                       first_offset=seen.offset, index=at[i])
                     offsets[i] = seen.offset
                 elif key in first_in_batch:
                     first, first_payload = first_in_batch[key]
                     if payload != first_payload:
                         raise Conflict("idempotency_key_reused",
-                                       f"records[{i}]: idempotency key already given to "
-                                       f"records[{first}] of this request with another payload",
-                                       first_offset=None, first_index=first, index=i)
+                                       f"records[{at[i]}]: idempotency key already given to "
+                                       f"records[{at[first]}] of this request with another "
+                                       "payload", first_offset=None, first_index=at[first],
+                                       index=at[i])
                     # the same as an earlier record of this request: filled below
                 else:
                     busy = busy or self._claims.holder((p, fps[key]))

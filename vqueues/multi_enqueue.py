@@ -79,7 +79,8 @@ async def enqueue_many(service: QueueService, items: Sequence[tuple[str, NewReco
 
         async def write_keyed(queue: str) -> None:
             try:
-                result = await service.enqueue(queue, [items[i][1] for i in by_queue[queue]])
+                indices = by_queue[queue]
+                result = await service.enqueue(queue, [items[i][1] for i in indices], indices)
             except VQError as exc:
                 settle(queue, exc, p)
                 return

@@ -93,20 +93,22 @@ class QueueService:
 
     # Records ---------------------------------------------------------------------------------
 
-    async def enqueue(self, queue: str, records: Sequence[NewRecord]) -> EnqueueResult:
+    async def enqueue(self, queue: str, records: Sequence[NewRecord],
+                      places: Sequence[int] | None = None) -> EnqueueResult:
         """Write records to the queue; answer once the broker acked them.
 
         The records are indexed from their delivery reports, so a read right after an enqueue
         sees them; if another producer's record sits below them and the tail has not read it
         yet, the answer waits (up to write_visible_timeout_ms) for it. With acks=0 offsets are
-        unknown: None (those records become readable through the tail).
+        unknown: None (those records become readable through the tail). `places`: each
+        record's index in a request that held other queues' records too (errors name them so).
         """
         p = self.partition_of(queue)
         state = self.ownership.require(p)
         keys = [key_of(headers) if headers else None for _, headers in records]
         if not any(keys) or self.settings.producer_acks == "0":
             return await self.append_records(queue, records, state)
-        return await self._keyed.enqueue(queue, records, keys)
+        return await self._keyed.enqueue(queue, records, keys, places)
 
     async def append_records(self, queue: str, records: Sequence[NewRecord],
                              state: PartitionState | None = None,

@@ -180,3 +180,26 @@ def test_a_window_remembers_a_keyed_record_once_and_ignores_one_without_a_key():
     seen = window.get(fingerprint("q", b"k"), now)
     assert len(window) == 1 and seen is not None and seen.offset == 5
     assert seen.payload == payload_fingerprint(b"v", first.headers)
+
+
+async def test_a_multi_queue_enqueue_names_a_refused_record_by_its_place_in_the_request(node):
+    """The keyed enqueue of one queue sees only that queue's records; the 409 still names
+    the records by their index in the whole request."""
+    from vqueues.multi_enqueue import enqueue_many
+
+    svc, _, _ = node
+    await svc.enqueue("q7", [keyed(b"first", "k-first")])
+    plain = (b"plain", [])
+    outcomes = await enqueue_many(svc, [
+        ("zz", plain), ("q7", keyed(b"x", "k9")), ("zz", plain), ("q7", keyed(b"y", "k9"))])
+    within = outcomes[3]
+    assert isinstance(within, VQError) and within.code == "idempotency_key_reused"
+    assert (within.details["index"], within.details["first_index"]) == (3, 1)
+    assert within.message.startswith("records[3]: ") and "records[1] of this request" in \
+        within.message
+    assert outcomes[1] is within and not isinstance(outcomes[0], VQError)
+    outcomes = await enqueue_many(svc, [("zz", plain), ("zz", plain),
+                                        ("q7", keyed(b"other", "k-first"))])
+    seen = outcomes[2]
+    assert isinstance(seen, VQError) and seen.details["index"] == 2
+    assert seen.message.startswith("records[2]: idempotency key seen at offset")

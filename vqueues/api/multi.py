@@ -10,6 +10,7 @@ owns are sent on to it in one request per owner, once.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -118,8 +119,30 @@ async def _forward(request: web.Request, items: list[dict[str, Any]],
         theirs = answer.get("results") if isinstance(answer, dict) else None
         for n, i in enumerate(indices):
             if isinstance(theirs, list) and n < len(theirs):
-                results[i] = theirs[n]
+                results[i] = _in_this_request(theirs[n], indices)
             elif isinstance(answer, dict) and "error" in answer:  # refused as a whole
                 results[i] = {"queue": results[i]["queue"],
                               "partition": results[i]["partition"], "status": resp.status,
                               "error": answer["error"]}
+
+
+_RECORD = re.compile(r"records\[(\d+)\]")
+
+
+def _in_this_request(result: Any, indices: list[int]) -> Any:
+    """An owner's answer for one of the records forwarded to it, its error's record indices
+    (`index`, `first_index`, `records[n]` in the message) turned from the forwarded request's
+    into this request's (`indices`: this request's index of each forwarded record)."""
+    error = result.get("error") if isinstance(result, dict) else None
+    if not isinstance(error, dict):
+        return result
+
+    def ours(n: int) -> int:
+        return indices[n] if 0 <= n < len(indices) else n
+
+    error = {**error, **{name: ours(n) for name in ("index", "first_index")
+                         if type(n := error.get(name)) is int}}
+    if isinstance(error.get("message"), str):
+        error["message"] = _RECORD.sub(lambda m: f"records[{ours(int(m[1]))}]",
+                                       error["message"])
+    return {**result, "error": error}
