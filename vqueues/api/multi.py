@@ -121,18 +121,19 @@ async def _forward(request: web.Request, items: list[dict[str, Any]],
             if isinstance(theirs, list) and n < len(theirs):
                 results[i] = _in_this_request(theirs[n], indices)
             elif isinstance(answer, dict) and "error" in answer:  # refused as a whole
-                results[i] = {"queue": results[i]["queue"],
-                              "partition": results[i]["partition"], "status": resp.status,
-                              "error": answer["error"]}
+                results[i] = _in_this_request({
+                    "queue": results[i]["queue"], "partition": results[i]["partition"],
+                    "status": resp.status, "error": answer["error"]}, indices)
 
 
 _RECORD = re.compile(r"records\[(\d+)\]")
 
 
 def _in_this_request(result: Any, indices: list[int]) -> Any:
-    """An owner's answer for one of the records forwarded to it, its error's record indices
-    (`index`, `first_index`, `records[n]` in the message) turned from the forwarded request's
-    into this request's (`indices`: this request's index of each forwarded record)."""
+    """An owner's answer for one of the records forwarded to it (or for all of them, when it
+    refused them as a whole), its error's record indices (`index`, `first_index`,
+    `records[n]` in the message) turned from the forwarded request's into this request's
+    (`indices`: this request's index of each forwarded record)."""
     error = result.get("error") if isinstance(result, dict) else None
     if not isinstance(error, dict):
         return result
@@ -140,8 +141,10 @@ def _in_this_request(result: Any, indices: list[int]) -> Any:
     def ours(n: int) -> int:
         return indices[n] if 0 <= n < len(indices) else n
 
-    error = {**error, **{name: ours(n) for name in ("index", "first_index")
-                         if type(n := error.get(name)) is int}}
+    error = dict(error)
+    for name in ("index", "first_index"):
+        if type(error.get(name)) is int:
+            error[name] = ours(error[name])
     if isinstance(error.get("message"), str):
         error["message"] = _RECORD.sub(lambda m: f"records[{ours(int(m[1]))}]",
                                        error["message"])
