@@ -330,6 +330,10 @@ async def test_a_stream_pushes_leased_records_under_credit_and_takes_completions
         await ws.send_str("not json")
         err = await ws.receive_json(timeout=10)
         assert err["error"]["code"] == "malformed_json"
+        await ws.send_json({"op": "ack", "id": 3, "offset": 1})  # a cursor stream's op
+        err = await ws.receive_json(timeout=10)
+        assert (err["id"], err["error"]["code"], err["error"]["mode"]) == (
+            3, "consumer_mode_mismatch", "lease")
     # The socket dropped holding s10: it comes back once its lease ends (30 s by default), not
     # before; the rest are there at once.
     status, page = http("POST", f"{node.url}/v1/queues/{q}/consumers/w/lease",
@@ -350,6 +354,13 @@ async def test_a_cursor_stream_pushes_from_the_committed_offset_and_takes_acks(n
         await ws.send_json({"op": "ack", "id": "a", "offset": frame["records"][-1]["offset"] + 1})
         ack = await ws.receive_json(timeout=10)
         assert ack["type"] == "result" and ack["id"] == "a"
+        await ws.send_json({"op": "complete", "id": "b", "tokens": ["0.1"]})  # a lease op
+        err = await ws.receive_json(timeout=10)
+        assert (err["id"], err["error"]["code"], err["error"]["mode"]) == (
+            "b", "consumer_mode_mismatch", "cursor")
+        await ws.send_json({"op": "credit", "n": 1})  # the stream goes on
+        frame = await ws.receive_json(timeout=10)
+        assert [r["value"] for r in frame["records"]] == ["c2"]
     status, info = http("GET", f"{node.url}/v1/queues/{q}")
     assert status == 200
     assert info["consumers"][0]["lag"] == 1 and info["consumers"][0]["mode"] == "cursor"

@@ -24,7 +24,7 @@ from vqueues.api.body import decode_object, refuse_unknown
 from vqueues.api.codec import ENCODINGS, encode_leased, encode_record
 from vqueues.api.keys import SERVICE, SETTINGS, WORK
 from vqueues.api.work import SETTLE_FIELDS, SETTLING, settle
-from vqueues.errors import BadRequest, VQError
+from vqueues.errors import BadRequest, Conflict, VQError
 from vqueues.leases import CURSOR, LEASE, MODES
 from vqueues.names import validate_name
 from vqueues.tags import check_tag
@@ -125,12 +125,15 @@ class _Stream:
             fence.check(partition)
             epoch = fence.epoch
             if kind in SETTLING:
-                if self.mode != LEASE:
-                    raise BadRequest("invalid_parameter", f"{kind} needs a lease stream")
+                if self.mode != LEASE:  # as the HTTP routes answer a mode's wrong call
+                    raise Conflict("consumer_mode_mismatch", f"{kind} is a lease stream's op; "
+                                   "this stream is a cursor stream", mode=self.mode)
                 result = await settle(app, kind, self.queue, self.consumer, op)
             elif kind == "ack":
                 if self.mode != CURSOR:
-                    raise BadRequest("invalid_parameter", "ack needs a cursor stream")
+                    raise Conflict("consumer_mode_mismatch", "ack is a cursor stream's op; this "
+                                   "stream is a lease stream: complete its records instead",
+                                   mode=self.mode)
                 offset = op.get("offset")
                 if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
                     raise BadRequest("invalid_offset", "`offset` must be a non-negative integer")
