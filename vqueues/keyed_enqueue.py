@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from vqueues.errors import Conflict, Unavailable, VQError
-from vqueues.idempotency import fingerprints, payload_of
+from vqueues.idempotency import IdempotencyWindow, fingerprints, payload_of
 from vqueues.locks import Claims
 from vqueues.records import now_ms
 from vqueues.results import EnqueueResult
@@ -146,11 +146,7 @@ class KeyedEnqueue:
             return False
         if state.revoked:
             return False
-        window = state.idempotency
-        for i, fp in keyed:
-            seen = window.lookup(fp)
-            if seen is not None:
-                offsets[i] = seen.offset
+        _from_window(state.idempotency, keyed, offsets)
         return True
 
     async def _settle(self, p: int, keyed: list[tuple[int, int]],
@@ -181,20 +177,26 @@ class KeyedEnqueue:
         """Wait until the tail has indexed the keyed records (index, key fingerprint) of a
         write whose offsets went unreported, and fill in their offsets from the window; 503
         broker_timeout after `write_visible_timeout_ms`."""
-        window = state.idempotency
         deadline = time.monotonic() + self._service.settings.write_visible_timeout_ms / 1000
         while True:
-            missing = False
-            for i, fp in keyed:
-                seen = window.lookup(fp)
-                if seen is None:
-                    missing = True
-                else:
-                    offsets[i] = seen.offset
-            if not missing:
+            if _from_window(state.idempotency, keyed, offsets):
                 return
             remaining = deadline - time.monotonic()
             if remaining <= 0 or state.revoked:
                 raise Unavailable("broker_timeout", "the write was stored, but its records "
                                   "were not indexed in time; send it again")
             await state.wait_indexed(state.next_offset, remaining)
+
+
+def _from_window(window: IdempotencyWindow, keyed: list[tuple[int, int]],
+                 offsets: list[int | None]) -> bool:
+    """Fill in the offsets of the keyed records (index, key fingerprint) that `window` holds;
+    True if it holds them all."""
+    found = True
+    for i, fp in keyed:
+        seen = window.lookup(fp)
+        if seen is None:
+            found = False
+        else:
+            offsets[i] = seen.offset
+    return found
