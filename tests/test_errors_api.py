@@ -258,6 +258,34 @@ async def test_a_small_gzip_body_that_inflates_past_the_limit_gets_413(client, n
     assert (await call(client, "GET", f"{node.url}/v1/queues/{q}"))[0] == 404
 
 
+async def test_a_query_holds_only_its_routes_parameters_each_once(client, node):
+    q = qname()
+    await enqueue(client, node, q, "a", "b")
+    base = f"{node.url}/v1/queues/{q}"
+    for url in (f"{base}/records?limit=1&wiat_ms=500",  # a misspelt long poll
+                f"{base}?limit=5", f"{node.url}/v1/queues?prefx=x",
+                f"{base}/consumers/w/stream?credit=5", f"{node.url}/v1/partitions?x=1"):
+        status, body = await call(client, "GET", url)
+        assert (status, code(body)) == (400, "invalid_parameter"), (url, body)
+        assert body["error"]["unknown"] == [url.rsplit("?")[1].split("&")[-1].split("=")[0]]
+    status, body = await call(client, "POST", f"{base}/records?sync=1",
+                              json={"records": [{"value": "c"}]})
+    assert (status, body["error"]["unknown"]) == (400, ["sync"])
+    for url in (f"{base}/records?limit=1&limit=2", f"{node.url}/v1/queues?prefix=a&prefix=b"):
+        status, body = await call(client, "GET", url)
+        assert (status, code(body)) == (400, "invalid_parameter"), (url, body)
+    # Nothing was written by the refused enqueue; documented parameters and an array
+    # parameter's repeats are taken; probes take any query.
+    status, body = await call(client, "GET", f"{base}/records?limit=5&offset=0&wait_ms=0"
+                                             "&encoding=utf8")
+    assert (status, [r["value"] for r in body["records"]]) == (200, ["a", "b"])
+    async with client.get(f"{node.url}/metrics?name[]=vq_acks_total&name[]=vq_queues") as r:
+        assert r.status == 200 and "vq_queues" in await r.text()
+    for probe in ("/healthz", "/readyz"):
+        async with client.get(f"{node.url}{probe}?from=lb") as r:
+            assert r.status == 200
+
+
 async def test_names_queries_and_headers_that_are_not_utf8_get_400(client, node):
     body = b'{"records": [{"value": "x"}]}'
     status, got = await raw_request(node, post_head(b"/v1/queues/%FF%FEabc/records", len(body),

@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 from aiohttp import web
 
 from vqueues.api import compat, console, handlers, multi, prefix, stream, work
-from vqueues.api.keys import AUTH, PREFIX, QUOTAS, SERVICE, SETTINGS, WORK
+from vqueues.api.keys import AUTH, PREFIX, QUERY_PARAMETERS, QUOTAS, SERVICE, SETTINGS, WORK
 from vqueues.api.middlewares import (
     auth_middleware,
     error_middleware,
@@ -16,6 +16,7 @@ from vqueues.api.middlewares import (
     metrics_middleware,
     text_middleware,
 )
+from vqueues.api.openapi import openapi_document, query_parameters
 from vqueues.api.proxy import forward_middleware, proxy_session
 from vqueues.auth import Authenticator
 from vqueues.prefix_leasing import PrefixLeasing
@@ -67,6 +68,7 @@ def create_app(service: QueueService, settings: Settings) -> web.Application:
     app = web.Application(middlewares=middlewares, client_max_size=settings.max_body_bytes)
     app[SERVICE] = service
     app[SETTINGS] = settings
+    app[QUERY_PARAMETERS] = query_parameters(openapi_document(settings))
     app[WORK] = WorkService(settings, service)
     app[PREFIX] = PrefixLeasing(app[WORK])
     if auth is not None:

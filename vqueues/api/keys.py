@@ -21,3 +21,5 @@ IDENTITY = web.RequestKey("identity", Identity)
 PROXY = web.AppKey("proxy", aiohttp.ClientSession)
 AUTH = web.AppKey("auth", Authenticator)
 QUOTAS = web.AppKey("quotas", QuotaFile)
+# The query parameters of each documented route, by (path template, METHOD) (api/openapi.py).
+QUERY_PARAMETERS = web.AppKey("query_parameters", dict[tuple[str, str], frozenset[str]])

@@ -12,7 +12,7 @@ from aiohttp import web
 
 from vqueues.api.body import UnreadableBody
 from vqueues.api.codec import respond
-from vqueues.api.keys import AUTH, IDENTITY, PREFIX, SERVICE, SETTINGS
+from vqueues.api.keys import AUTH, IDENTITY, PREFIX, QUERY_PARAMETERS, SERVICE, SETTINGS
 from vqueues.auth import required_scope
 from vqueues.errors import Unavailable, VQError
 
@@ -69,7 +69,8 @@ def _not_utf8(text: str) -> bool:
 async def text_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Names, parameters and header values are UTF-8 text: a path that percent-decodes to other
     bytes is `400 invalid_name` (else `%FF` would reach a queue named by the literal text), a
-    query is `400 invalid_parameter`, a header value `400 bad_request`."""
+    query is `400 invalid_parameter`, a header value `400 bad_request`. A query holds only
+    its route's parameters, each once."""
     raw = request.raw_path
     if "%" in raw:
         path, _, query = raw.partition("?")
@@ -77,6 +78,8 @@ async def text_middleware(request: web.Request, handler: Handler) -> web.StreamR
             raise VQError("invalid_name", "a path segment is not UTF-8 once percent-decoded")
         if _not_utf8(query.replace("+", " ")):
             raise VQError("invalid_parameter", "the query is not UTF-8 once percent-decoded")
+    if request.query_string:
+        _check_query(request)
     for name, value in request.headers.items():
         if not value.isascii():
             try:
@@ -84,6 +87,28 @@ async def text_middleware(request: web.Request, handler: Handler) -> web.StreamR
             except UnicodeEncodeError:
                 raise VQError("bad_request", f"header {name} is not UTF-8") from None
     return await handler(request)
+
+
+def _check_query(request: web.Request) -> None:
+    """`400 invalid_parameter` for a query parameter the route does not take (named in
+    `unknown`), as for a body's unknown field: a misspelt `wait_ms` would otherwise be a
+    long poll that returns at once. A parameter given twice is refused too (which one would
+    count?), but for an array such as `/metrics`' `name[]`."""
+    info = request.match_info.route.resource
+    if info is None:
+        return
+    known = request.app[QUERY_PARAMETERS].get((info.canonical, request.method))
+    if known is None:  # not a documented route: the console's files, the compat routes
+        return
+    names = [name for name, _ in request.query.items()]
+    unknown = sorted({n for n in names if n not in known})
+    if unknown:
+        raise VQError("invalid_parameter", f"unknown query parameter(s) {unknown}; known: "
+                      f"{sorted(known)}", unknown=unknown)
+    twice = sorted({n for n in names if names.count(n) > 1 and not n.endswith("[]")})
+    if twice:
+        raise VQError("invalid_parameter", f"query parameter(s) {twice} given more than once",
+                      parameter=twice[0])
 
 
 @web.middleware

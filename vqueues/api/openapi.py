@@ -106,10 +106,27 @@ def _secured(paths: dict[str, Any], s: Settings) -> dict[str, Any]:
             if "requestBody" in op:
                 for code, answer in _BODY_ERRORS.items():
                     responses.setdefault(code, answer)
+            if path not in PROBES:
+                responses.setdefault("400", {**_ERR, "description": "invalid_parameter: a "
+                                             "query parameter this route does not take, or "
+                                             "one given twice"})
             for code in ("429", "503"):
                 if code in responses:
                     responses[code] = {**responses[code], "headers": _RETRY_AFTER}
     return paths
+
+
+# Liveness and readiness probes take any query: a prober's own parameters never fail them.
+PROBES = ("/healthz", "/readyz")
+
+
+def query_parameters(document: dict[str, Any]) -> dict[tuple[str, str], frozenset[str]]:
+    """The query parameters each documented route takes, by (path template, METHOD): the node
+    refuses any other (the probes aside), as a body's unknown fields are refused."""
+    return {(path, method.upper()): frozenset(p["name"] for p in op.get("parameters", ())
+                                              if p["in"] == "query")
+            for path, operations in document["paths"].items() if path not in PROBES
+            for method, op in operations.items()}
 
 
 def _request_schemas(s: Settings) -> dict[str, Any]:
