@@ -162,7 +162,9 @@ JSON_TYPE = {"Content-Type": "application/json"}
     (b'{"records": [{"value": "a", "value": "b"}]}', "malformed_json"),
     (b'{"records": [{"value": "a:b", "v\\u0061lue": "c"}]}', "malformed_json"),
     (b'{"records": [{"value": "a", "headers": {"h": "1", "h": "2"}}]}', "malformed_json"),
-    (b'{"records": [{"value": "a", "delay_ms": 1' + b"0" * 400 + b"}]}", "limit_out_of_range"),
+    # An integer beyond 64 bits is malformed JSON here (docs/api.md), in any field.
+    (b'{"records": [{"value": "a", "delay_ms": 1' + b"0" * 400 + b"}]}", "malformed_json"),
+    (b'{"records": [{"value": "a", "delay_ms": 1' + b"0" * 15 + b"}]}", "limit_out_of_range"),
     (b'{"records": [{"value": "a"}], "extra": 1}', "invalid_parameter"),
     (b'{"records": [{"value": "a"', "malformed_json"),  # truncated
 ])
@@ -271,7 +273,8 @@ async def test_a_query_holds_only_its_routes_parameters_each_once(client, node):
     status, body = await call(client, "POST", f"{base}/records?sync=1",
                               json={"records": [{"value": "c"}]})
     assert (status, body["error"]["unknown"]) == (400, ["sync"])
-    for url in (f"{base}/records?limit=1&limit=2", f"{node.url}/v1/queues?prefix=a&prefix=b"):
+    for url in (f"{base}/records?limit=1&limit=2", f"{node.url}/v1/queues?prefix=a&prefix=b",
+                f"{base}/records?wait_ms=", f"{node.url}/v1/queues?limit="):  # not integers
         status, body = await call(client, "GET", url)
         assert (status, code(body)) == (400, "invalid_parameter"), (url, body)
     # Nothing was written by the refused enqueue; documented parameters and an array
@@ -325,3 +328,34 @@ async def test_no_hostile_input_crashed_a_handler(client, node):
     await enqueue(client, node, qname(), "alive")
     log = (LOGS / f"{node.topics.prefix}-{node.node_id}.log").read_text()
     assert not re.search(r"request_crashed|Traceback", log), log[-3000:]
+
+
+async def test_a_405_names_the_methods_the_route_takes(client, node):
+    async with client.request("PATCH", f"{node.url}/v1/queues/{qname()}") as r:
+        assert r.status == 405
+        assert set(r.headers["Allow"].split(",")) >= {"GET", "DELETE"}
+        assert (await r.json())["error"]["code"] == "method_not_allowed"
+
+
+async def test_integer_fields_take_a_number_without_a_fraction_as_json_schema_does(client,
+                                                                                    node):
+    q = qname()
+    status, body = await call(client, "POST", f"{node.url}/v1/queues/{q}/records",
+                              data=b'{"records": [{"value": "a"}, {"value": "b"}]}')
+    assert status == 200
+    status, body = await call(client, "POST", f"{node.url}/v1/queues/{q}/consumers/c/ack",
+                              data=b'{"offset": 1.0}')
+    assert (status, body["offset"]) == (200, 1)
+    status, body = await call(client, "POST", f"{node.url}/v1/queues/{q}/consumers/c/ack",
+                              data=b'{"offset": 1.5}')
+    assert (status, code(body)) == (400, "invalid_offset")
+    status, body = await call(client, "POST", f"{node.url}/v1/queues/{q}/consumers/c/ack",
+                              data=b'{"offset": 1e30}')
+    assert (status, code(body)) == (400, "malformed_json")
+
+
+async def test_a_plain_get_of_the_stream_says_it_is_a_websocket(client, node):
+    status, body = await call(client, "GET",
+                              f"{node.url}/v1/queues/{qname()}/consumers/c/stream")
+    assert (status, code(body)) == (400, "bad_request")
+    assert "WebSocket" in body["error"]["message"]

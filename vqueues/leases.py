@@ -539,6 +539,11 @@ def token(offset: int, attempt: int, grant: int = 0) -> str:
     return f"{offset}.{attempt}.{grant:x}" if grant else f"{offset}.{attempt}"
 
 
+# What `parse_token` takes, as a JSON Schema pattern for the OpenAPI document (tokens are
+# opaque to clients; a schema-driven client must still be able to tell one from a typo).
+TOKEN_PATTERN = "^[0-9]{1,19}\\.[0-9]{1,9}(\\.[0-9a-f]{1,16})?$"
+
+
 def parse_token(text: object) -> tuple[int, int, int] | None:
     """(offset, attempt, grant) of a token, or None if it is not one."""
     if not isinstance(text, str) or not 3 <= len(text) <= 64 or not text.isascii():

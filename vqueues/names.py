@@ -10,6 +10,8 @@ MAX_NAME_BYTES = 249
 # Unicode's control characters (category Cc) are exactly these 65 code points; one regex search
 # is a tenth of asking unicodedata about every character.
 _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
+# The same rule as a JSON Schema pattern, for the OpenAPI document (the byte limit aside).
+NAME_PATTERN = "^[^\\x00-\\x1f\\x7f-\\x9f]+$"
 
 
 def validate_name(name: str, what: str = "queue") -> str:

@@ -101,7 +101,9 @@ def checked(consumer: str, body: Mapping[str, Any], defaults: ConsumerConfig,
         if sample.startswith(prefix):  # its dead letters would be leased by it again
             raise BadRequest("invalid_parameter", f"dead_letter_queue {dlq!r} names queues "
                              f"under the prefix {prefix!r} itself")
-    weights = body.get("weights") or {}
+    weights = body.get("weights")
+    if weights is None:
+        weights = {}
     if not isinstance(weights, dict) or len(weights) > MAX_WEIGHTS:
         raise BadRequest("invalid_parameter", f"weights must map at most {MAX_WEIGHTS} queue "
                          "names to integers")
@@ -116,7 +118,9 @@ def checked(consumer: str, body: Mapping[str, Any], defaults: ConsumerConfig,
 
 def _int(body: Mapping[str, Any], name: str, default: int | None, lo: int, hi: int,
          label: str | None = None) -> int:
-    value = body.get(name, default)
+    value = body.get(name)
+    if value is None:  # null is left out, as on a queue's consumer
+        value = default
     if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
         raise BadRequest("limit_out_of_range", f"{label or name} must be an integer between "
                          f"{lo} and {hi}", parameter=label or name, min=lo, max=hi)

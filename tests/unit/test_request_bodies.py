@@ -92,6 +92,9 @@ def test_a_key_named_twice_in_any_object_is_refused_and_only_then():
     b'{"a": 1, "\\u0061": 2}',
     b'{"a": NaN}',
     b'{"a": 1e400}',
+    b'{"a": 18446744073709551616}',  # beyond 64 bits, as written or with an exponent
+    b'{"a": [-9223372036854775809]}',
+    b'{"a": {"b": 1e30}}',
     b'{"a": 1',
     b"[]",
     b"",
@@ -133,3 +136,27 @@ def test_keys_twice_are_found_in_any_object_and_colons_in_strings_fool_nothing()
         with pytest.raises(VQError) as exc:
             decode_object(raw)
         assert exc.value.code == "malformed_json", raw
+
+
+def test_a_number_without_a_fraction_is_an_integer_however_written():
+    # JSON Schema's `integer` (the OpenAPI document's) takes 5.0 and 1e3; so does the node.
+    body = decode_object(b'{"a": 5.0, "b": [1e3, -0.0, 2.5], "c": 9007199254740993.0, '
+                        b'"d": 18446744073709551615, "e": "1.0"}')
+    assert body == {"a": 5, "b": [1000, 0, 2.5], "c": 9007199254740993,
+                    "d": 18446744073709551615, "e": "1.0"}
+    assert type(body["a"]) is int and type(body["b"][2]) is float
+
+
+def test_an_enqueue_takes_integral_numbers_and_refuses_a_false_headers():
+    records = decode_enqueue(b'{"records": [{"value": "x", "delay_ms": 0.0}]}', SETTINGS)
+    assert len(records) == 1
+    # A due time beyond 64 bits is refused like any such integer, on the fast path too.
+    with pytest.raises(VQError) as exc:
+        decode_enqueue(b'{"records": [{"value": "x", "deliver_at": -9223372036854775809}]}',
+                       SETTINGS)
+    assert exc.value.code == "malformed_json"
+    for headers in (b"false", b"0", b'""', b"[]"):
+        with pytest.raises(VQError) as exc:
+            decode_enqueue(b'{"records": [{"value": "x", "headers": ' + headers + b"}]}",
+                           SETTINGS)
+        assert exc.value.code == "invalid_record", headers

@@ -8,16 +8,19 @@
   handler runs); another is `415`, a body that does not decode is `400 bad_request`, one that
   decodes to more than `max_body_bytes` is `413`.
 - The whole body arrives within `body_timeout_ms`, else `408 request_timeout`.
-- JSON: valid UTF-8, nested at most `MAX_JSON_DEPTH` deep, no key twice in one object, an object
-  at the top (`400 malformed_json`); fields a route does not know are refused.
+- JSON: valid UTF-8, nested at most `MAX_JSON_DEPTH` deep, no key twice in one object,
+  integers within 64 bits, an object at the top (`400 malformed_json`); fields a route does not
+  know are refused. A number with no fractional part is an integer, however written (`5.0`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import math
 import zlib
 from collections.abc import Collection
+from decimal import Decimal
 from typing import Any
 
 import msgspec
@@ -27,6 +30,7 @@ from vqueues.api.keys import SETTINGS
 from vqueues.errors import BadRequest, PayloadTooLarge, VQError
 
 MAX_JSON_DEPTH = 32  # our deepest body is 4 levels; deeper is an attack on the decoder
+_INT_MIN, _INT_END = -(2**63), 2**64  # integers a body may hold: int64 and uint64
 DECODED_ENCODINGS = ("identity", "gzip", "deflate")
 
 _DECODE_ERRORS = (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError,
@@ -126,6 +130,8 @@ def shape(body: dict[str, Any]) -> tuple[int, int] | None:
                             colons += item.count(":")
                     elif type(item) is dict or type(item) is list:
                         below.append(item)
+                    elif type(item) is int and not _INT_MIN <= item < _INT_END:
+                        _refuse_integer(item)
             else:
                 for item in value:
                     if type(item) is str:
@@ -133,6 +139,8 @@ def shape(body: dict[str, Any]) -> tuple[int, int] | None:
                             colons += item.count(":")
                     elif type(item) is dict or type(item) is list:
                         below.append(item)
+                    elif type(item) is int and not _INT_MIN <= item < _INT_END:
+                        _refuse_integer(item)
         level = below
         depth += 1
     return keys, colons
@@ -163,10 +171,33 @@ def refuse_duplicate_keys(raw: bytes, keys: int | None = None, string_colons: in
     json.loads(raw, object_pairs_hook=_unique)
 
 
+def _refuse_integer(value: int) -> None:
+    raise BadRequest("malformed_json", f"request body holds an integer beyond 64 bits "
+                     f"({str(value)[:30]}...)")
+
+
+def _number(text: str) -> int | float:
+    """A JSON number written with a fraction or an exponent: an integer if it has no
+    fractional part (`5.0`, `1e3`), as JSON Schema's `integer` reads it (the OpenAPI
+    document's integer fields take them), else a float, which no field takes. An integer
+    beyond 64 bits (`1e30`) or a number beyond the float range (`1e400`) is refused."""
+    number = float(text)
+    if math.isinf(number):
+        raise ValueError("a number is out of range")
+    if not number.is_integer():
+        return number
+    if not _INT_MIN <= number < _INT_END:
+        raise ValueError("an integer is beyond 64 bits")
+    return int(Decimal(text))  # exact, where the float may not be (9007199254740993.0)
+
+
+_decode = msgspec.json.Decoder(float_hook=_number).decode
+
+
 def decode_object(raw: bytes) -> dict[str, Any]:
     """A JSON object from `raw`, under the rules in the module's docstring."""
     try:
-        body = msgspec.json.decode(raw) if raw else None
+        body = _decode(raw) if raw else None
     except _DECODE_ERRORS as exc:
         raise BadRequest("malformed_json", f"request body is not valid JSON: "
                          f"{_why(exc)}") from None

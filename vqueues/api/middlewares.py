@@ -50,7 +50,9 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         if exc.status == 413:
             error.message = (f"request body exceeds the limit of "
                              f"{request.app[SETTINGS].max_body_bytes} bytes")
-        return respond(error.to_json(), error.status)
+        allow = exc.headers.get("Allow")  # a 405 names the methods the route takes (RFC 9110)
+        return respond(error.to_json(), error.status,
+                       {"Allow": allow} if allow is not None else None)
     except Exception:
         log.exception("request_crashed", extra={"path": request.path})
         return respond(VQError("internal", "internal error").to_json(), 500)

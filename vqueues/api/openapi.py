@@ -17,7 +17,9 @@ from vqueues.api.codec import LeasePage, PrefixLeasePage, ReadPage
 from vqueues.auth import required_scope
 from vqueues.consumer_configs import MAX_ATTEMPTS_LIMIT
 from vqueues.errors import REGISTRY
-from vqueues.names import MAX_NAME_BYTES
+from vqueues.idempotency import MAX_KEY_BYTES
+from vqueues.leases import TOKEN_PATTERN
+from vqueues.names import MAX_NAME_BYTES, NAME_PATTERN
 from vqueues.prefix_consumers import (
     MAX_RECORDS_PER_TURN,
     MAX_WEIGHT,
@@ -39,17 +41,33 @@ from vqueues.results import (
     SettleResult,
 )
 from vqueues.settings import MIN_VISIBILITY_MS, Settings
-from vqueues.tags import MAX_TAG_BYTES, MAX_TAGS
+from vqueues.tags import MAX_TAG_BYTES, MAX_TAGS, TAG_PATTERN
 from vqueues.work_service import MAX_REASON_CHARS
 
 _ANSWERS = (EnqueueResult, ReadPage, AckResult, ConsumerDeletion, QueueInfo, QueueDeletion,
             QueueList, PartitionsInfo, ConsumerSettings, LeasePage, SettleResult,
             ScheduledCancellation, PrefixConsumerInfo, PrefixLeasePage, PrefixSettleResult)
 _TEMPLATE = "#/components/schemas/{name}"
+# A name's maxLength counts characters, the node UTF-8 bytes: a name of 249 characters
+# beyond ASCII is longer than the node takes, which JSON Schema cannot say.
+_NAME = {"type": "string", "minLength": 1, "maxLength": MAX_NAME_BYTES,
+         "pattern": NAME_PATTERN,
+         "description": f"1 to {MAX_NAME_BYTES} UTF-8 bytes, no control characters"}
+_TOKEN = {"type": "string", "pattern": TOKEN_PATTERN,
+          "description": "a lease token, as a lease answered it (opaque)"}
+_TOKENS = {"type": "array", "minItems": 1, "items": _TOKEN}
+_TAG = {"type": "string", "minLength": 1, "maxLength": MAX_TAG_BYTES, "pattern": TAG_PATTERN,
+        "description": f"at most {MAX_TAG_BYTES} UTF-8 bytes, no commas or surrounding spaces"}
 _PREFIX_TOKENS = {"type": "array", "minItems": 1, "items": {
     "type": "object", "required": ["queue", "token"], "additionalProperties": False,
-    "properties": {"queue": {"type": "string"}, "token": {"type": "string"}}}}
-_TAG_PARAM = {"name": "tag", "in": "query", "schema": {"type": "string"},
+    "properties": {"queue": _NAME, "token": _TOKEN}}}
+# A longer reason is cut, not refused.
+_REASON = {"type": ["string", "null"],
+           "description": f"why; its first {MAX_REASON_CHARS} characters are kept (a dead "
+                          "letter carries the last one)"}
+# What base64.b64decode(validate=True) takes: the standard alphabet, padded.
+_BASE64_PATTERN = "^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"
+_TAG_PARAM = {"name": "tag", "in": "query", "schema": _TAG,
               "description": "only records carrying this tag (from the tag index)"}
 
 
@@ -139,22 +157,28 @@ def _request_schemas(s: Settings) -> dict[str, Any]:
             "value": {"type": ["string", "null"],
                       "description": f"at most {s.max_record_bytes} bytes decoded"},
             "encoding": {"enum": ["utf8", "base64"], "default": "utf8"},
-            "headers": {"type": "object", "additionalProperties": {"type": "string"}},
-            "deliver_at": {"type": "integer", "description": "UTC epoch ms: invisible until "
-                           "then (past: at once); at most "
+            "headers": {"type": ["object", "null"], "additionalProperties": {"type": "string"}},
+            "deliver_at": {"type": ["integer", "null"], "minimum": -(2**63),
+                           "maximum": params.MAX_OFFSET,
+                           "description": "UTC epoch ms: invisible until then (past: at "
+                           "once); at most "
                            f"{s.max_schedule_delay_ms} ms ahead"},
-            "delay_ms": {"type": "integer", "minimum": 0, "maximum": s.max_schedule_delay_ms,
+            "delay_ms": {"type": ["integer", "null"], "minimum": 0,
+                         "maximum": s.max_schedule_delay_ms,
                          "description": "invisible for this long (not with deliver_at)"},
-            "tags": {"type": "array", "maxItems": MAX_TAGS,
-                     "items": {"type": "string", "minLength": 1,
-                               "description": f"at most {MAX_TAG_BYTES} UTF-8 bytes, no "
-                                              "commas"}},
+            "tags": {"type": ["array", "null"], "maxItems": MAX_TAGS, "items": _TAG},
             "idempotency_key": {
-                "type": "string", "minLength": 1,
+                "type": ["string", "null"], "minLength": 1, "maxLength": MAX_KEY_BYTES,
                 "description": "at most 256 UTF-8 bytes; a repeat within "
                 f"idempotency_window_ms ({s.idempotency_window_ms} ms) with the same value, "
                 "headers, tags and schedule as given answers the first offset and writes "
-                "nothing; with another payload, 409 idempotency_key_reused"}}}
+                "nothing; with another payload, 409 idempotency_key_reused"}},
+        # deliver_at or delay_ms, not both; a base64 value is base64.
+        "not": {"required": ["deliver_at", "delay_ms"], "properties": {
+            "deliver_at": {"type": "integer"}, "delay_ms": {"type": "integer"}}},
+        "if": {"required": ["encoding"], "properties": {"encoding": {"const": "base64"}}},
+        "then": {"properties": {"value": {"type": ["string", "null"],
+                                          "pattern": _BASE64_PATTERN}}}}
     return {
         "EnqueueRequest": {"type": "object", "required": ["records"],
                            "additionalProperties": False, "properties": {
@@ -164,8 +188,7 @@ def _request_schemas(s: Settings) -> dict[str, Any]:
                                 "additionalProperties": False, "properties": {
             "records": {"type": "array", "minItems": 1, "maxItems": s.max_batch_records,
                         "items": {**record, "required": ["queue", "value"], "properties": {
-                            "queue": {"type": "string", "minLength": 1,
-                                      "description": f"1 to {MAX_NAME_BYTES} UTF-8 bytes"},
+                            "queue": _NAME,
                             **record["properties"]}}}}},
         "MultiEnqueueResult": {"type": "object", "required": ["results", "written", "failed"],
                                "properties": {
@@ -185,17 +208,17 @@ def _request_schemas(s: Settings) -> dict[str, Any]:
             "failed": {"type": "integer"}}},
         "AckRequest": {"type": "object", "required": ["offset"], "additionalProperties": False,
                        "properties": {
-            "offset": {"type": "integer", "minimum": 0},
+            "offset": {"type": "integer", "minimum": 0, "maximum": params.MAX_OFFSET},
             "allow_rewind": {"type": "boolean", "default": False}}},
         "ConsumerSettingsRequest": {"type": "object", "additionalProperties": False,
                                     "properties": {
-            "mode": {"enum": ["cursor", "lease"]},
-            "max_attempts": {"type": "integer", "minimum": 1, "maximum": MAX_ATTEMPTS_LIMIT,
-                             "default": s.default_max_attempts},
-            "dead_letter_queue": {"type": ["string", "null"],
+            "mode": {"enum": ["cursor", "lease", None]},
+            "max_attempts": {"type": ["integer", "null"], "minimum": 1,
+                             "maximum": MAX_ATTEMPTS_LIMIT, "default": s.default_max_attempts},
+            "dead_letter_queue": {**_NAME, "type": ["string", "null"],
                                   "description": "a queue name; null: none (records past "
                                                  "max_attempts are counted and skipped)"},
-            "visibility_ms": {"type": "integer", "minimum": MIN_VISIBILITY_MS,
+            "visibility_ms": {"type": ["integer", "null"], "minimum": MIN_VISIBILITY_MS,
                               "maximum": s.max_visibility_ms,
                               "default": s.default_visibility_ms},
             "max_in_flight": {"type": ["integer", "null"], "minimum": 1,
@@ -204,43 +227,44 @@ def _request_schemas(s: Settings) -> dict[str, Any]:
                                              "no cap"}}},
         "LeaseRequest": {"type": "object", "additionalProperties": False, "properties": {
             **lease,
-            "tag": {"type": "string", "description": "lease only records with this tag; new "
+            "tag": {**_TAG, "type": ["string", "null"],
+                    "description": "lease only records with this tag; new "
                     "records without it are completed as skipped"}}},
         "PrefixLeaseRequest": {"type": "object", "additionalProperties": False,
                                "properties": lease},
         "TokensRequest": {"type": "object", "required": ["tokens"], "additionalProperties": False,
                           "properties": {
-            "tokens": {"type": "array", "minItems": 1, "items": {"type": "string"}}}},
+            "tokens": _TOKENS}},
         "RetryRequest": {"type": "object", "required": ["tokens"], "additionalProperties": False,
                          "properties": {
-            "tokens": {"type": "array", "minItems": 1, "items": {"type": "string"}},
+            "tokens": _TOKENS,
             "delay_ms": params.RETRY_DELAY_MS.body_schema(s),
-            "reason": {"type": "string", "maxLength": MAX_REASON_CHARS}}},
+            "reason": _REASON}},
         "ExtendRequest": {"type": "object", "required": ["tokens", "visibility_ms"],
                           "additionalProperties": False, "properties": {
-            "tokens": {"type": "array", "minItems": 1, "items": {"type": "string"}},
-            "visibility_ms": params.LEASE_VISIBILITY_MS.body_schema(s)}},
+            "tokens": _TOKENS,
+            "visibility_ms": params.LEASE_VISIBILITY_MS.body_schema(s, nullable=False)}},
         "PrefixConsumerRequest": {"type": "object", "required": ["prefix"],
                                   "additionalProperties": False, "properties": {
-            "prefix": {"type": "string", "minLength": 1,
+            "prefix": {**_NAME,
                        "description": "every queue whose name starts with it, now or later"},
-            "max_attempts": {"type": "integer", "minimum": 1, "maximum": MAX_ATTEMPTS_LIMIT,
-                             "default": s.default_max_attempts},
-            "visibility_ms": {"type": "integer", "minimum": MIN_VISIBILITY_MS,
+            "max_attempts": {"type": ["integer", "null"], "minimum": 1,
+                             "maximum": MAX_ATTEMPTS_LIMIT, "default": s.default_max_attempts},
+            "visibility_ms": {"type": ["integer", "null"], "minimum": MIN_VISIBILITY_MS,
                               "maximum": s.max_visibility_ms,
                               "default": s.default_visibility_ms},
-            "dead_letter_queue": {"type": ["string", "null"],
+            "dead_letter_queue": {**_NAME, "type": ["string", "null"],
                                   "description": "a queue name, or one with {queue} in it (one "
                                                  "per queue, e.g. {queue}-dead); never under "
                                                  "the prefix; null: none"},
             "max_in_flight": {"type": ["integer", "null"], "minimum": 1,
                               "maximum": s.max_lease_window,
                               "description": "records of one queue leased at once, at most"},
-            "records_per_turn": {"type": "integer", "minimum": 1,
+            "records_per_turn": {"type": ["integer", "null"], "minimum": 1,
                                  "maximum": MAX_RECORDS_PER_TURN, "default": RECORDS_PER_TURN,
                                  "description": "records a queue gives in its turn (times its "
                                                 "weight)"},
-            "weights": {"type": "object", "maxProperties": MAX_WEIGHTS,
+            "weights": {"type": ["object", "null"], "maxProperties": MAX_WEIGHTS,
                         "additionalProperties": {"type": "integer", "minimum": 1,
                                                  "maximum": MAX_WEIGHT},
                         "description": "queue (under the prefix) -> records per turn "
@@ -252,11 +276,11 @@ def _request_schemas(s: Settings) -> dict[str, Any]:
                                "additionalProperties": False, "properties": {
             "tokens": _PREFIX_TOKENS,
             "delay_ms": params.RETRY_DELAY_MS.body_schema(s),
-            "reason": {"type": "string", "maxLength": MAX_REASON_CHARS}}},
+            "reason": _REASON}},
         "PrefixExtendRequest": {"type": "object", "required": ["tokens", "visibility_ms"],
                                 "additionalProperties": False, "properties": {
             "tokens": _PREFIX_TOKENS,
-            "visibility_ms": params.LEASE_VISIBILITY_MS.body_schema(s)}},
+            "visibility_ms": params.LEASE_VISIBILITY_MS.body_schema(s, nullable=False)}},
         "Error": {"type": "object", "required": ["error"], "properties": {"error": {
             "type": "object", "required": ["code", "message", "retriable"],
             "properties": {"code": {"enum": sorted(REGISTRY)}, "message": {"type": "string"},
@@ -266,7 +290,7 @@ def _request_schemas(s: Settings) -> dict[str, Any]:
 
 
 def openapi_document(s: Settings) -> dict[str, Any]:
-    name = {"type": "string", "minLength": 1,
+    name = {**_NAME,
             "description": f"1 to {MAX_NAME_BYTES} UTF-8 bytes, no control characters; "
                            "URL-encode `/` as %2F"}
     queue_p = {"name": "queue", "in": "path", "required": True, "schema": name}
@@ -367,7 +391,8 @@ def openapi_document(s: Settings) -> dict[str, Any]:
             "/v1/queues/{queue}/scheduled/{id}": {"delete": {
                 "summary": "Cancel a scheduled record before it is due",
                 "parameters": [queue_p, {"name": "id", "in": "path", "required": True,
-                                         "schema": {"type": "integer", "minimum": 0},
+                                         "schema": {"type": "integer", "minimum": 0,
+                                                    "maximum": params.MAX_OFFSET},
                                          "description": "the offset its enqueue answered"}],
                 "responses": {"200": _ok("ScheduledCancellation"), "404": _ERR, **errors}}},
             "/v1/queues/{queue}": {

@@ -26,7 +26,7 @@ class IntParam:
 
     def parse(self, query: Mapping[str, str], settings: Settings) -> int | None:
         raw = query.get(self.name)
-        if raw is None or raw == "":
+        if raw is None:
             return self.default(settings)
         try:
             value = int(raw)
@@ -53,9 +53,12 @@ class IntParam:
                              min=self.minimum, max=hi)
         return value
 
-    def body_schema(self, settings: Settings) -> dict[str, Any]:
+    def body_schema(self, settings: Settings, nullable: bool = True) -> dict[str, Any]:
+        """The parameter as a body field: null is taken as left out (`from_body`), unless the
+        route requires the field."""
         schema = self.openapi(settings)["schema"]
-        return {**schema, "description": self.description}
+        kind = ["integer", "null"] if nullable else "integer"
+        return {**schema, "type": kind, "description": self.description}
 
     def require(self, query: Mapping[str, str], settings: Settings) -> int:
         """`parse` for a parameter that has a default."""

@@ -162,10 +162,13 @@ async def stream(request: web.Request) -> web.StreamResponse:
     service = request.app[SERVICE]
     state = service.ownership.require(service.partition_of(queue))  # 409/503 before upgrading
     config = state.configs.get((queue, consumer))
-    mode = request.query.get("mode") or (config.mode if config is not None else CURSOR)
+    mode = request.query.get("mode", config.mode if config is not None else CURSOR)
     if mode not in MODES:
         raise BadRequest("invalid_parameter", "mode must be cursor or lease")
     ws = web.WebSocketResponse(heartbeat=30.0)
+    if not ws.can_prepare(request).ok:
+        raise BadRequest("bad_request", "this route is a WebSocket: open it with `Connection: "
+                         "Upgrade` and `Upgrade: websocket` (docs/work-queues.md)")
     await ws.prepare(request)
     session = _Stream(request, ws, queue, consumer, mode, encoding, visibility_ms, tag)
     pusher = asyncio.create_task(session.run())
