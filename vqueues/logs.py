@@ -11,6 +11,8 @@ import logging
 import sys
 import time
 
+from aiohttp.http_exceptions import HttpProcessingError
+
 _STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime"}
 
 
@@ -42,6 +44,22 @@ class TextFormatter(logging.Formatter):
         return text
 
 
+class BadRequestLines(logging.Filter):
+    """aiohttp logs a request its HTTP parser refused (an empty `Content-Length`, a header that
+    is not ASCII) as an error with a traceback: a client's fault, which any client can repeat
+    at will. Such a record becomes one `bad_http_request` warning naming the parser's
+    complaint, without the traceback."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, HttpProcessingError):
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
+            record.msg, record.args = "bad_http_request", ()
+            record.error = (str(exc.message).strip().splitlines() or [""])[0]
+            record.exc_info = record.exc_text = None
+        return True
+
+
 def setup(level: str = "info", fmt: str = "json") -> None:
     """Configure the root logger once for a process (called by the CLI, never on import)."""
     handler = logging.StreamHandler(sys.stderr)
@@ -50,3 +68,6 @@ def setup(level: str = "info", fmt: str = "json") -> None:
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+    server = logging.getLogger("aiohttp.server")
+    if not any(isinstance(f, BadRequestLines) for f in server.filters):
+        server.addFilter(BadRequestLines())
