@@ -102,12 +102,15 @@ def _check_query(request: web.Request) -> None:
     known = request.app[QUERY_PARAMETERS].get((info.canonical, request.method))
     if known is None:  # not a documented route: the console's files, the compat routes
         return
-    names = [name for name, _ in request.query.items()]
-    unknown = sorted({n for n in names if n not in known})
+    seen: set[str] = set()
+    again: set[str] = set()  # one pass: a query of 2,000 names must not cost 2,000 squared
+    for name, _ in request.query.items():
+        (again if name in seen else seen).add(name)
+    unknown = sorted(seen - known)
     if unknown:
         raise VQError("invalid_parameter", f"unknown query parameter(s) {unknown}; known: "
                       f"{sorted(known)}", unknown=unknown)
-    twice = sorted({n for n in names if names.count(n) > 1 and not n.endswith("[]")})
+    twice = sorted(n for n in again if not n.endswith("[]"))
     if twice:
         raise VQError("invalid_parameter", f"query parameter(s) {twice} given more than once",
                       parameter=twice[0])
