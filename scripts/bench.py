@@ -197,22 +197,28 @@ async def vq_throughput(s: aiohttp.ClientSession, urls: list[str], seconds: floa
 async def vq_shaped_throughput(s: aiohttp.ClientSession, route, seconds: float,
                                concurrency: int, shape: str) -> float:
     """Like vq_throughput over 10 queues, with every record keyed (`keyed`: a fresh
-    idempotency key each) or 10% of them scheduled 1 s ahead (`scheduled`)."""
+    idempotency key each) or 10% of them scheduled 1 s ahead (`scheduled`).
+
+    The client's cost per body is kept near the plain run's (one fixed body): the scheduled
+    body is the same every time (its delay is relative), and a keyed body is a template
+    filled with fresh keys (15 us per body; json.dumps of 100 dicts took 119 us, 6% of a
+    core at this rate, on the cores the node shares)."""
+    if shape != "keyed":
+        fixed = json.dumps({"records": [
+            {"value": VALUE, "delay_ms": 1000} if i % 10 == 0 else {"value": VALUE}
+            for i in range(100)]})
+        return await vq_throughput(s, [], seconds, concurrency, route, queues=10,
+                                   body_of=lambda: fixed, prefix=shape)
     serial = 0
-    tag = uuid.uuid4().hex[:6]
+    head, tail = json.dumps({"value": VALUE, "idempotency_key": "KEY"}).split("KEY")
+    head += uuid.uuid4().hex[:6] + "-"  # keys "<run>-<serial>"
+    between = tail + ", " + head
 
     def body() -> str:
         nonlocal serial
-        records = []
-        for i in range(100):
-            serial += 1
-            rec: dict[str, object] = {"value": VALUE}
-            if shape == "keyed":
-                rec["idempotency_key"] = f"{tag}-{serial}"
-            elif i % 10 == 0:
-                rec["delay_ms"] = 1000
-            records.append(rec)
-        return json.dumps({"records": records})
+        first, serial = serial, serial + 100
+        keys = between.join(map(str, range(first, serial)))
+        return '{"records": [' + head + keys + tail + "]}"
 
     return await vq_throughput(s, [], seconds, concurrency, route, queues=10, body_of=body,
                                prefix=shape)

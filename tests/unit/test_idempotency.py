@@ -2,6 +2,7 @@
 first offset answered, a reused key refused, the window rebuilt by a new owner, and bounded."""
 
 import asyncio
+import gc
 import sys
 import time
 
@@ -168,6 +169,17 @@ def test_what_the_window_costs_per_key():
     tracemalloc.stop()
     assert 200 < per_key < 400, per_key
     assert sys.getsizeof(fingerprint("q", b"k")) <= 44
+
+
+def test_the_windows_entries_are_not_tracked_by_the_garbage_collector():
+    """A window of a million keys must not be walked by every full collection (as
+    NamedTuples its entries were tracked for good)."""
+    w = IdempotencyWindow(10**9)
+    fp = fingerprint("queue", b"k")
+    w.add(fp, Seen(1, 2**63 + 5, 10**6), 10**6)
+    seen = w.lookup(fp)
+    assert seen == Seen(1, 2**63 + 5, 10**6) and seen.payload == 2**63 + 5
+    assert not gc.is_tracked(seen)
 
 
 def test_a_window_remembers_a_keyed_record_once_and_ignores_one_without_a_key():
