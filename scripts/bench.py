@@ -12,7 +12,8 @@ Starts the embedded broker (or uses --bootstrap) and one node process, then meas
   lease throughput     lease (10 records) -> complete, --concurrency workers over 10 queues
   lease end-to-end     enqueue -> a lease long-polling the queue (p50/p99)
   enqueue shapes       the throughput run with an idempotency key on every record, and with
-                       10% of the records scheduled; scheduled records' lateness (p50/p99)
+                       10% of the records scheduled; scheduled records' lateness (p50/p99),
+                       of one queue's and of records due at once in 5,000 queues
   prefix consumer      lease -> complete across the queues under a prefix (--prefix-queues
                        queues, each leased from once and idle, 1,000 with records) beside the
                        per-queue lease on the same node
@@ -222,6 +223,37 @@ async def vq_shaped_throughput(s: aiohttp.ClientSession, route, seconds: float,
 
     return await vq_throughput(s, [], seconds, concurrency, route, queues=10, body_of=body,
                                prefix=shape)
+
+
+async def vq_schedule_lateness_many(s: aiohttp.ClientSession, route, queues: int
+                                    ) -> list[float]:
+    """One record scheduled in each of `queues` queues, all due at the same moment, 2 s ahead:
+    how late each moved copy was written, in seconds (pct() reports ms)."""
+    due = int(time.time() * 1000) + 2000
+    names = [f"late-many-{uuid.uuid4().hex[:6]}-{i}" for i in range(queues)]
+    by_owner: dict[str, list[str]] = {}
+    for q in names:
+        by_owner.setdefault(route(q), []).append(q)
+    for url, owned in by_owner.items():
+        for i in range(0, len(owned), 1000):
+            async with s.post(f"{url}/v1/records", json={"records": [
+                    {"queue": q, "value": "x", "deliver_at": due}
+                    for q in owned[i:i + 1000]]}) as r:
+                body = await r.json()
+                assert r.status == 200 and not body["failed"], body
+    got: list[float] = []
+    limit = asyncio.Semaphore(16)
+
+    async def moved(q: str) -> None:
+        async with limit, s.get(f"{route(q)}/v1/queues/{q}/records",
+                                params={"limit": "1", "wait_ms": "10000"}) as r:
+            page = await r.json()
+        got.extend((x["timestamp"] - due) / 1000 for x in page["records"])
+
+    await asyncio.sleep(max(0.0, due / 1000 - time.time()))
+    await asyncio.gather(*(moved(q) for q in names))
+    assert len(got) == queues, f"{len(got)} of {queues} moved"
+    return got
 
 
 async def vq_schedule_lateness(s: aiohttp.ClientSession, base: str, q: str, count: int
@@ -570,6 +602,7 @@ async def measure_vqueues(args: argparse.Namespace, bootstrap: str, nodes: int,
                 out["plain_scheduled"] = statistics.mean(plains[1:])
                 samples["lateness"] = await vq_schedule_lateness(s, route("late-1"), "late-1",
                                                                  args.samples)
+                samples["lateness_many"] = await vq_schedule_lateness_many(s, route, 5000)
         for name, values in samples.items():
             out[f"{name}_p50"], out[f"{name}_p99"] = pct(values, .5), pct(values, .99)
         return out
@@ -940,7 +973,8 @@ async def measure_broker(args: argparse.Namespace, bootstrap: str, label: str,
                 f"({res['scheduled_throughput'] / res['plain_scheduled']:.2f}x); scheduled "
                 f"records' "
                 f"lateness (moved copy's timestamp - due) p50 {res['lateness_p50']:.1f} ms, "
-                f"p99 {res['lateness_p99']:.1f} ms")
+                f"p99 {res['lateness_p99']:.1f} ms; due at once in 5,000 queues p50 "
+                f"{res['lateness_many_p50']:.1f} ms, p99 {res['lateness_many_p99']:.1f} ms")
     for name, res in many.items():
         lines.append(
             f"{args.many_queues:,} queues x 2 records already in the topic, {name}: replay to "

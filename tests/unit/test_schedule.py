@@ -175,3 +175,37 @@ async def test_the_scheduler_wakes_at_the_due_time_not_at_the_next_tick(node):
         runner.cancel()
         await asyncio.gather(runner, return_exceptions=True)
     assert not scheduler._moving  # stopping it stopped its moves
+
+
+@pytest.mark.parametrize("batch", [1000, 7])
+async def test_the_due_records_of_a_partitions_queues_are_moved_together(node, monkeypatch,
+                                                                         batch):
+    """One write (of up to MOVE_BATCH records) for all the partition's queues, each queue's
+    records in due order, not a write per queue one after the other: records due at once in
+    5,000 queues were moved up to 2.2 s late so."""
+    svc, data_log, _, scheduler = node
+    monkeypatch.setattr("vqueues.scheduler.MOVE_BATCH", batch)
+    now = now_ms()
+    p = svc.partition_of("m-0")
+    queues = [q for q in (f"m-{i}" for i in range(2000)) if svc.partition_of(q) == p][:60]
+    assert len(queues) == 60
+    for q in queues:
+        await svc.enqueue(q, [later(b"second", now + 60), later(b"first", now + 50),
+                              later(b"third", now + 70)])
+    writes: list[int] = []
+    append = data_log.append
+
+    async def counted(partition, records):
+        writes.append(len(records))
+        return await append(partition, records)
+
+    monkeypatch.setattr(data_log, "append", counted)
+    state = svc.ownership.require(p)
+    time.sleep(0.08)
+    assert await scheduler.move_due(state) == 3 * len(queues)
+    assert writes == [min(batch, 180 - i) for i in range(0, 180, batch)]
+    for q in queues:
+        page = await svc.read(q, None, 0, 10, 0)
+        assert [r.value for r in page.records] == [b"first", b"second", b"third"]
+        assert svc.queue_info(q).scheduled == 0
+    assert await scheduler.move_due(state) == 0  # moved once
