@@ -10,6 +10,8 @@ queues prefilled with 100-byte records unless said:
   per-key order        the 16-worker run over records carrying 100 distinct ordering keys
   Worker               vqueues_client.Worker, 16 slots, a no-op handler, 200,000 records
   lease end to end     enqueue -> a lease long-polling the queue (p50/p99)
+  dead letters         2,000 consumers' last leases expiring together: how long after the
+                       deadline each record reached the dead-letter queue (p50/p99)
   idle queue memory    bytes per queue a prefix consumer leased from once and left idle
 For each: records/s, requests/s, the node's CPU per record (user + system, all threads), and
 records per server CPU-second (node + broker); and the lease window's memory per in-flight
@@ -143,6 +145,45 @@ async def worker_drain(url: str, names: list[str], total: int) -> tuple[int, int
         return await drain_with_worker(vq, names, total, 16)
 
 
+async def expiry_lateness(s: aiohttp.ClientSession, route: Callable[[str], str],
+                          consumers: int = 2000) -> list[float]:
+    """`consumers` queues, each with a consumer of max_attempts 1 and a dead-letter queue and
+    one record leased for 3 s: how long after its lease's deadline each record was written to
+    the dead letters (its timestamp there), in seconds."""
+    tag = uuid.uuid4().hex[:6]
+    names, dlq = [f"x-{tag}-{i}" for i in range(consumers)], f"x-{tag}-dead"
+    limit = asyncio.Semaphore(16)
+    deadlines: dict[str, int] = {}
+
+    async def setup(q: str) -> None:
+        async with limit:
+            async with s.put(f"{route(q)}/v1/queues/{q}/consumers/w", json={
+                    "max_attempts": 1, "dead_letter_queue": dlq}) as r:
+                assert r.status == 200, await r.text()
+            async with s.post(f"{route(q)}/v1/queues/{q}/records",
+                              json={"records": [{"value": "x"}]}) as r:
+                assert r.status == 200, await r.text()
+            async with s.post(f"{route(q)}/v1/queues/{q}/consumers/w/lease",
+                              json={"max_records": 1, "visibility_ms": 3000}) as r:
+                deadlines[q] = (await r.json())["records"][0]["deadline"]
+
+    await asyncio.gather(*(setup(q) for q in names))
+    await asyncio.sleep(max(0.0, max(deadlines.values()) / 1000 - time.time()) + 2)
+    late: list[float] = []
+    offset = 0
+    while len(late) < consumers:
+        async with s.get(f"{route(dlq)}/v1/queues/{dlq}/records", params={
+                "limit": "1000", "offset": str(offset), "wait_ms": "5000"}) as r:
+            page = await r.json()
+        if not page["records"]:
+            break
+        late += [(x["timestamp"] - deadlines[x["headers"]["vq-dlq-source-queue"]]) / 1000
+                 for x in page["records"]]
+        offset = page["next_offset"]
+    assert len(late) == consumers, f"{len(late)} of {consumers} dead-lettered"
+    return late
+
+
 async def measure_vqueues(args: argparse.Namespace, code: str | None = None
                          ) -> list[dict[str, Any]]:
     broker = None if args.bootstrap else EmbeddedBroker().start()
@@ -197,6 +238,9 @@ async def measure_vqueues(args: argparse.Namespace, code: str | None = None
             e2e = await bench.vq_lease_e2e(s, route("le2e"), "le2e", args.samples)
             out.append({"name": "enqueue -> long-polling lease", "p50": bench.pct(e2e, .5),
                         "p99": bench.pct(e2e, .99)})
+            late = await expiry_lateness(s, route)
+            out.append({"name": "dead letters after the deadline", "p50": bench.pct(late, .5),
+                        "p99": bench.pct(late, .99)})
     finally:
         bench.stop_nodes(procs)
         if broker:
@@ -292,6 +336,12 @@ def report(vq: list[dict[str, Any]], rd: list[dict[str, Any]],
     if "enqueue -> long-polling lease" in before:
         e2e = before["enqueue -> long-polling lease"]
         print(f"  {ARGS.baseline}: p50 {e2e['p50']:.2f} ms, p99 {e2e['p99']:.2f} ms")
+    late = rows["dead letters after the deadline"]
+    print(f"2,000 consumers' last leases expiring together, written to the dead letters after "
+          f"the deadline: p50 {late['p50']:.1f} ms, p99 {late['p99']:.1f} ms")
+    if "dead letters after the deadline" in before:
+        late = before["dead letters after the deadline"]
+        print(f"  {ARGS.baseline}: p50 {late['p50']:.1f} ms, p99 {late['p99']:.1f} ms")
     red = {r["name"]: r for r in rd}
     for batch in (10, 100):
         ours, theirs = rows[f"lease -> complete, {batch} per call"], red.get(

@@ -10,10 +10,17 @@ import asyncio
 import logging
 
 from vqueues.ownership import Ownership
+from vqueues.partition_state import PartitionState
 from vqueues.records import now_ms
 from vqueues.work_service import WorkService
 
 log = logging.getLogger(__name__)
+
+
+# Consumers dead-lettered at once, at most: each holds its consumer's lock and waits for a write
+# of the dead letters and one to the offset topic. One consumer after the other, the last of
+# 1,000 whose leases expired together waited for 2,000 writes.
+DEAD_LETTERINGS_AT_ONCE = 64
 
 
 class LeaseExpiry:
@@ -26,14 +33,18 @@ class LeaseExpiry:
         while True:
             await asyncio.sleep(self.tick_s)
             now = now_ms()
-            for state in list(self.ownership.states.values()):
-                if not state.ready.is_set() or not state.leases.last_attempts or \
-                        state.leases.last_attempts[0][0] > now:
-                    continue
-                for queue, consumer in state.leases.due_last_attempts(now):
-                    try:
-                        await self.work.dead_letter_expired(state, queue, consumer)
-                    except Exception:  # logged; the next lease call dead-letters them
-                        log.exception("dead_letter_failed", extra={
-                            "partition": state.partition, "queue": queue,
-                            "consumer": consumer})
+            due = [(state, queue, consumer)
+                   for state in list(self.ownership.states.values())
+                   if state.ready.is_set() and state.leases.last_attempts
+                   and state.leases.last_attempts[0][0] <= now
+                   for queue, consumer in state.leases.due_last_attempts(now)]
+            for start in range(0, len(due), DEAD_LETTERINGS_AT_ONCE):
+                await asyncio.gather(*(self._dead_letter(*d)
+                                       for d in due[start:start + DEAD_LETTERINGS_AT_ONCE]))
+
+    async def _dead_letter(self, state: PartitionState, queue: str, consumer: str) -> None:
+        try:
+            await self.work.dead_letter_expired(state, queue, consumer)
+        except Exception:  # logged; the next lease call dead-letters them
+            log.exception("dead_letter_failed", extra={
+                "partition": state.partition, "queue": queue, "consumer": consumer})

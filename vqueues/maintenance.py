@@ -28,6 +28,9 @@ TOP_LAGS = 10
 LOOP_LAG_EVERY_S = 0.05
 # How often the collector's tracked objects are counted (about 1 ms per 100,000 of them).
 GC_CHECK_S = 1.0
+# Idle consumers expired at once: their tombstones share offset-topic writes (`OffsetWriter`),
+# where one consumer after the other waited for a write each.
+EXPIRE_AT_ONCE = 256
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,8 +168,15 @@ class Maintenance:
                     state, log_start, tail,
                     oldest if expire else kept.oldest_ack if kept is not None else None)
             gone = 0
-            for queue, consumer in expired:
-                gone += await self.service.expire_consumer(state, queue, consumer, acked_before)
+            for start in range(0, len(expired), EXPIRE_AT_ONCE):
+                done = await asyncio.gather(*(
+                    self.service.expire_consumer(state, queue, consumer, acked_before)
+                    for queue, consumer in expired[start:start + EXPIRE_AT_ONCE]),
+                    return_exceptions=True)  # none left running when one fails
+                for result in done:
+                    if isinstance(result, BaseException):
+                        raise result
+                    gone += result
             if dropped or gone:
                 log.info("partition_maintained", extra={
                     "partition": p, "log_start": log_start, "queues_dropped": dropped,

@@ -144,6 +144,23 @@ async def test_a_pass_walks_every_shard_of_the_queue_map(service):  # noqa: F811
     assert service.metrics.registry.get_sample_value("vq_consumers_expired_total") == 3000
 
 
+async def test_idle_consumers_expired_together_share_offset_topic_writes(service):  # noqa: F811
+    """One consumer after the other, each tombstone waited for a write of its own; expired
+    together, a partition's tombstones share writes (`OffsetWriter`)."""
+    p = service.partition_of("idle/0")
+    names = [q for q in (f"idle/{i}" for i in range(3000)) if service.partition_of(q) == p][:40]
+    assert len(names) == 40
+    for name in names:
+        await service.ack(name, "c", 0, allow_rewind=False)
+    object.__setattr__(service.settings, "consumer_retention_ms", 1)
+    await asyncio.sleep(0.01)
+    writes = service._writer.writes
+    await Maintenance(service.settings, service.ownership, service).follow_retention()
+    assert service.list_queues("idle/", None, 100).queues == []
+    assert service.metrics.registry.get_sample_value("vq_consumers_expired_total") == 40
+    assert service._writer.writes - writes <= 2  # the first alone, the rest together
+
+
 async def test_listings_follow_deletions_and_page_across_partitions(service):  # noqa: F811
     names = [f"l/{i:03}" for i in range(40)]
     for n in names:

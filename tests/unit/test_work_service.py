@@ -441,6 +441,48 @@ async def test_an_expired_last_attempt_is_dead_lettered_when_it_expires(node):
         expiry.cancel()
 
 
+async def test_consumers_whose_leases_expire_together_are_dead_lettered_together(
+        node, monkeypatch):
+    """Each dead-lettering waits for two writes: one consumer after the other, the last of
+    1,000 consumers whose leases expired together waited for 2,000 of them."""
+    from vqueues.lease_expiry import LeaseExpiry
+    svc, work, data_log, _ = node
+    queues = [f"expiring-{i}" for i in range(20)]
+    for q in queues:
+        await work.configure(q, "w", "lease", 1, "expiring-dlq", None)
+        await _fill(svc, q, 1)
+    for q in queues:
+        assert (await work.lease(q, "w", 1, 100, 0)).records
+    writing = most = 0
+    append = data_log.append
+
+    async def slow(partition, records):
+        nonlocal writing, most
+        writing += 1
+        most = max(most, writing)
+        try:
+            await asyncio.sleep(0.05)
+            return await append(partition, records)
+        finally:
+            writing -= 1
+
+    monkeypatch.setattr(data_log, "append", slow)
+    expiry = asyncio.create_task(LeaseExpiry(work, svc.ownership, 20).run_forever())
+    try:
+        for _ in range(300):
+            await asyncio.sleep(0.02)
+            if all(svc.queue_info(q).consumers[0].dead_lettered for q in queues):
+                break
+        assert [svc.queue_info(q).consumers[0].dead_lettered for q in queues] == [1] * 20
+        assert most > 1  # the dead letters of several consumers were written at once
+        monkeypatch.setattr(data_log, "append", append)
+        dead = (await svc.read("expiring-dlq", None, None, 100, 1000)).records
+        assert sorted(dict(d.headers)["vq-dlq-source-queue"] for d in dead) == \
+            sorted(q.encode() for q in queues)
+    finally:
+        expiry.cancel()
+
+
 async def test_an_in_flight_cap_holds_exactly_under_concurrent_leases(node):
     svc, work, *_ = node
     await _fill(svc, "capped", 30)
