@@ -108,7 +108,7 @@ class Scheduler:
         """Write every due record of `state` to its queue (as of its due time, in due order);
         returns how many were moved. The partition's queues are moved together, in writes of
         up to MOVE_BATCH records (one produce each): a write per queue, one after the other,
-        made records due at once in 5,000 queues up to 2.2 s late (measured)."""
+        made records due at once in 5,000 queues 3.7 s late at p99 (`scripts/bench.py`)."""
         due = state.schedule.take_due(now_ms())
         if not due:
             return 0
