@@ -449,8 +449,11 @@ async def vq_lease_throughput(s: aiohttp.ClientSession, route, seconds: float, w
     return count / (time.perf_counter() - t0)
 
 
-async def vq_lease_e2e(s: aiohttp.ClientSession, base: str, q: str, count: int) -> list[float]:
-    """Enqueue -> a lease long-polling the queue, then complete (outside the timing)."""
+async def vq_lease_e2e(s: aiohttp.ClientSession, base: str, q: str, count: int,
+                       after_writer: list[float] | None = None) -> list[float]:
+    """Enqueue -> a lease long-polling the queue, then complete (outside the timing). With
+    `after_writer`, also how long after the writer's answer the lease's came (the grant's
+    write to the offset topic, the wake-up, the answer)."""
     out = []
     body = json.dumps({"records": [{"value": VALUE}]})
     lease_url = f"{base}/v1/queues/{q}/consumers/e2e/lease"
@@ -466,8 +469,11 @@ async def vq_lease_e2e(s: aiohttp.ClientSession, base: str, q: str, count: int) 
         async with s.post(f"{base}/v1/queues/{q}/records", data=body,
                           headers={"Content-Type": "application/json"}) as r:
             await r.read()
+        written_at = time.perf_counter()
         got, at = await leaser
         out.append(at - t0)
+        if after_writer is not None:
+            after_writer.append(at - written_at)
         assert got["records"], got
         async with s.post(f"{base}/v1/queues/{q}/consumers/e2e/complete",
                           json={"tokens": [x["token"] for x in got["records"]]}) as r:
