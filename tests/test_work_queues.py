@@ -487,8 +487,8 @@ async def test_a_worker_leases_ahead_and_completes_in_batches(node):
         await runner
         assert sorted(done) == sorted(f"r{i}" for i in range(600))
         assert worker.completed == 600
-        # Leases of up to 88 (8 slots + 80 ahead), completions gathered a few ms at a time:
-        # far fewer calls than records, and no extend for a quick handler.
+        # Leases of up to 100 records (80 to 240 leased ahead of 8 slots), completions gathered
+        # a few ms at a time: far fewer calls than records, and no extend for a quick handler.
         assert vq.calls["lease"] < 150 and vq.calls["complete"] < 300
         assert vq.calls["extend"] == 0
         info = await vq.queue_info(q)

@@ -2,9 +2,11 @@
 
 `concurrency` handler slots take leased records from a buffer; a leaser per queue keeps the
 buffer filled ahead of them (at most `concurrency + prefetch` records leased and not yet
-handled, `prefetch` by default 10 per slot and at least 64, in calls of at least a quarter of
-that room, up to `max_batch`), long-polling a queue that has nothing with one slot reserved,
-so an idle queue holds no room another could use. A handler that returns has its record completed
+handled, in calls of at least a quarter of that room, up to `max_batch`), long-polling a queue
+that has nothing with one slot reserved, so an idle queue holds no room another could use.
+Without an explicit `prefetch` the room follows the handlers: 10 records per slot (at least
+64), growing up to 30 per slot while the slots would handle more than that within two lease
+round trips (both times measured as it runs). A handler that returns has its record completed
 in a batch with the others finishing within `complete_delay_ms` (one call, not one per record);
 one that raises has its record retried after a backoff that grows with its attempt number, with
 the exception as the reason (past the consumer's `max_attempts` the server moves it to the
@@ -134,11 +136,18 @@ class Worker:
         self.idle_sleep_s = idle_sleep_s  # the pause after a failed lease call
         self.backoff_initial_ms = backoff_initial_ms
         self.backoff_max_ms = backoff_max_ms
-        # Leased ahead: by default 10 per slot, as many as a worker per slot leasing 10 at a
-        # time holds; with a lease round trip of a few ms, fewer left the slots waiting (64
-        # ahead of 16 slots drained 10,000 records/s, 160 ahead 15,000, measured).
-        ahead = max(10 * concurrency, 64) if prefetch is None else max(0, prefetch)
-        self.capacity = concurrency + ahead
+        # Leased ahead: at least 10 per slot, as many as a worker per slot leasing 10 at a time
+        # holds. Fast handlers empty that in less than a lease round trip, and the slots then
+        # wait: with a no-op handler, 16 slots drained 32,000 records/s with 160 ahead, 46,000
+        # with 480 and no more with 960 (the node's lease calls slowed). So the room grows to
+        # what the slots handle in two round trips, up to 30 per slot (`_adapt`); an explicit
+        # `prefetch` is kept as given.
+        self._adaptive = prefetch is None
+        self._floor = max(10 * concurrency, 64) if prefetch is None else max(0, prefetch)
+        self._ceiling = max(30 * concurrency, self._floor) if prefetch is None else self._floor
+        self.capacity = concurrency + self._floor  # records leased and not yet handled, at most
+        self._handler_s = 0.0  # moving averages: a handler's run, a lease call's round trip
+        self._lease_s = 0.0
         self.max_batch = max_batch
         self.complete_delay_s = complete_delay_ms / 1000
         self.completed = 0
@@ -249,6 +258,17 @@ class Worker:
         self._held -= n
         self._room.set()
 
+    def _adapt(self) -> None:
+        """Lease ahead what the slots handle in two lease round trips, between the floor and
+        the ceiling (only without an explicit `prefetch`)."""
+        if not self._adaptive or self._handler_s <= 0:
+            return
+        wanted = int(2 * self.concurrency * self._lease_s / self._handler_s)
+        capacity = self.concurrency + min(self._ceiling, max(self._floor, wanted))
+        if capacity > self.capacity:
+            self._room.set()  # a leaser waiting for room may go on
+        self.capacity = capacity
+
     async def _leaser(self, source: _Source) -> None:
         idle = False  # the last lease found nothing: long-poll with one slot reserved
         while not self._stopping.is_set():
@@ -259,6 +279,7 @@ class Worker:
                 self.max_batch, min(self.max_batch, max(1, self.capacity // 4))))
             if not n:
                 return
+            started = time.perf_counter()
             try:
                 got = await source.lease(n, self.visibility_ms, self.wait_ms if idle else 0)
             except VQError as exc:
@@ -274,6 +295,9 @@ class Worker:
                 self._release(n)
                 raise
             self._release(n - len(got))
+            if not idle and got:  # a long poll's time is the wait, not the round trip
+                self._lease_s = _average(self._lease_s, time.perf_counter() - started)
+                self._adapt()
             idle = not got
             for lease in got:
                 lease_id = source.id_of(lease)
@@ -310,7 +334,11 @@ class Worker:
         assert me is not None
         self._running.add(me)
         try:
-            await self._call(lease)
+            started = time.perf_counter()
+            try:
+                await self._call(lease)
+            finally:
+                self._handler_s = _average(self._handler_s, time.perf_counter() - started)
         except asyncio.CancelledError:
             if not self._abandoning:
                 raise  # the worker itself is being torn down: leave the lease as it is
@@ -422,3 +450,8 @@ class Worker:
                 if lease_id in self._deadlines:
                     self._deadlines[lease_id] = deadline
             return
+
+
+def _average(mean: float, sample: float) -> float:
+    """An exponential moving average (the first sample starts it)."""
+    return sample if mean <= 0 else mean + 0.2 * (sample - mean)
