@@ -7,8 +7,11 @@ export type Handler = (lease: Lease, signal: AbortSignal) => unknown | Promise<u
 export interface WorkerOptions {
   /** Handlers running at once (4). */
   concurrency?: number;
-  /** Records leased per call, at most (the free slots, up to this; 100). */
+  /** Records leased per call, at most (the free slots, up to this), and completed per call
+   * (100). */
   maxBatch?: number;
+  /** How long a handled record waits for others to complete with it in one call, ms (5). */
+  completeDelayMs?: number;
   /** How long an idle leaser long-polls, ms (5,000). */
   waitMs?: number;
   /** The lease's visibility, ms (the consumer's own when unset). */
@@ -32,7 +35,9 @@ interface Source {
   name: string;
   lease(maxRecords: number, waitMs: number, visibilityMs: number | undefined,
         signal: AbortSignal): Promise<Lease[]>;
-  complete(lease: Lease): Promise<unknown>;
+  complete(leases: Lease[]): Promise<unknown>;
+  /** The leases a `lease_expired` refusal names as stale. */
+  stale(exc: VQError, leases: Lease[]): Set<Lease>;
   retry(lease: Lease, delayMs: number, reason: string | undefined): Promise<unknown>;
   /** The lease's new deadline, if the node said. */
   extend(lease: Lease, visibilityMs: number): Promise<number | undefined>;
@@ -43,7 +48,11 @@ function queueSource(client: Client, queue: string, consumer: string): Source {
     name: queue,
     lease: (n, waitMs, visibilityMs, signal) => client.lease(queue, consumer, {
       maxRecords: n, waitMs, visibilityMs, signal }),
-    complete: (lease) => client.complete(queue, consumer, lease),
+    complete: (leases) => client.complete(queue, consumer, leases),
+    stale: (exc, leases) => {
+      const names = new Set((exc.details.stale as unknown[] | undefined ?? []).map(String));
+      return new Set(leases.filter((l) => names.has(l.token)));
+    },
     retry: (lease, delayMs, reason) => client.retry(queue, consumer, lease, { delayMs, reason }),
     extend: async (lease, v) => (await client.extend(queue, consumer, lease, v)).deadline ??
       undefined,
@@ -55,7 +64,13 @@ function nodeSource(client: Client, node: string, consumer: string): Source {
     name: `${consumer}@${node}`,
     lease: (n, waitMs, visibilityMs, signal) => client.leasePrefix(consumer, node, {
       maxRecords: n, waitMs, visibilityMs, signal }),
-    complete: (lease) => client.completePrefix(consumer, node, [lease]),
+    complete: (leases) => client.completePrefix(consumer, node, leases),
+    stale: (exc, leases) => {
+      const pairs = (exc.details.stale as Array<{ queue?: string; token?: string }> | undefined
+        ?? []).map((x) => `${x.queue}\u0000${x.token}`);
+      const names = new Set(pairs);
+      return new Set(leases.filter((l) => names.has(`${l.queue}\u0000${l.token}`)));
+    },
     retry: (lease, delayMs, reason) => client.retryPrefix(consumer, node, [lease],
                                                           { delayMs, reason }),
     extend: async (lease, v) => {
@@ -71,11 +86,14 @@ function nodeSource(client: Client, node: string, consumer: string): Source {
  * `new Worker(client, ["jobs"], "pool", handler).start()`: a pool of handlers on a lease
  * consumer (docs/work-queues.md). A leaser per queue leases as many records as there are free
  * slots (long-polling when there are none to lease); each record runs in a slot. A handler
- * that returns has its record completed; one that throws has its record retried after a
- * backoff that grows with its attempt number and the error as the reason (past the consumer's
- * `max_attempts` the node moves it to the dead-letter queue). A lease close to its deadline
- * while its handler runs is extended. `stop()` stops leasing and lets running handlers finish;
- * `stop({ finish: false })` aborts them and gives their records back at once.
+ * that returns has its record completed, in one call with the others of its queue (or node)
+ * finishing within `completeDelayMs` (a call per record made a no-op handler's 16 slots drain
+ * about 1,100 records/s); its slot takes the next record meanwhile. One that throws has its
+ * record retried after a backoff that grows with its attempt number and the error as the
+ * reason (past the consumer's `max_attempts` the node moves it to the dead-letter queue). A
+ * lease close to its deadline while its handler runs is extended. `stop()` stops leasing, lets
+ * running handlers finish and completes what they finished; `stop({ finish: false })` aborts
+ * them and gives their records back at once.
  */
 export class Worker {
   readonly concurrency: number;
@@ -94,6 +112,9 @@ export class Worker {
   private readonly leasers: Promise<void>[] = [];
   private readonly handling = new Set<Promise<void>>();
   private waiting: Array<() => void> = [];  // leasers waiting for a free slot
+  private readonly done = new Map<Source, Lease[]>();  // handled, to complete together
+  private readonly timers = new Map<Source, NodeJS.Timeout>();  // each batch's flush
+  private readonly flushing = new Set<Promise<void>>();
 
   constructor(readonly client: Client, queues: string | string[] | null, readonly consumer: string,
               readonly handler: Handler, options: WorkerOptions = {}) {
@@ -107,6 +128,7 @@ export class Worker {
     this.concurrency = options.concurrency ?? 4;
     this.opts = {
       concurrency: this.concurrency, maxBatch: options.maxBatch ?? 100,
+      completeDelayMs: options.completeDelayMs ?? 5,
       waitMs: options.waitMs ?? 5_000, visibilityMs: options.visibilityMs,
       backoffInitialMs: options.backoffInitialMs ?? 1_000,
       backoffMaxMs: options.backoffMaxMs ?? 60_000,
@@ -160,6 +182,8 @@ export class Worker {
     this.wakeLeasers();
     await Promise.allSettled(this.leasers);
     await Promise.allSettled([...this.handling]);
+    for (const source of [...this.done.keys()]) this.flush(source);
+    while (this.flushing.size) await Promise.allSettled([...this.flushing]);
   }
 
   private async lease(source: Source, current: () => boolean = () => true): Promise<void> {
@@ -198,7 +222,7 @@ export class Worker {
       for (const lease of leases) {
         if (this.stopping && !this.abort.signal.aborted) {
           // Leased while stopping: give it back at once for another worker.
-          await this.settle(source, lease, false, 0, "worker stopping");
+          await this.giveBack(source, lease, 0, "worker stopping");
           continue;
         }
         this.running += 1;
@@ -247,24 +271,66 @@ export class Worker {
       clearTimeout(timer);
     }
     if (this.abort.signal.aborted) {
-      await this.settle(source, lease, false, 0, "worker stopped");
+      await this.giveBack(source, lease, 0, "worker stopped");
+      return;
+    }
+    if (ok) {
+      this.toComplete(source, lease);
       return;
     }
     const backoff = Math.min(this.opts.backoffMaxMs,
                              this.opts.backoffInitialMs * 2 ** Math.max(0, lease.attempt - 1));
-    await this.settle(source, lease, ok, Math.round(Math.random() * backoff), reason);
+    await this.giveBack(source, lease, Math.round(Math.random() * backoff), reason);
   }
 
-  private async settle(source: Source, lease: Lease, ok: boolean, delayMs: number,
-                       reason: string): Promise<void> {
-    try {
-      if (ok) {
-        await source.complete(lease);
-        this.completed += 1;
-      } else {
-        await source.retry(lease, delayMs, reason.slice(0, 200) || undefined);
-        this.retried += 1;
+  /** Complete `lease` with the others of its source handled within `completeDelayMs`. */
+  private toComplete(source: Source, lease: Lease): void {
+    let batch = this.done.get(source);
+    if (batch === undefined) {
+      batch = [];
+      this.done.set(source, batch);
+      this.timers.set(source, setTimeout(() => this.flush(source), this.opts.completeDelayMs));
+    }
+    batch.push(lease);
+    if (batch.length >= this.opts.maxBatch) this.flush(source);
+  }
+
+  /** Send the source's handled records in one complete (a stale token, leased again since,
+   * is dropped and the rest sent again: a complete is all or nothing). */
+  private flush(source: Source): void {
+    const batch = this.done.get(source);
+    if (batch === undefined) return;
+    this.done.delete(source);
+    clearTimeout(this.timers.get(source));
+    this.timers.delete(source);
+    const task: Promise<void> = (async () => {
+      let leases: Lease[] = batch;
+      while (leases.length) {
+        try {
+          await source.complete(leases);
+          this.completed += leases.length;
+          return;
+        } catch (exc) {
+          const stale = exc instanceof VQError && exc.code === "lease_expired"
+            ? source.stale(exc, leases) : new Set<Lease>();
+          if (!stale.size) {
+            this.opts.onError?.(exc);
+            return;
+          }
+          leases = leases.filter((l) => !stale.has(l));
+        }
       }
+    })().finally(() => this.flushing.delete(task));
+    this.flushing.add(task);
+  }
+
+  /** Give a record back, available again after `delayMs` (a failure's backoff, or at once
+   * when stopping). */
+  private async giveBack(source: Source, lease: Lease, delayMs: number,
+                         reason: string): Promise<void> {
+    try {
+      await source.retry(lease, delayMs, reason.slice(0, 200) || undefined);
+      this.retried += 1;
     } catch (exc) {
       // lease_expired: the record was handed out again meanwhile; nothing to do here.
       if (!(exc instanceof VQError && exc.code === "lease_expired")) this.opts.onError?.(exc);

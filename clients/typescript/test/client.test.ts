@@ -275,6 +275,38 @@ describe("against two nodes", { timeout: 240_000 }, () => {
     assert.ok(await vq.deletePrefixConsumer(pool));
   });
 
+  test("a Worker completes what its handlers finish together, in a few calls", async () => {
+    const q = `ts-batch-${run}`;
+    await vq.enqueue(q, Array.from({ length: 300 }, (_, i) => `r${i}`));
+    const calls: number[] = [];  // records per complete call
+    const complete = vq.complete.bind(vq);
+    vq.complete = async (...args: Parameters<Client["complete"]>) => {
+      calls.push(Array.isArray(args[2]) ? args[2].length : 1);
+      return await complete(...args);
+    };
+    const done: string[] = [];
+    try {
+      const worker = new Worker(vq, q, "batch", (lease: Lease) => {
+        done.push(lease.text!);
+      }, { concurrency: 8, waitMs: 300 }).start();
+      const deadline = Date.now() + 30_000;
+      while (done.length < 300 && Date.now() < deadline) {
+        await new Promise((r) => setTimeout(r, 50));
+      }
+      await worker.stop();
+      assert.equal(worker.completed, 300);
+    } finally {
+      delete (vq as Partial<Client>).complete;  // the prototype's again
+    }
+    assert.deepEqual(done.sort(), Array.from({ length: 300 }, (_, i) => `r${i}`).sort());
+    assert.equal(calls.reduce((a, b) => a + b, 0), 300);
+    // One call per record before; now each call carries what finished within 5 ms.
+    assert.ok(calls.length < 100, `${calls.length} complete calls for 300 records`);
+    const info = await vq.queueInfo(q);
+    const pool = info!.consumers.find((c) => c.consumer === "batch")!;
+    assert.deepEqual([pool.lag, pool.in_flight], [0, 0]);
+  });
+
   test("a Worker handles every record; a poison record reaches the dead-letter queue",
        async () => {
     const q = `ts-pool-${run}`;
