@@ -1,10 +1,12 @@
 /** The TypeScript client's figures for scripts/bench_clients.py: enqueue throughput (100-record
- * batches, `concurrency` in flight, for `seconds`) and enqueue -> a long-polling reader (p50,
- * p99, ms), printed as one JSON line.
- * Usage: node dist/bench/bench.js URL [seconds] [concurrency] [samples] */
-import { Client } from "../src/index.js";
+ * batches, `concurrency` in flight, for `seconds`), enqueue -> a long-polling reader (p50,
+ * p99, ms) and a `Worker` (16 slots, a no-op handler) draining `workerRecords` records over 10
+ * queues, printed as one JSON line.
+ * Usage: node dist/bench/bench.js URL [seconds] [concurrency] [samples] [workerRecords] */
+import { Client, Worker } from "../src/index.js";
 
-const [url, seconds = "4", concurrency = "16", samples = "200"] = process.argv.slice(2);
+const [url, seconds = "4", concurrency = "16", samples = "200", workerRecords = "50000"] =
+  process.argv.slice(2);
 const vq = new Client(url);
 const batch = Array.from({ length: 100 }, () => "x".repeat(100));
 
@@ -36,10 +38,30 @@ async function endToEnd(): Promise<number[]> {
   return out.sort((a, b) => a - b);
 }
 
+async function workerDrain(): Promise<number> {
+  const total = Number(workerRecords);
+  const tag = Math.random().toString(36).slice(2, 8);
+  const names = Array.from({ length: 10 }, (_, i) => `tsw-${tag}-${i}`);
+  const fill = Array.from({ length: 500 }, () => "x".repeat(100));
+  for (const q of names) {
+    for (let n = 0; n < total / 10; n += fill.length) await vq.enqueue(q, fill);
+  }
+  let done = 0;
+  const started = performance.now();
+  const worker = new Worker(vq, names, "bench", () => { done += 1; },
+                            { concurrency: 16, waitMs: 200 }).start();
+  while (done < total) await new Promise((r) => setTimeout(r, 5));
+  const rate = done / ((performance.now() - started) / 1000);
+  await worker.stop();
+  return rate;
+}
+
 await vq.refreshMap();
 await vq.enqueue("tsb-warm", batch);
 const rate = await throughput();
 const e2e = await endToEnd();
 const pct = (p: number) => e2e[Math.min(e2e.length - 1, Math.floor(e2e.length * p))];
-console.log(JSON.stringify({ throughput: rate, e2e_p50: pct(0.5), e2e_p99: pct(0.99) }));
+const drained = Number(workerRecords) > 0 ? await workerDrain() : 0;
+console.log(JSON.stringify({ throughput: rate, e2e_p50: pct(0.5), e2e_p99: pct(0.99),
+                             worker: drained }));
 vq.close();

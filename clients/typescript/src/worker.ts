@@ -12,6 +12,9 @@ export interface WorkerOptions {
   maxBatch?: number;
   /** How long a handled record waits for others to complete with it in one call, ms (5). */
   completeDelayMs?: number;
+  /** Records leased ahead of the slots, at most. By default it follows the handlers: what
+   * the slots handle in two lease round trips, up to 30 per slot, and none for slow ones. */
+  prefetch?: number;
   /** How long an idle leaser long-polls, ms (5,000). */
   waitMs?: number;
   /** The lease's visibility, ms (the consumer's own when unset). */
@@ -85,13 +88,17 @@ function nodeSource(client: Client, node: string, consumer: string): Source {
 /**
  * `new Worker(client, ["jobs"], "pool", handler).start()`: a pool of handlers on a lease
  * consumer (docs/work-queues.md). A leaser per queue leases as many records as there are free
- * slots (long-polling when there are none to lease); each record runs in a slot. A handler
- * that returns has its record completed, in one call with the others of its queue (or node)
- * finishing within `completeDelayMs` (a call per record made a no-op handler's 16 slots drain
- * about 1,100 records/s); its slot takes the next record meanwhile. One that throws has its
- * record retried after a backoff that grows with its attempt number and the error as the
- * reason (past the consumer's `max_attempts` the node moves it to the dead-letter queue). A
- * lease close to its deadline while its handler runs is extended. `stop()` stops leasing, lets
+ * slots and room ahead of them (`prefetch`; long-polling when there are none to lease); each
+ * record runs in a slot, in lease order. Without an explicit `prefetch` the room ahead is what
+ * the slots handle in two lease round trips (both measured as it runs), up to 30 per slot:
+ * none for slow handlers, whose records would wait. A handler that returns has its record
+ * completed, in one call with the others of its queue (or node) finishing within
+ * `completeDelayMs`; its slot takes the next record meanwhile. (Leasing only for free slots
+ * and completing record by record, 16 slots with a no-op handler drained 1,291 records/s;
+ * this way 24,810: scripts/bench_clients.py.) One that throws has its record retried after a
+ * backoff that grows with its attempt number and the error as the reason (past the consumer's
+ * `max_attempts` the node moves it to the dead-letter queue). A lease close to its deadline
+ * while its handler runs is extended. `stop()` stops leasing, lets
  * running handlers finish and completes what they finished; `stop({ finish: false })` aborts
  * them and gives their records back at once.
  */
@@ -100,7 +107,7 @@ export class Worker {
   /** Records handled: completed, and retried after a failure. */
   completed = 0;
   retried = 0;
-  private readonly opts: Required<Omit<WorkerOptions, "visibilityMs" | "onError">> &
+  private readonly opts: Required<Omit<WorkerOptions, "visibilityMs" | "onError" | "prefetch">> &
     Pick<WorkerOptions, "visibilityMs" | "onError">;
   private readonly nodes = new Map<string, Promise<void>>();  // (prefix) a leaser per node
   private readonly queues: string[];
@@ -115,6 +122,11 @@ export class Worker {
   private readonly done = new Map<Source, Lease[]>();  // handled, to complete together
   private readonly timers = new Map<Source, NodeJS.Timeout>();  // each batch's flush
   private readonly flushing = new Set<Promise<void>>();
+  private readonly buffer: Array<[Source, Lease]> = [];  // leased ahead, for the next free slot
+  private ahead: number;  // room for records leased ahead of the slots
+  private readonly adaptive: boolean;
+  private handlerMs = 0;  // moving averages: a handler's run, a lease call's round trip
+  private leaseMs = 0;
 
   constructor(readonly client: Client, queues: string | string[] | null, readonly consumer: string,
               readonly handler: Handler, options: WorkerOptions = {}) {
@@ -126,6 +138,8 @@ export class Worker {
       throw new TypeError("a Worker needs at least one queue (or prefix: true)");
     }
     this.concurrency = options.concurrency ?? 4;
+    this.adaptive = options.prefetch === undefined;
+    this.ahead = Math.max(0, options.prefetch ?? 0);
     this.opts = {
       concurrency: this.concurrency, maxBatch: options.maxBatch ?? 100,
       completeDelayMs: options.completeDelayMs ?? 5,
@@ -181,6 +195,10 @@ export class Worker {
     if (opts.finish === false) this.abort.abort(new Error("worker stopped"));
     this.wakeLeasers();
     await Promise.allSettled(this.leasers);
+    // Leased ahead and not started: back at once for another worker.
+    for (const [source, lease] of this.buffer.splice(0)) {
+      await this.giveBack(source, lease, 0, "worker stopping");
+    }
     await Promise.allSettled([...this.handling]);
     for (const source of [...this.done.keys()]) this.flush(source);
     while (this.flushing.size) await Promise.allSettled([...this.flushing]);
@@ -192,7 +210,8 @@ export class Worker {
     // source could use.
     let idle = false;
     while (!this.stopping && current()) {
-      const room = this.concurrency - this.running - this.reserved;
+      const room = this.concurrency + this.ahead - this.running - this.reserved -
+        this.buffer.length;
       if (room <= 0) {
         await new Promise<void>((resolve) => { this.waiting.push(resolve); });
         continue;
@@ -200,10 +219,15 @@ export class Worker {
       const wanted = idle ? 1 : Math.min(room, this.opts.maxBatch);
       this.reserved += wanted;
       let leases: Lease[];
+      const started = performance.now();
       try {
         leases = await source.lease(wanted, this.opts.waitMs, this.opts.visibilityMs,
                                     this.abort.signal);
         delay = 100;
+        if (!idle && leases.length) {  // a long poll's time is the wait, not the round trip
+          this.leaseMs = average(this.leaseMs, performance.now() - started);
+          this.adapt();
+        }
         idle = leases.length === 0;
       } catch (exc) {
         if (this.stopping) return;
@@ -225,15 +249,35 @@ export class Worker {
           await this.giveBack(source, lease, 0, "worker stopping");
           continue;
         }
-        this.running += 1;
-        const task: Promise<void> = this.handle(source, lease).finally(() => {
-          this.running -= 1;
-          this.handling.delete(task);
-          this.wakeLeasers();
-        });
-        this.handling.add(task);
+        this.buffer.push([source, lease]);
       }
+      this.dispatch();
     }
+  }
+
+  /** Start the records leased ahead in the free slots, oldest first. */
+  private dispatch(): void {
+    while (this.running < this.concurrency && this.buffer.length) {
+      const [source, lease] = this.buffer.shift()!;
+      this.running += 1;
+      const task: Promise<void> = this.handle(source, lease).finally(() => {
+        this.running -= 1;
+        this.handling.delete(task);
+        if (!this.stopping) this.dispatch();
+        this.wakeLeasers();
+      });
+      this.handling.add(task);
+    }
+  }
+
+  /** Lease ahead what the slots handle in two lease round trips, up to 30 per slot (only
+   * without an explicit `prefetch`). */
+  private adapt(): void {
+    if (!this.adaptive || this.handlerMs <= 0) return;
+    const wanted = Math.floor(2 * this.concurrency * this.leaseMs / this.handlerMs);
+    const ahead = Math.min(30 * this.concurrency, wanted);
+    if (ahead > this.ahead) this.wakeLeasers();
+    this.ahead = ahead;
   }
 
   private wakeLeasers(): void {
@@ -262,6 +306,7 @@ export class Worker {
     extend();
     let ok = true;
     let reason = "";
+    const started = performance.now();
     try {
       await this.handler(lease, this.abort.signal);
     } catch (exc) {
@@ -269,6 +314,8 @@ export class Worker {
       reason = exc instanceof Error ? exc.message : String(exc);
     } finally {
       clearTimeout(timer);
+      // (at least 1 µs: a no-op handler can take less than the clock's step)
+      this.handlerMs = average(this.handlerMs, Math.max(0.001, performance.now() - started));
     }
     if (this.abort.signal.aborted) {
       await this.giveBack(source, lease, 0, "worker stopped");
@@ -336,4 +383,9 @@ export class Worker {
       if (!(exc instanceof VQError && exc.code === "lease_expired")) this.opts.onError?.(exc);
     }
   }
+}
+
+/** An exponential moving average (the first sample starts it). */
+function average(mean: number, sample: number): number {
+  return mean <= 0 ? sample : mean + 0.2 * (sample - mean);
 }

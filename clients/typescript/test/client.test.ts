@@ -307,6 +307,41 @@ describe("against two nodes", { timeout: 240_000 }, () => {
     assert.deepEqual([pool.lag, pool.in_flight], [0, 0]);
   });
 
+  test("a Worker with quick handlers leases ahead of its slots, in large calls", async () => {
+    const drain = async (q: string, prefetch?: number): Promise<number[]> => {
+      await vq.enqueue(q, Array.from({ length: 600 }, (_, i) => `r${i}`));
+      const sizes: number[] = [];  // records asked for per lease call
+      const lease = vq.lease.bind(vq);
+      vq.lease = async (...args: Parameters<Client["lease"]>) => {
+        sizes.push(args[2]?.maxRecords ?? 1);
+        return await lease(...args);
+      };
+      const done: string[] = [];
+      try {
+        const worker = new Worker(vq, q, "ahead", (lease: Lease) => {
+          done.push(lease.text!);
+        }, { concurrency: 4, waitMs: 300, prefetch }).start();
+        const deadline = Date.now() + 30_000;
+        while (done.length < 600 && Date.now() < deadline) {
+          await new Promise((r) => setTimeout(r, 50));
+        }
+        await worker.stop();
+        assert.equal(worker.completed, 600);
+      } finally {
+        delete (vq as Partial<Client>).lease;  // the prototype's again
+      }
+      assert.deepEqual(done.sort(), Array.from({ length: 600 }, (_, i) => `r${i}`).sort());
+      return sizes;
+    };
+    // Leasing only for the free slots (prefetch 0): calls of 4 at most, one per 4 records.
+    const slots = await drain(`ts-ahead0-${run}`, 0);
+    assert.ok(Math.max(...slots) <= 4 && slots.length >= 150, `${slots.length} calls`);
+    // By default quick handlers get records leased ahead: calls of up to 100.
+    const ahead = await drain(`ts-ahead-${run}`);
+    assert.ok(Math.max(...ahead) > 4, `largest call ${Math.max(...ahead)}`);
+    assert.ok(ahead.length < 60, `${ahead.length} lease calls for 600 records`);
+  });
+
   test("a Worker handles every record; a poison record reaches the dead-letter queue",
        async () => {
     const q = `ts-pool-${run}`;
