@@ -337,8 +337,9 @@ class Worker:
             started = time.perf_counter()
             try:
                 await self._call(lease)
-            finally:
-                self._handler_s = _average(self._handler_s, time.perf_counter() - started)
+            finally:  # (at least 1 µs: a sample of 0 would read as no sample)
+                self._handler_s = _average(self._handler_s,
+                                           max(1e-6, time.perf_counter() - started))
         except asyncio.CancelledError:
             if not self._abandoning:
                 raise  # the worker itself is being torn down: leave the lease as it is
