@@ -5,7 +5,7 @@ import { after, before, describe, test } from "node:test";
 
 import {
   BadRequestError, BatchProducer, Client, ConflictError, ERROR_CODES, type Lease, NotFoundError,
-  SCHEMA_FIELDS, Worker, WrongNodeError, consume, partitionFor,
+  SCHEMA_FIELDS, Worker, type WorkerOptions, WrongNodeError, consume, partitionFor,
 } from "../src/index.js";
 import { DevCluster } from "./cluster.js";
 
@@ -275,6 +275,21 @@ describe("against two nodes", { timeout: 240_000 }, () => {
     assert.ok(await vq.deletePrefixConsumer(pool));
   });
 
+  /** A Worker on `q` until it handled `total` records (30 s at most), then stopped: the
+   * records it handled, and the worker. */
+  async function drainWithWorker(q: string, consumer: string, total: number,
+                                 options: WorkerOptions): Promise<[string[], Worker]> {
+    const done: string[] = [];
+    const worker = new Worker(vq, q, consumer, (lease: Lease) => { done.push(lease.text!); },
+                              options).start();
+    const deadline = Date.now() + 30_000;
+    while (done.length < total && Date.now() < deadline) {
+      await new Promise((r) => setTimeout(r, 50));
+    }
+    await worker.stop();
+    return [done, worker];
+  }
+
   test("a Worker completes what its handlers finish together, in a few calls", async () => {
     const q = `ts-batch-${run}`;
     await vq.enqueue(q, Array.from({ length: 300 }, (_, i) => `r${i}`));
@@ -284,16 +299,10 @@ describe("against two nodes", { timeout: 240_000 }, () => {
       calls.push(Array.isArray(args[2]) ? args[2].length : 1);
       return await complete(...args);
     };
-    const done: string[] = [];
+    let done: string[];
     try {
-      const worker = new Worker(vq, q, "batch", (lease: Lease) => {
-        done.push(lease.text!);
-      }, { concurrency: 8, waitMs: 300 }).start();
-      const deadline = Date.now() + 30_000;
-      while (done.length < 300 && Date.now() < deadline) {
-        await new Promise((r) => setTimeout(r, 50));
-      }
-      await worker.stop();
+      let worker: Worker;
+      [done, worker] = await drainWithWorker(q, "batch", 300, { concurrency: 8, waitMs: 300 });
       assert.equal(worker.completed, 300);
     } finally {
       delete (vq as Partial<Client>).complete;  // the prototype's again
@@ -316,16 +325,11 @@ describe("against two nodes", { timeout: 240_000 }, () => {
         sizes.push(args[2]?.maxRecords ?? 1);
         return await lease(...args);
       };
-      const done: string[] = [];
+      let done: string[];
       try {
-        const worker = new Worker(vq, q, "ahead", (lease: Lease) => {
-          done.push(lease.text!);
-        }, { concurrency: 4, waitMs: 300, prefetch }).start();
-        const deadline = Date.now() + 30_000;
-        while (done.length < 600 && Date.now() < deadline) {
-          await new Promise((r) => setTimeout(r, 50));
-        }
-        await worker.stop();
+        let worker: Worker;
+        [done, worker] = await drainWithWorker(q, "ahead", 600,
+                                               { concurrency: 4, waitMs: 300, prefetch });
         assert.equal(worker.completed, 600);
       } finally {
         delete (vq as Partial<Client>).lease;  // the prototype's again
