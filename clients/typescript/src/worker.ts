@@ -22,7 +22,8 @@ export interface WorkerOptions {
   /** A failed record's first retry delay, ms (1,000): doubled per attempt, with full jitter. */
   backoffInitialMs?: number;
   backoffMaxMs?: number;
-  /** A running handler's lease is extended once less than this is left of it, ms (5,000). */
+  /** A lease not yet settled (its handler running, or leased ahead and waiting for a slot)
+   * is extended once less than this is left of it, ms (5,000). */
   extendBeforeMs?: number;
   /** Called with errors the worker goes on after (a failed lease call, say). */
   onError?: (err: unknown) => void;
@@ -42,8 +43,8 @@ interface Source {
   /** The leases a `lease_expired` refusal names as stale. */
   stale(exc: VQError, leases: Lease[]): Set<Lease>;
   retry(lease: Lease, delayMs: number, reason: string | undefined): Promise<unknown>;
-  /** The lease's new deadline, if the node said. */
-  extend(lease: Lease, visibilityMs: number): Promise<number | undefined>;
+  /** Extend the leases, all or nothing: each one's new deadline, where the node said. */
+  extend(leases: Lease[], visibilityMs: number): Promise<Map<Lease, number>>;
 }
 
 function queueSource(client: Client, queue: string, consumer: string): Source {
@@ -57,8 +58,10 @@ function queueSource(client: Client, queue: string, consumer: string): Source {
       return new Set(leases.filter((l) => names.has(l.token)));
     },
     retry: (lease, delayMs, reason) => client.retry(queue, consumer, lease, { delayMs, reason }),
-    extend: async (lease, v) => (await client.extend(queue, consumer, lease, v)).deadline ??
-      undefined,
+    extend: async (leases, v) => {
+      const deadline = (await client.extend(queue, consumer, leases, v)).deadline;
+      return new Map(deadline ? leases.map((l) => [l, deadline]) : []);
+    },
   };
 }
 
@@ -76,11 +79,17 @@ function nodeSource(client: Client, node: string, consumer: string): Source {
     },
     retry: (lease, delayMs, reason) => client.retryPrefix(consumer, node, [lease],
                                                           { delayMs, reason }),
-    extend: async (lease, v) => {
-      const out = await client.extendPrefix(consumer, node, [lease], v);
-      const mine = (out.queues as Array<{ queue: string; deadline?: number | null }> | undefined)
-        ?.find((r) => r.queue === lease.queue);
-      return mine?.deadline ?? undefined;
+    extend: async (leases, v) => {
+      const out = await client.extendPrefix(consumer, node, leases, v);
+      const byQueue = new Map(
+        (out.queues as Array<{ queue: string; deadline?: number | null }> | undefined ?? [])
+          .map((r) => [r.queue, r.deadline ?? undefined]));
+      const deadlines = new Map<Lease, number>();
+      for (const l of leases) {
+        const d = byQueue.get(l.queue ?? "");
+        if (d) deadlines.set(l, d);
+      }
+      return deadlines;
     },
   };
 }
@@ -98,7 +107,8 @@ function nodeSource(client: Client, node: string, consumer: string): Source {
  * this way 24,810: scripts/bench_clients.py.) One that throws has its record retried after a
  * backoff that grows with its attempt number and the error as the reason (past the consumer's
  * `max_attempts` the node moves it to the dead-letter queue). A lease close to its deadline
- * while its handler runs is extended. `stop()` stops leasing, lets
+ * (its handler slow, or the record still waiting for a slot) is extended, in one call per
+ * queue (per node for a prefix worker). `stop()` stops leasing, lets
  * running handlers finish and completes what they finished; `stop({ finish: false })` aborts
  * them and gives their records back at once.
  */
@@ -127,6 +137,11 @@ export class Worker {
   private readonly adaptive: boolean;
   private handlerMs = 0;  // moving averages: a handler's run, a lease call's round trip
   private leaseMs = 0;
+  // Leases not settled yet (buffered or running): their source, deadline and granted span.
+  private readonly unsettled = new Map<Lease, { source: Source; deadline: number;
+                                                span: number }>();
+  private keeper?: NodeJS.Timeout;
+  private extending = false;
 
   constructor(readonly client: Client, queues: string | string[] | null, readonly consumer: string,
               readonly handler: Handler, options: WorkerOptions = {}) {
@@ -153,6 +168,9 @@ export class Worker {
 
   /** Start leasing; returns the worker. */
   start(): this {
+    // Often enough that a due lease is extended with most of `extendBeforeMs` left.
+    const period = Math.max(50, Math.min(1_000, this.opts.extendBeforeMs / 5));
+    this.keeper = setInterval(() => { void this.extendDue(); }, period);
     if (this.opts.prefix) {
       this.leasers.push(this.followNodes());
     } else {
@@ -197,9 +215,11 @@ export class Worker {
     await Promise.allSettled(this.leasers);
     // Leased ahead and not started: back at once for another worker.
     for (const [source, lease] of this.buffer.splice(0)) {
+      this.unsettled.delete(lease);
       await this.giveBack(source, lease, 0, "worker stopping");
     }
     await Promise.allSettled([...this.handling]);
+    clearInterval(this.keeper);
     for (const source of [...this.done.keys()]) this.flush(source);
     while (this.flushing.size) await Promise.allSettled([...this.flushing]);
   }
@@ -249,6 +269,8 @@ export class Worker {
           await this.giveBack(source, lease, 0, "worker stopping");
           continue;
         }
+        this.unsettled.set(lease, { source, deadline: lease.deadline,
+                                    span: Math.max(0, lease.deadline - Date.now()) });
         this.buffer.push([source, lease]);
       }
       this.dispatch();
@@ -286,24 +308,48 @@ export class Worker {
     for (const wake of waiting) wake();
   }
 
-  private async handle(source: Source, lease: Lease): Promise<void> {
-    let deadline = lease.deadline;
-    let timer: NodeJS.Timeout | undefined;
-    const extend = () => {
-      const wait = Math.max(0, deadline - Date.now() - this.opts.extendBeforeMs);
-      timer = setTimeout(async () => {
-        try {
-          const visibility = this.opts.visibilityMs ??
-            Math.max(this.opts.extendBeforeMs * 2, lease.deadline - Date.now() + 1000);
-          const d = await source.extend(lease, visibility);
-          deadline = d ?? Date.now() + visibility;
-          extend();
-        } catch (exc) {
-          this.opts.onError?.(exc);  // expired: the record comes again, to someone
+  /** Extend the unsettled leases with less than `extendBeforeMs` left: one call per source,
+   * each for the lease's own visibility (at least twice `extendBeforeMs`). */
+  private async extendDue(): Promise<void> {
+    if (this.extending) return;
+    this.extending = true;
+    try {
+      const soon = Date.now() + this.opts.extendBeforeMs;
+      const due = new Map<Source, Lease[]>();
+      for (const [lease, held] of this.unsettled) {
+        if (held.deadline < soon) due.set(held.source, [...due.get(held.source) ?? [], lease]);
+      }
+      for (const [source, leases] of due) await this.extendAll(source, leases);
+    } finally {
+      this.extending = false;
+    }
+  }
+
+  private async extendAll(source: Source, leases: Lease[]): Promise<void> {
+    const visibility = this.opts.visibilityMs ?? leases.reduce(
+      (most, l) => Math.max(most, this.unsettled.get(l)?.span ?? 0), this.opts.extendBeforeMs * 2);
+    while (leases.length) {
+      try {
+        const sent = Date.now();
+        const deadlines = await source.extend(leases, visibility);
+        for (const l of leases) {
+          const held = this.unsettled.get(l);
+          if (held) held.deadline = deadlines.get(l) ?? sent + visibility;
         }
-      }, wait);
-    };
-    extend();
+        return;
+      } catch (exc) {
+        this.opts.onError?.(exc);
+        const stale = exc instanceof VQError && exc.code === "lease_expired"
+          ? source.stale(exc, leases) : new Set<Lease>();
+        if (!stale.size) return;  // tried again at the next look
+        // Expired and leased again: the record comes again, to someone; nothing to keep.
+        for (const l of stale) this.unsettled.delete(l);
+        leases = leases.filter((l) => !stale.has(l));
+      }
+    }
+  }
+
+  private async handle(source: Source, lease: Lease): Promise<void> {
     let ok = true;
     let reason = "";
     const started = performance.now();
@@ -313,7 +359,7 @@ export class Worker {
       ok = false;
       reason = exc instanceof Error ? exc.message : String(exc);
     } finally {
-      clearTimeout(timer);
+      this.unsettled.delete(lease);
       // (at least 1 µs: a no-op handler can take less than the clock's step)
       this.handlerMs = average(this.handlerMs, Math.max(0.001, performance.now() - started));
     }

@@ -346,6 +346,83 @@ describe("against two nodes", { timeout: 240_000 }, () => {
     assert.ok(ahead.length < 60, `${ahead.length} lease calls for 600 records`);
   });
 
+  test("a Worker extends the leases of records waiting for a slot", async () => {
+    const q = `ts-extend-${run}`;
+    await vq.enqueue(q, Array.from({ length: 10 }, (_, i) => `r${i}`));
+    const attempts: string[] = [];
+    const errors: unknown[] = [];
+    // One slot, 150 ms a record, all ten leased at once for 1 s: the last ones wait over a
+    // second for the slot, and would be leased again (attempt 2) unless extended meanwhile.
+    const worker = new Worker(vq, q, "slow", async (lease: Lease) => {
+      attempts.push(`${lease.text}#${lease.attempt}`);
+      await new Promise((r) => setTimeout(r, 150));
+    }, { concurrency: 1, prefetch: 10, visibilityMs: 1_000, extendBeforeMs: 600, waitMs: 300,
+         onError: (e) => errors.push(e) }).start();
+    const deadline = Date.now() + 30_000;
+    while (worker.completed < 10 && Date.now() < deadline) {
+      await new Promise((r) => setTimeout(r, 50));
+    }
+    await worker.stop();
+    assert.deepEqual(attempts.sort(), Array.from({ length: 10 }, (_, i) => `r${i}#1`).sort());
+    assert.deepEqual(errors, []);
+    assert.equal(worker.completed, 10);
+    const pool = (await vq.queueInfo(q))!.consumers.find((c) => c.consumer === "slow")!;
+    assert.deepEqual([pool.lag, pool.in_flight], [0, 0]);
+  });
+
+  test("a Worker's batched complete drops a stale token and completes the rest", async () => {
+    const q = `ts-stale-token-${run}`;
+    await vq.enqueue(q, ["victim", ...Array.from({ length: 19 }, (_, i) => `r${i}`)]);
+    let again!: () => void;
+    const leasedAgain = new Promise<void>((resolve) => { again = resolve; });
+    const refused: string[][] = [];  // tokens of complete calls answered 409
+    const complete = vq.complete.bind(vq);
+    vq.complete = async (...args: Parameters<Client["complete"]>) => {
+      try {
+        return await complete(...args);
+      } catch (exc) {
+        refused.push((args[2] as Lease[]).map((l) => l.token));
+        throw exc;
+      }
+    };
+    const errors: unknown[] = [];
+    const handled: string[] = [];
+    let staleToken = "";
+    let worker: Worker | undefined;
+    try {
+      // The victim's first handler gives its record back behind the worker's back, waits for
+      // it to be leased again, and returns: its token, stale now, goes into the same complete
+      // as the second delivery's (300 ms of batching).
+      worker = new Worker(vq, q, "stale", async (lease: Lease) => {
+        handled.push(`${lease.text}#${lease.attempt}`);
+        if (lease.text !== "victim") return;
+        if (lease.attempt === 1) {
+          staleToken = lease.token;
+          await vq.retry(q, "stale", [lease], { delayMs: 0 });
+          await leasedAgain;
+        } else {
+          again();
+        }
+      }, { concurrency: 4, completeDelayMs: 300, waitMs: 300,
+           onError: (e) => errors.push(e) }).start();
+      const deadline = Date.now() + 30_000;
+      while (worker.completed < 20 && Date.now() < deadline) {
+        await new Promise((r) => setTimeout(r, 50));
+      }
+      await worker.stop();
+    } finally {
+      delete (vq as Partial<Client>).complete;  // the prototype's again
+    }
+    assert.equal(handled.length, 21, JSON.stringify(handled));
+    assert.ok(handled.includes("victim#1") && handled.includes("victim#2"));
+    assert.deepEqual(errors, []);
+    // The refused call named the stale token with others; those went again without it.
+    assert.ok(refused.some((tokens) => tokens.includes(staleToken)), JSON.stringify(refused));
+    assert.equal(worker.completed, 20);
+    const pool = (await vq.queueInfo(q))!.consumers.find((c) => c.consumer === "stale")!;
+    assert.deepEqual([pool.lag, pool.in_flight], [0, 0]);
+  });
+
   test("a Worker handles every record; a poison record reaches the dead-letter queue",
        async () => {
     const q = `ts-pool-${run}`;
