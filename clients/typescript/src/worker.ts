@@ -317,7 +317,9 @@ export class Worker {
       const soon = Date.now() + this.opts.extendBeforeMs;
       const due = new Map<Source, Lease[]>();
       for (const [lease, held] of this.unsettled) {
-        if (held.deadline < soon) due.set(held.source, [...due.get(held.source) ?? [], lease]);
+        if (held.deadline >= soon) continue;
+        const leases = due.get(held.source);
+        if (leases) leases.push(lease); else due.set(held.source, [lease]);
       }
       for (const [source, leases] of due) await this.extendAll(source, leases);
     } finally {
