@@ -7,7 +7,7 @@ from urllib.parse import quote
 import pytest
 from confluent_kafka import Producer
 
-from tests.support import http
+from tests.support import NodeProcess, create_topics, http
 from vqueues.hashing import partition_for
 
 
@@ -87,3 +87,51 @@ def test_own_writes_and_another_producers_writes_to_one_queue_stay_in_offset_ord
     assert [v for v in values if v.startswith("raw-")] == [f"raw-{i}" for i in range(40)]
     status, info = http("GET", f"{node.url}/v1/queues/{q}")
     assert info["records"] == 80
+
+
+def tail_pauses(node) -> float:
+    status, text = http("GET", f"{node.url}/metrics")
+    assert status == 200
+    for line in text.decode().splitlines():
+        if line.startswith('vq_tail_pauses_total{topic="data"}'):
+            return float(line.split()[-1])
+    raise AssertionError("no vq_tail_pauses_total for the data topic")
+
+
+def test_the_tail_pauses_after_own_writes_and_still_serves_other_producers(bootstrap):
+    """With `tail_pace_ms`, a fetch that brought only the node's own writes pauses the tail:
+    own writes stay readable as soon as they are answered (ADR 6), and another producer's
+    record is still served, after at most the fetch wait and the pause. With 0 it never
+    pauses."""
+    q = f"paced-{uuid.uuid4().hex[:6]}"
+    topics = create_topics(bootstrap, partitions=4)  # not the module's: its node owns those
+    paced = NodeProcess(topics, extra_env={"VQ_TAIL_PACE_MS": "300"}).start()
+    try:
+        deadline = time.monotonic() + 15
+        i = 0
+        while i < 10 or (tail_pauses(paced) == 0 and time.monotonic() < deadline):
+            status, body = http("POST", f"{paced.url}/v1/queues/{q}/records",
+                                {"records": [{"value": f"own-{i}"}]})
+            assert status == 200, body
+            status, page = http(
+                "GET", f"{paced.url}/v1/queues/{q}/records?offset={body['offsets'][0]}&limit=1")
+            assert [r["value"] for r in page["records"]] == [f"own-{i}"]  # read-your-writes
+            i += 1
+            time.sleep(0.02)
+        assert tail_pauses(paced) > 0
+        produce(bootstrap, topics.data, [{"key": q.encode(), "value": b"from kafka"}])
+        records = read_until(paced, q, i + 1)
+        assert [r["value"] for r in records] == [f"own-{k}" for k in range(i)] + ["from kafka"]
+    finally:
+        paced.terminate()
+    unpaced = NodeProcess(topics, extra_env={"VQ_TAIL_PACE_MS": "0"}).start()
+    try:
+        for k in range(10):
+            status, body = http("POST", f"{unpaced.url}/v1/queues/{q}/records",
+                                {"records": [{"value": f"more-{k}"}]})
+            assert status == 200, body
+            time.sleep(0.02)
+        assert len(read_until(unpaced, q, i + 11)) == i + 11
+        assert tail_pauses(unpaced) == 0
+    finally:
+        unpaced.terminate()

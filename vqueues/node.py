@@ -130,7 +130,12 @@ class Node:
             "heartbeat.interval.ms": s.heartbeat_interval_ms,
             "fetch.wait.max.ms": s.fetch_wait_max_ms,
             **({"group.instance.id": s.effective_node_id} if static else {})}),
-            s.data_topic, self.ownership, fence=self._fence)
+            s.data_topic, self.ownership, fence=self._fence, pace_ms=s.tail_pace(embedded))
+        group = self._group
+        self.ownership.metrics.counters(
+            "vq_tail_pauses", "times the data topic's tail paused for tail_pace_ms after a "
+            "fetch that brought only this node's own writes", "topic",
+            lambda: {"data": group.pauses})
         self._group.start()
         self._upkeep = Maintenance(s, self.ownership, self.service, snapshot_log)
         self._maintenance = self._upkeep.start()

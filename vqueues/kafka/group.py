@@ -44,7 +44,8 @@ class GroupMember:
     """Joins `group.id` over `topic` and feeds `listener` until `stop()`."""
 
     def __init__(self, conf: dict[str, Any], topic: str, listener: GroupListener,
-                 batch_size: int = 2000, fence: SelfFence | None = None) -> None:
+                 batch_size: int = 2000, fence: SelfFence | None = None,
+                 pace_ms: int = 0) -> None:
         conf = {
             **conf,
             "enable.auto.commit": False,
@@ -61,6 +62,8 @@ class GroupMember:
         self._listener = listener
         self._batch_size = batch_size
         self._fence = fence
+        self._pace_s = pace_ms / 1000
+        self.pauses = 0  # times the tail paused after a batch of the node's own writes
         self._confirm_after = 0.0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="vq-group", daemon=True)
@@ -118,12 +121,27 @@ class GroupMember:
     def _consume_until_stopped(self) -> None:
         while not self._stop.is_set():
             polled = poll(self._consumer, self._batch_size, 0.05, strict=False)
-            if polled.messages:
-                self._flush(polled.messages)
+            fresh = self._flush(polled.messages) if polled.messages else True
             for partition, offset in polled.ends.items():
                 self._listener.reached_end(partition, offset)
             if self._fence is not None and self._fence.suspect:
                 self._confirm(self._fence)
+            elif not fresh and self._pace_s and len(polled.messages) < self._batch_size:
+                self._pause()
+
+    def _pause(self) -> None:
+        """The tail is level with the node's own writes, which need it for nothing: fetch
+        nothing for a while (each fetch costs tansu the same whatever it returns)."""
+        partitions = self._consumer.assignment()
+        if not partitions:
+            return
+        self._consumer.pause(partitions)
+        try:
+            self._stop.wait(self._pace_s)
+        finally:
+            # From the position polled up to: nothing fetched before the pause is lost.
+            self._consumer.resume(partitions)
+        self.pauses += 1
 
     def _close(self) -> None:
         if self._closed:
@@ -180,7 +198,9 @@ class GroupMember:
             return
         fence.confirmed(epoch)
 
-    def _flush(self, messages: list[Any]) -> None:
+    def _flush(self, messages: list[Any]) -> bool:
+        """Hand `messages` to the listener; False if they were all its own writes, indexed
+        already."""
         positions: dict[int, int] = {}
         for m in messages:
             positions[m.partition()] = m.offset() + 1
@@ -198,6 +218,7 @@ class GroupMember:
             if high >= 0:
                 hw[p] = high
         self._listener.consumed(batch, hw, positions)
+        return bool(batch)
 
     def stop(self, timeout_s: float = 15.0) -> None:
         """Stop consuming and leave the group (revocations are reported first)."""
