@@ -30,6 +30,13 @@ TAIL_PACE_EMBEDDED_MS = 20
 TAIL_PACE_KAFKA_MS = 0
 
 
+def _auto_ms(value: str, embedded: bool, on_embedded: int, on_others: int) -> int:
+    """A setting of "auto" (a default per broker) or a whole number of ms (checked)."""
+    if value == "auto":
+        return on_embedded if embedded else on_others
+    return int(value)
+
+
 def _f(default: Any, help: str, **kw: Any) -> Any:
     return field(default=default, metadata={"help": help, **kw})
 
@@ -289,28 +296,22 @@ class Settings:
             raise ValueError("self_fence_ms must be below session_timeout_ms minus "
                              "heartbeat_interval_ms (a longer pause could lose the session "
                              "unseen), or 0")
-        if self.producer_busy_linger_ms != "auto" and \
-                not (self.producer_busy_linger_ms.isascii()
-                     and self.producer_busy_linger_ms.isdigit()):
-            raise ValueError("producer_busy_linger_ms must be auto or a whole number of ms")
-        if self.tail_pace_ms != "auto" and \
-                not (self.tail_pace_ms.isascii() and self.tail_pace_ms.isdigit()):
-            raise ValueError("tail_pace_ms must be auto or a whole number of ms")
+        for name in ("producer_busy_linger_ms", "tail_pace_ms"):
+            value = getattr(self, name)
+            if value != "auto" and not (value.isascii() and value.isdigit()):
+                raise ValueError(f"{name} must be auto or a whole number of ms")
         if bool(self.tls_cert) != bool(self.tls_key):
             raise ValueError("tls_cert and tls_key go together: give both or neither")
         self.kafka_extra()
 
     def busy_linger_ms(self, embedded: bool) -> int:
         """`producer_busy_linger_ms` for this broker (`embedded`: tansu)."""
-        if self.producer_busy_linger_ms == "auto":
-            return BUSY_LINGER_EMBEDDED_MS if embedded else BUSY_LINGER_KAFKA_MS
-        return int(self.producer_busy_linger_ms)
+        return _auto_ms(self.producer_busy_linger_ms, embedded, BUSY_LINGER_EMBEDDED_MS,
+                        BUSY_LINGER_KAFKA_MS)
 
     def tail_pace(self, embedded: bool) -> int:
         """`tail_pace_ms` for this broker (`embedded`: tansu)."""
-        if self.tail_pace_ms == "auto":
-            return TAIL_PACE_EMBEDDED_MS if embedded else TAIL_PACE_KAFKA_MS
-        return int(self.tail_pace_ms)
+        return _auto_ms(self.tail_pace_ms, embedded, TAIL_PACE_EMBEDDED_MS, TAIL_PACE_KAFKA_MS)
 
     def ssl_context(self) -> ssl.SSLContext | None:
         """The HTTPS server's context (TLS 1.2 or newer), or None when TLS is off."""
