@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 from typing import TYPE_CHECKING
 
 from vqueues.errors import Conflict, Unavailable, VQError
@@ -13,6 +13,10 @@ from vqueues.idempotency import IdempotencyWindow, fingerprints, payload_of
 from vqueues.locks import Claims
 from vqueues.records import now_ms
 from vqueues.results import EnqueueResult
+
+# How often held keys are looked for again (while the tail is idle, or the partition has no
+# ready state here).
+HOLD_POLL_S = 0.2
 
 if TYPE_CHECKING:
     from vqueues.partition_state import PartitionState
@@ -80,7 +84,13 @@ class KeyedEnqueue:
                 break
             # Another call is writing one of these keys: once it is done, look again (its
             # record is then in the window, or it failed and this call writes the key).
-            await asyncio.wait([busy])
+            # Bounded: keys of a write in doubt or unindexed may be held longer than a
+            # client waits for an answer.
+            budget = service.settings.broker_timeout_ms / 1000
+            if not (await asyncio.wait([busy], timeout=budget))[0]:
+                raise Unavailable("broker_timeout", "an earlier write of one of these "
+                                  "idempotency keys is not settled yet (the broker has not "
+                                  "told whether it is stored); send it again")
         claimed = [(p, fps[k]) for k in first_in_batch]
         done = self._claims.claim(claimed)
         release = True
@@ -101,9 +111,7 @@ class KeyedEnqueue:
                         raise  # no key: a retry may store them twice, as documented
                     if not await self._look_again(state, keyed, offsets):
                         release = False  # in doubt: held until told (`_settle`)
-                        task = asyncio.ensure_future(self._settle(p, keyed, claimed, done))
-                        self._settling.add(task)
-                        task.add_done_callback(self._settling.discard)
+                        self._in_background(self._settle(p, keyed, claimed, done))
                         raise
                     if any(offsets[i] is None for i, _ in keyed):
                         raise  # not stored: a retry writes them
@@ -111,9 +119,15 @@ class KeyedEnqueue:
                 if written.offsets is None:
                     # Stored, offsets unreported (a batch resent after a lost connection):
                     # the keys stay claimed until the tail has indexed them, so a retry
-                    # finds them instead of writing them again.
-                    await self._until_known(state, [(i, fps[k]) for i in todo
-                                                    if (k := keys[i]) is not None], offsets)
+                    # finds them instead of writing them again, also when that takes
+                    # longer than this request waits (the tail reconnecting after the
+                    # same fault: the retry stored five keys twice, in the fault tier).
+                    keyed = [(i, fps[k]) for i in todo if (k := keys[i]) is not None]
+                    if not await self._until_known(state, keyed, offsets):
+                        release = False
+                        self._in_background(self._hold_until_indexed(p, keyed, claimed, done))
+                        raise Unavailable("broker_timeout", "the write was stored, but its "
+                                          "records were not indexed in time; send it again")
                 else:
                     for i, off in zip(todo, written.offsets, strict=True):
                         offsets[i] = off
@@ -126,6 +140,12 @@ class KeyedEnqueue:
         if any(o is None for o in offsets):  # records without keys whose offsets are unknown
             return EnqueueResult(p, None)
         return EnqueueResult(p, [int(o) for o in offsets if o is not None])
+
+    def _in_background(self, settling: Coroutine[None, None, None]) -> None:
+        """Run a task that holds keys and releases them when it ends."""
+        task = asyncio.ensure_future(settling)
+        self._settling.add(task)
+        task.add_done_callback(self._settling.discard)
 
     async def _look_again(self, state: PartitionState, keyed: list[tuple[int, int]],
                           offsets: list[int | None]) -> bool:
@@ -168,24 +188,49 @@ class KeyedEnqueue:
                 else:
                     if await self._look_again(state, keyed, offsets):
                         return
-                await asyncio.sleep(0.2)
+                await asyncio.sleep(HOLD_POLL_S)
         finally:
             self._claims.release(claimed, done)
 
     async def _until_known(self, state: PartitionState, keyed: list[tuple[int, int]],
-                           offsets: list[int | None]) -> None:
+                           offsets: list[int | None]) -> bool:
         """Wait until the tail has indexed the keyed records (index, key fingerprint) of a
-        write whose offsets went unreported, and fill in their offsets from the window; 503
-        broker_timeout after `write_visible_timeout_ms`."""
+        write whose offsets went unreported, and fill in their offsets from the window; False
+        if it has not after `write_visible_timeout_ms`, or `state` was revoked."""
         deadline = time.monotonic() + self._service.settings.write_visible_timeout_ms / 1000
         while True:
             if _from_window(state.idempotency, keyed, offsets):
-                return
+                return True
             remaining = deadline - time.monotonic()
             if remaining <= 0 or state.revoked:
-                raise Unavailable("broker_timeout", "the write was stored, but its records "
-                                  "were not indexed in time; send it again")
+                return False
             await state.wait_indexed(state.next_offset, remaining)
+
+    async def _hold_until_indexed(self, p: int, keyed: list[tuple[int, int]],
+                                  claimed: list[tuple[int, int]], done: asyncio.Future[None]
+                                  ) -> None:
+        """Keys of a write known to be stored stay claimed until partition `p`'s state on
+        this node (a new one, if it was revoked and assigned again: its replay indexes them)
+        holds them, or the partition is another node's (whose replay does): never released
+        while a retry could store them again."""
+        offsets: list[int | None] = [None] * (max(i for i, _ in keyed) + 1)
+        try:
+            while True:
+                try:
+                    state = self._service.ownership.require(p)
+                except VQError as exc:
+                    if exc.code == "wrong_node":
+                        return
+                    await asyncio.sleep(HOLD_POLL_S)
+                    continue
+                if _from_window(state.idempotency, keyed, offsets):
+                    return
+                if state.revoked:  # being handed over: its successor replays them
+                    await asyncio.sleep(HOLD_POLL_S)
+                else:
+                    await state.wait_indexed(state.next_offset, HOLD_POLL_S)
+        finally:
+            self._claims.release(claimed, done)
 
 
 def _from_window(window: IdempotencyWindow, keyed: list[tuple[int, int]],

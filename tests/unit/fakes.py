@@ -27,6 +27,10 @@ class MemoryLog:
         # The next append is stored, then fails with this (its answer lost, or too late), and
         # the tail reads it `late_tail_s` later (a broker that stalled and came back).
         self.store_then_fail: Exception | None = None
+        # The next append is stored and reported without offsets (librdkafka's report of a
+        # batch resent after a dropped connection that the broker had stored), and the tail
+        # reads it `late_tail_s` later.
+        self.store_unreported = False
         self.late_tail_s = 0.05
         self.timestamp = 1_700_000_000_000
 
@@ -34,17 +38,20 @@ class MemoryLog:
         if self.fail_next is not None:
             exc, self.fail_next = self.fail_next, None
             raise exc
-        if self.store_then_fail is not None:
+        if self.store_then_fail is not None or self.store_unreported:
             exc, self.store_then_fail = self.store_then_fail, None
+            self.store_unreported = False
             tail, self.tail = self.tail, None
             start = self.end(partition)
             try:
-                self._write(partition, records)
+                delivered = self._write(partition, records)
             finally:
                 self.tail = tail
             asyncio.get_running_loop().call_later(self.late_tail_s, self._read_late,
                                                   partition, start, len(records))
-            raise exc
+            if exc is not None:
+                raise exc
+            return [(-1, ts) for _, ts in delivered]
         return self._write(partition, records)
 
     def _read_late(self, partition: int, start: int, count: int) -> None:

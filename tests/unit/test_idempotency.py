@@ -95,6 +95,49 @@ async def test_keys_of_a_failed_write_are_held_while_it_cannot_be_told_whether_i
     assert data_log.end(p) == 1
 
 
+async def test_keys_of_a_stored_write_are_held_until_the_tail_indexes_it_however_late(node):
+    """A batch the broker stored and librdkafka reported without offsets (resent after a
+    dropped connection), which the tail reads only after the request gave up (1 s): the
+    retry waits for the key and answers the stored offset; nothing is written twice."""
+    svc, data_log, _ = node
+    p = svc.partition_of("su")
+    data_log.store_unreported = True
+    data_log.late_tail_s = 1.6
+    with pytest.raises(VQError) as failed:
+        await svc.enqueue("su", [keyed(b"a", "k1"), keyed(b"b", "k2")])
+    assert failed.value.code == "broker_timeout" and failed.value.retriable
+    assert data_log.end(p) == 2
+    retry = asyncio.ensure_future(_retried(svc, "su", [keyed(b"a", "k1"), keyed(b"b", "k2")]))
+    await asyncio.sleep(0.3)
+    assert not retry.done()  # waits for the keys: stored, not indexed yet
+    assert (await asyncio.wait_for(retry, 5)).offsets == [0, 1]
+    assert data_log.end(p) == 2
+
+
+async def test_a_retry_waiting_for_a_held_key_answers_503_after_broker_timeout_ms():
+    """Keys held longer than a client waits (a stored write the tail has not indexed): the
+    retry is answered 503 broker_timeout (retriable) after `broker_timeout_ms`, not never."""
+    data_log, offset_log = MemoryLog(), MemoryLog()
+    data_log.timestamp = int(time.time() * 1000)
+    svc, _ = await _node(data_log, offset_log,
+                         Settings(write_visible_timeout_ms=200, broker_timeout_ms=300))
+    try:
+        data_log.store_unreported = True
+        data_log.late_tail_s = 1.5
+        with pytest.raises(VQError):
+            await svc.enqueue("sw", [keyed(b"a", "k1")])
+        started = time.monotonic()
+        with pytest.raises(VQError) as waited:
+            await svc.enqueue("sw", [keyed(b"a", "k1")])
+        assert waited.value.code == "broker_timeout" and waited.value.retriable
+        assert 0.25 < time.monotonic() - started < 1.2
+        await asyncio.sleep(1.3)  # the tail reads it: the key is answered, not written again
+        assert (await svc.enqueue("sw", [keyed(b"a", "k1")])).offsets == [0]
+        assert data_log.end(svc.partition_of("sw")) == 1
+    finally:
+        svc.close()
+
+
 async def test_a_failed_keyed_write_that_was_not_stored_is_written_by_the_retry(node):
     svc, data_log, _ = node
     data_log.fail_next = Unavailable("broker_timeout", "Kafka (delivery): timed out")
