@@ -53,6 +53,9 @@ class Load:
         self.acked = 0  # highest acknowledged ack offset
         self.jobs: list[str] = []  # values of acknowledged enqueues (work queue)
         self.keyed: list[str] = []  # values of acknowledged keyed enqueues (each retried as is)
+        # Each keyed request's attempts: (wall-clock ms, status, error code), by its first value
+        # (a failure names them, beside the faults' times).
+        self.keyed_attempts: dict[str, list[tuple[int, int, str]]] = defaultdict(list)
         self.scheduled: list[str] = []  # values of acknowledged scheduled enqueues
         self.completed: set[str] = set()  # values whose completion was acknowledged
         self.successes: dict[str, list[float]] = defaultdict(list)
@@ -110,8 +113,14 @@ class Load:
         while not self.stop.is_set():
             values = [f"k-{n + i}" for i in range(5)]
             body = {"records": [{"value": v, "idempotency_key": v} for v in values]}
-            while self._call("enqueue_keyed", "POST", "/v1/queues/fault-k/records",
-                             body)[0] != 200:
+            while True:
+                sent = int(time.time() * 1000)
+                status, answer = self._call("enqueue_keyed", "POST", "/v1/queues/fault-k/records",
+                                            body)
+                code = answer.get("error", {}).get("code", "") if isinstance(answer, dict) else ""
+                self.keyed_attempts[values[0]].append((sent, status, code))
+                if status == 200:
+                    break
                 time.sleep(0.05)
             self.keyed += values
             n += 5
@@ -148,17 +157,22 @@ class Load:
         return worst
 
 
-def values_of(url: str, queue: str) -> list[str]:
-    """Every record value of `queue` a node serves, in offset order."""
-    out: list[str] = []
+def records_of(url: str, queue: str) -> list[dict]:
+    """Every record of `queue` a node serves, in offset order."""
+    out: list[dict] = []
     offset = 0
     while True:
         status, page = http("GET", f"{url}/v1/queues/{queue}/records?offset={offset}&limit=1000")
         assert status == 200, page
         if not page["records"]:
             return out
-        out += [r["value"] for r in page["records"]]
+        out += page["records"]
         offset = page["next_offset"]
+
+
+def values_of(url: str, queue: str) -> list[str]:
+    """Every record value of `queue` a node serves, in offset order."""
+    return [r["value"] for r in records_of(url, queue)]
 
 
 def test_dropped_black_holed_and_slow_broker_connections_lose_nothing(proxied):
@@ -173,33 +187,45 @@ def test_dropped_black_holed_and_slow_broker_connections_lose_nothing(proxied):
         threads = load.run()
         time.sleep(3)
         figures = {}
+        faults: list[tuple[str, int]] = []  # (fault, wall-clock ms), for a failure's message
+
+        def mark(what: str) -> None:
+            faults.append((what, int(time.time() * 1000)))
+
         start = time.monotonic()
         for _ in range(3):
+            mark("drop")
             proxy.drop()
             time.sleep(1.5)
         time.sleep(2)
         figures["3 drops of every connection"] = load.longest_gap(start)
         start = time.monotonic()
+        mark("black hole")
         proxy.black_hole(True)
         time.sleep(6)
         proxy.black_hole(False)
+        mark("black hole healed")
         healed = time.monotonic()
         time.sleep(8)
         figures["6 s black hole"] = load.longest_gap(start)
         figures["after the black hole: longest gap"] = load.longest_gap(healed)
         start = time.monotonic()
         assert broker.process is not None
+        mark("SIGSTOP")
         os.kill(broker.process.pid, signal.SIGSTOP)
         time.sleep(6)
         os.kill(broker.process.pid, signal.SIGCONT)
+        mark("SIGCONT")
         healed = time.monotonic()
         time.sleep(8)
         figures["broker SIGSTOPped for 6 s"] = load.longest_gap(start)
         figures["after SIGCONT: longest gap"] = load.longest_gap(healed)
         start = time.monotonic()
+        mark("latency")
         proxy.latency(0.1)
         time.sleep(4)
         proxy.latency(0)
+        mark("latency healed")
         time.sleep(2)
         figures["4 s of 100 ms latency"] = load.longest_gap(start)
         load.stop.set()
@@ -228,10 +254,16 @@ def test_dropped_black_holed_and_slow_broker_connections_lose_nothing(proxied):
                 break
             offset = page["next_offset"]
         assert set(load.written) <= set(records), "an acknowledged record was lost"
-        keyed = values_of(url, "fault-k")
+        keyed_records = records_of(url, "fault-k")
+        keyed = [r["value"] for r in keyed_records]
         assert set(load.keyed) <= set(keyed), "an acknowledged keyed record was lost"
         twice = sorted(v for v in set(keyed) if keyed.count(v) > 1)
-        assert not twice, f"keyed records written twice: {twice[:5]}"
+        assert not twice, (
+            f"keyed records written twice: {twice[:5]}; stored (offset, timestamp): "
+            f"{[(r['offset'], r['timestamp']) for r in keyed_records if r['value'] in twice]}; "
+            f"requests (sent ms, status, code): "
+            f"{[load.keyed_attempts.get(v) for v in twice if v in load.keyed_attempts]}; "
+            f"faults: {faults}")
         time.sleep(1.5)  # the last scheduled records fall due
         scheduled = values_of(url, "fault-s")
         assert set(load.scheduled) <= set(scheduled), "an acknowledged scheduled record was lost"
