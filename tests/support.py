@@ -140,7 +140,8 @@ class NodeProcess:
 def http(method: str, url: str, body: Any = None, raw: bytes | None = None,
          timeout_s: float = 60.0, headers: dict[str, str] | None = None,
          ca_file: str | None = None) -> tuple[int, Any]:
-    """A blocking JSON request: (status, decoded body or None); `ca_file` verifies HTTPS."""
+    """A blocking JSON request: (status, decoded body or None); `ca_file` verifies HTTPS.
+    Status 0: no answer (refused, reset, or none within `timeout_s`)."""
     data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
     req = urllib.request.Request(url, data=data, method=method,
                                  headers={"Content-Type": "application/json", **(headers or {})})
@@ -150,7 +151,9 @@ def http(method: str, url: str, body: Any = None, raw: bytes | None = None,
             return resp.status, _decode(resp.read())
     except urllib.error.HTTPError as exc:
         return exc.code, _decode(exc.read())
-    except (urllib.error.URLError, ConnectionError):
+    except (urllib.error.URLError, ConnectionError, TimeoutError):
+        # urllib wraps connect errors in URLError, not a read timeout: a fault-tier load
+        # thread would die of one.
         return 0, None
 
 
