@@ -89,8 +89,8 @@ class KeyedEnqueue:
             budget = service.settings.broker_timeout_ms / 1000
             if not (await asyncio.wait([busy], timeout=budget))[0]:
                 raise Unavailable("broker_timeout", "an earlier write of one of these "
-                                  "idempotency keys is not settled yet (the broker has not "
-                                  "told whether it is stored); send it again")
+                                  "idempotency keys is not settled yet (not known to be "
+                                  "stored, or stored and not read back); send it again")
         claimed = [(p, fps[k]) for k in first_in_batch]
         done = self._claims.claim(claimed)
         release = True
