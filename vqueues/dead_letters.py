@@ -6,6 +6,7 @@ again on the next try."""
 from __future__ import annotations
 
 from vqueues.leases import ConsumerConfig
+from vqueues.names import fitted_name
 from vqueues.partition_state import PartitionState
 from vqueues.records import now_ms
 from vqueues.service import QueueService
@@ -34,7 +35,8 @@ class DeadLetters:
             if d is not None:
                 work.put(off, True, hold, d.attempts, d.grant, d.reason, now_ms())
         records = await self.queues.resolve(state.partition, offsets)
-        dlq = config.dead_letter_queue
+        # A name stored before long ones were shortened is shortened the same way here.
+        dlq = fitted_name(config.dead_letter_queue) if config.dead_letter_queue else None
         if dlq and records:
             attempts = {o: work.deliveries[o].attempts for o in offsets if o in work.deliveries}
             out = []

@@ -23,9 +23,9 @@ from typing import Any
 
 from vqueues.errors import BadRequest
 from vqueues.leases import LEASE, ConsumerConfig
-from vqueues.names import validate_name
+from vqueues.names import MAX_NAME_BYTES, fitted_name, validate_name
 
-# A dead-letter queue named with this placeholder is one per queue ("{queue}-dead").
+# A dead-letter queue named with this placeholder is one per queue ("dead-{queue}").
 QUEUE_PLACEHOLDER = "{queue}"
 MAX_PREFIX_CONSUMERS = 100
 MAX_WEIGHTS = 1000  # queues with a weight of their own, per prefix consumer
@@ -62,9 +62,11 @@ class PrefixConsumer:
         return self.weights.get(queue, 1)
 
     def dead_letter_queue_of(self, queue: str) -> str | None:
+        """The queue's dead-letter queue: `{queue}` filled in, and shortened if that makes it
+        longer than a name may be (`names.fitted_name`)."""
         dlq = self.dead_letter_queue
         if dlq is not None and QUEUE_PLACEHOLDER in dlq:
-            return dlq.replace(QUEUE_PLACEHOLDER, queue)
+            return fitted_name(dlq.replace(QUEUE_PLACEHOLDER, queue))
         return dlq
 
     def config_for(self, queue: str) -> ConsumerConfig:
@@ -98,7 +100,9 @@ def checked(consumer: str, body: Mapping[str, Any], defaults: ConsumerConfig,
                              "one with {queue} in it, or null")
         sample = dlq.replace(QUEUE_PLACEHOLDER, prefix + "x")
         validate_name(sample, "dead_letter_queue")
-        if sample.startswith(prefix):  # its dead letters would be leased by it again
+        longest = fitted_name(dlq.replace(QUEUE_PLACEHOLDER, prefix + "x" * MAX_NAME_BYTES))
+        if sample.startswith(prefix) or longest.startswith(prefix):
+            # its dead letters would be leased by it again
             raise BadRequest("invalid_parameter", f"dead_letter_queue {dlq!r} names queues "
                              f"under the prefix {prefix!r} itself")
     weights = body.get("weights")

@@ -1,7 +1,7 @@
 import pytest
 
 from vqueues.errors import BadRequest
-from vqueues.names import validate_name
+from vqueues.names import fitted_name, validate_name
 from vqueues.settings import Settings
 
 
@@ -83,3 +83,15 @@ def test_one_node_and_one_partition_are_enough():
 
     args = build_parser().parse_args(["dev", "--nodes", "1", "--partitions", "1"])
     assert (args.nodes, args.partitions) == (1, 1)
+
+
+def test_a_name_over_the_limit_is_fitted_to_a_valid_name_that_names_it_alone():
+    assert fitted_name("q" * 249) == "q" * 249  # at the limit: unchanged
+    long = "dead-" + "é" * 124 + "x"  # 254 bytes; a two-byte character straddles the cut
+    fitted = fitted_name(long)
+    assert validate_name(fitted) == fitted and len(fitted.encode()) <= 249
+    assert fitted.startswith("dead-" + "é" * 113) and fitted[-17] == "~"
+    assert len(fitted.encode()) == 248  # the cut character is dropped, not split
+    assert fitted_name(long) == fitted  # the same name each time
+    assert fitted_name(long[:-1] + "y") != fitted  # another name, another hash
+    assert len(fitted_name("d" * 400).encode()) == 249
