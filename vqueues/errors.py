@@ -57,7 +57,9 @@ REGISTRY: dict[str, ErrorSpec] = {
     "rewind_not_allowed": _e(409, False, "an ack below the committed offset without "
                                          "`allow_rewind`"),
     "lease_expired": _e(409, False, "a token's lease is not current: it expired and the record "
-                                    "was leased again, was completed, or never existed"),
+                                    "was leased again, or the token never existed; for retry "
+                                    "and extend also a record that was completed (completing a "
+                                    "completed record again answers 200)"),
     "idempotency_key_reused": _e(409, False, "a record's idempotency key was seen for this queue "
                                              "within the window, or earlier in the request, "
                                              "with a different payload; nothing was written"),

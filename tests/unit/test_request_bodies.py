@@ -160,3 +160,12 @@ def test_an_enqueue_takes_integral_numbers_and_refuses_a_false_headers():
             decode_enqueue(b'{"records": [{"value": "x", "headers": ' + headers + b"}]}",
                            SETTINGS)
         assert exc.value.code == "invalid_record", headers
+
+
+def test_an_enqueue_body_without_records_but_with_an_unknown_field_names_the_field():
+    with pytest.raises(VQError) as err:
+        decode_enqueue(b'{"nothing": 1}', SETTINGS)
+    assert (err.value.code, err.value.details["unknown"]) == ("invalid_parameter", ["nothing"])
+    with pytest.raises(VQError) as err:
+        decode_enqueue(b'{}', SETTINGS)
+    assert err.value.code == "invalid_records"
