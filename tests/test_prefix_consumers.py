@@ -7,6 +7,7 @@ import asyncio
 import time
 import uuid
 from collections import Counter
+from urllib.parse import quote
 
 import pytest
 from vqueues_client import AsyncClient, NewRecord, VQError, Worker
@@ -69,6 +70,65 @@ async def test_a_prefix_consumer_is_defined_leased_and_settled_over_http(node):
     assert status == 200
     status, _ = http("GET", f"{node.url}/v1/prefix-consumers/pool")
     assert status == 404
+
+
+def test_a_queues_consumer_follows_the_prefix_consumer_however_it_was_first_touched(node):
+    """The new user's path: a per-queue lease first, then the pool; the cap of 2 holds, the
+    settings are the prefix consumer's, and an acked cursor by that name stays a cursor."""
+    p = prefix()
+    url = node.url
+    status, _ = http("PUT", f"{url}/v1/prefix-consumers/pm", {
+        "prefix": p, "max_attempts": 2, "dead_letter_queue": "dead-{queue}",
+        "max_in_flight": 2})
+    assert status == 200
+    q = f"{p}2"
+    status, _ = http("POST", f"{url}/v1/queues/{q}/records",
+                     {"records": [{"value": f"r{i}"} for i in range(6)]})
+    assert status == 200
+    status, one = http("POST", f"{url}/v1/queues/{q}/consumers/pm/lease", {"max_records": 1})
+    assert (status, len(one["records"])) == (200, 1)
+    status, got = http("GET", f"{url}/v1/queues/{q}/consumers/pm")
+    assert (got["max_attempts"], got["dead_letter_queue"], got["max_in_flight"],
+            got["prefix"]) == (2, f"dead-{q}", 2, p)
+    status, pool = http("POST", f"{url}/v1/prefix-consumers/pm/lease", {"max_records": 10})
+    assert (status, len(pool["records"])) == (200, 1)  # 2 in flight: the cap
+    # a cursor consumer by the pool's name keeps its queue out, and is never converted
+    cur = f"{p}cursor"
+    http("POST", f"{url}/v1/queues/{cur}/records", {"records": [{"value": "c"}]})
+    status, _ = http("POST", f"{url}/v1/queues/{cur}/consumers/pm/ack", {"offset": 0})
+    assert status == 200
+    status, body = http("POST", f"{url}/v1/queues/{cur}/consumers/pm/lease", {})
+    assert (status, body["error"]["code"], body["error"]["mode"]) == (
+        409, "consumer_mode_mismatch", "cursor")
+    status, pool = http("POST", f"{url}/v1/prefix-consumers/pm/lease", {"max_records": 10})
+    assert status == 200 and all(r["queue"] != cur for r in pool["records"])
+    assert http("GET", f"{url}/v1/queues/{cur}/consumers/pm")[1]["mode"] == "cursor"
+    # a dead-letter queue too long for a name is shortened, and readable
+    long = p + "L" * (249 - len(p.encode()))
+    http("POST", f"{url}/v1/queues/{long}/records", {"records": [{"value": "poison"}]})
+    deadline = time.monotonic() + 20
+    retried = 0
+    while retried < 2 and time.monotonic() < deadline:  # max_attempts 2: two failures
+        status, page = http("POST", f"{url}/v1/prefix-consumers/pm/lease",
+                            {"max_records": 10, "wait_ms": 500})
+        for r in page["records"]:
+            if r["queue"] == long:
+                status, _ = http("POST", f"{url}/v1/prefix-consumers/pm/retry", {
+                    "tokens": [{"queue": long, "token": r["token"]}], "reason": "x"})
+                assert status == 200
+                retried += 1
+    assert retried == 2
+    dlq = http("GET", f"{url}/v1/queues/{quote(long, safe='')}/consumers/pm")[1][
+        "dead_letter_queue"]
+    assert len(dlq.encode()) == 249 and dlq.startswith("dead-" + p)
+    records: list = []
+    while not records and time.monotonic() < deadline:
+        status, page = http("GET", f"{url}/v1/queues/{quote(dlq, safe='')}/records?limit=5"
+                            "&wait_ms=500")
+        assert status == 200, page
+        records = page["records"]
+    assert [r["value"] for r in records] == ["poison"]
+    assert records[0]["headers"]["vq-dlq-source-queue"] == long
 
 
 async def test_a_long_poll_across_a_prefix_wakes_on_a_new_queue(node):

@@ -1,5 +1,6 @@
 """Consumer settings: the rules of `PUT`/`GET .../consumers/{consumer}` (mode, attempts, dead-letter
-queue, visibility), and a first lease making a consumer a lease consumer (docs/work-queues.md).
+queue, visibility), a first lease making a consumer a lease consumer, and a consumer under a
+prefix consumer following its settings (docs/work-queues.md).
 
 Settings are offset-topic entries (`ConsumerConfigured`), applied by the partition's lease
 windows (`lease_windows.LeaseWindows`) and written through the queue service under the
@@ -8,10 +9,13 @@ consumer's lock.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from vqueues.errors import BadRequest, Conflict, NotFound
-from vqueues.leases import CURSOR, LEASE, ConsumerConfig, WorkState
+from vqueues.leases import ANY_PREFIX, CURSOR, LEASE, ConsumerConfig, WorkState
 from vqueues.names import validate_name
 from vqueues.partition_state import PartitionState
+from vqueues.prefix_consumers import PrefixConsumer
 from vqueues.records import ConsumerAcked, ConsumerConfigured, OffsetEntry, now_ms
 from vqueues.results import ConsumerSettings
 from vqueues.service import QueueService
@@ -54,13 +58,25 @@ class ConsumerConfigs:
 
     async def configure(self, queue: str, consumer: str, mode: str | None,
                         max_attempts: int | None, dead_letter_queue: str | bool | None,
-                        visibility_ms: int | None, max_in_flight: int | bool | None = False
-                        ) -> ConsumerSettings:
+                        visibility_ms: int | None, max_in_flight: int | bool | None = False,
+                        prefix: str | None = None) -> ConsumerSettings:
         """Set a consumer's settings (absent ones keep their value, or the defaults).
         `dead_letter_queue` and `max_in_flight`: False means "not given", None clears it. A
-        consumer set here no longer follows a prefix consumer's settings (ADR 13)."""
+        consumer set here no longer follows a prefix consumer's settings (ADR 13), unless
+        `prefix` names the prefix of the prefix consumer by its name that covers the queue:
+        then it takes that one's settings, and follows it again."""
         if mode is not None and mode not in (CURSOR, LEASE):
             raise BadRequest("invalid_parameter", "mode must be cursor or lease")
+        pc = None
+        if prefix is not None:
+            pc = self.prefix_consumer(queue, consumer)
+            if pc is None or pc.prefix != prefix:
+                raise BadRequest("invalid_parameter", f"no prefix consumer {consumer!r} over "
+                                 f"the prefix {prefix!r} covers queue {queue!r}")
+            if mode == CURSOR or max_attempts is not None or visibility_ms is not None \
+                    or dead_letter_queue is not False or max_in_flight is not False:
+                raise BadRequest("invalid_parameter", "`prefix` takes the prefix consumer's "
+                                 "settings: give no other setting beside it (but mode lease)")
         if max_attempts is not None and (isinstance(max_attempts, bool) or not isinstance(
                 max_attempts, int) or not 1 <= max_attempts <= MAX_ATTEMPTS_LIMIT):
             raise BadRequest("limit_out_of_range", "max_attempts must be an integer between 1 "
@@ -83,7 +99,7 @@ class ConsumerConfigs:
                 old = self.defaults()
                 if mode is None and state.committed(queue, consumer) is not None:
                     old = ConsumerConfig(CURSOR, old.max_attempts, None, old.visibility_ms)
-            new = ConsumerConfig(
+            new = pc.config_for(queue) if pc is not None else ConsumerConfig(
                 mode or old.mode,
                 old.max_attempts if max_attempts is None else max_attempts,
                 old.dead_letter_queue if dead_letter_queue is False else
@@ -100,11 +116,11 @@ class ConsumerConfigs:
                 entries += state.window_tombstones(queue, consumer)
             entries.append(ConsumerConfigured(queue, consumer, new.mode, new.max_attempts,
                                               new.dead_letter_queue, new.visibility_ms,
-                                              new.max_in_flight))
+                                              new.max_in_flight, new.prefix))
             await self.queues.write_entries(state, entries)
         return ConsumerSettings(queue, consumer, new.mode, new.max_attempts,
                                 new.dead_letter_queue, new.visibility_ms, committed,
-                                new.max_in_flight)
+                                new.max_in_flight, new.prefix)
 
     def settings_of(self, queue: str, consumer: str) -> ConsumerSettings:
         """What `GET .../consumers/{consumer}` answers; 404 for a consumer that does not exist."""
@@ -119,27 +135,56 @@ class ConsumerConfigs:
             config = ConsumerConfig(CURSOR, d.max_attempts, None, d.visibility_ms)
         return ConsumerSettings(queue, consumer, config.mode, config.max_attempts,
                                 config.dead_letter_queue, config.visibility_ms, committed,
-                                config.max_in_flight, config.prefix)
+                                config.max_in_flight, config.prefix or None)
 
-    async def lease_consumer(self, state: PartitionState, queue: str, consumer: str,
-                             start: ConsumerConfig | None = None
+    def prefix_consumer(self, queue: str, consumer: str) -> PrefixConsumer | None:
+        """The prefix consumer by this name whose prefix covers `queue`, if there is one."""
+        pc = self.queues.ownership.prefixes.by_name.get(consumer)
+        return pc if pc is not None and pc.covers(queue) else None
+
+    def follow_prefix(self, state: PartitionState, queue: str, consumer: str,
+                      config: ConsumerConfig) -> tuple[ConsumerConfig, ConsumerConfigured | None]:
+        """A lease consumer that follows a prefix consumer (`prefix` set: it was never set on
+        its own) takes the prefix consumer's current settings: they are applied here, and the
+        entry returned is to be written ahead of the call's own (under the consumer's lock)."""
+        if config.prefix is None or config.mode != LEASE:
+            return config, None
+        pc = self.prefix_consumer(queue, consumer)
+        if pc is None:
+            return config, None
+        wanted = pc.config_for(queue)
+        if wanted == config:
+            return config, None
+        change = ConsumerConfigured(queue, consumer, LEASE, wanted.max_attempts,
+                                    wanted.dead_letter_queue, wanted.visibility_ms,
+                                    wanted.max_in_flight, wanted.prefix)
+        state.apply_offset_entries([change])
+        return state.configs[(queue, consumer)], change
+
+    async def lease_consumer(self, state: PartitionState, queue: str, consumer: str
                              ) -> tuple[WorkState, ConsumerConfig]:
-        """The consumer's window and settings; a first lease makes it a lease consumer (with
-        `start`'s settings, or the defaults) that starts at its committed offset, or at the
-        queue's first retained record. Called under the consumer's lock."""
+        """The consumer's window and settings. A first lease makes a consumer that has never
+        acked a lease consumer, with the settings of the prefix consumer by its name that covers
+        the queue (or the defaults, following such a prefix consumer once one is defined),
+        starting at the queue's first retained record. A consumer that has acked and was never
+        set is a cursor consumer: 409. Called under the consumer's lock."""
         config = state.configs.get((queue, consumer))
         if config is not None and config.mode != LEASE:
             raise Conflict("consumer_mode_mismatch", f"consumer {consumer!r} is a cursor "
                            "consumer: read and ack, or set its mode to lease", mode=config.mode)
         if config is None:
-            config = start or self.defaults()
-            entries: list[OffsetEntry] = []
-            if state.committed(queue, consumer) is None:
-                entries.append(ConsumerAcked(queue, consumer, state.first_offset(queue),
-                                             now_ms()))
-            entries.append(ConsumerConfigured(queue, consumer, LEASE, config.max_attempts,
-                                              config.dead_letter_queue, config.visibility_ms,
-                                              config.max_in_flight, config.prefix))
+            if state.committed(queue, consumer) is not None:
+                raise Conflict("consumer_mode_mismatch", f"consumer {consumer!r} is a cursor "
+                               "consumer (it has acked): read and ack, or set its mode to "
+                               "lease", mode=CURSOR)
+            pc = self.prefix_consumer(queue, consumer)
+            config = (pc.config_for(queue) if pc is not None
+                      else replace(self.defaults(), prefix=ANY_PREFIX))
+            entries: list[OffsetEntry] = [
+                ConsumerAcked(queue, consumer, state.first_offset(queue), now_ms()),
+                ConsumerConfigured(queue, consumer, LEASE, config.max_attempts,
+                                   config.dead_letter_queue, config.visibility_ms,
+                                   config.max_in_flight, config.prefix)]
             await self.queues.write_entries(state, entries)
         work = state.work.get((queue, consumer))
         if work is None:  # revoked meanwhile (the write was not applied)

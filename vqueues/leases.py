@@ -30,11 +30,18 @@ DLQ_HEADERS = ("vq-dlq-source-queue", "vq-dlq-source-offset", "vq-dlq-consumer",
                "vq-dlq-attempts", "vq-dlq-reason")
 
 
+# The `prefix` of a consumer made by a per-queue lease while no prefix consumer of its name
+# covered the queue: it follows one once one does (a consumer set with PUT has None).
+ANY_PREFIX = ""
+
+
 @dataclass(slots=True, frozen=True)
 class ConsumerConfig:
     """A consumer's settings (PUT /v1/queues/{queue}/consumers/{consumer}): `max_in_flight`
     caps the records leased at once (None: the window's limit); `prefix` says the settings
-    were copied from the prefix consumer over that prefix (ADR 13)."""
+    were copied from the prefix consumer over that prefix (ADR 13), or is `ANY_PREFIX` for a
+    consumer a lease made with the defaults; either way the consumer follows the prefix
+    consumer by its name that covers the queue. None: set on its own (PUT)."""
 
     mode: str
     max_attempts: int

@@ -276,10 +276,10 @@ class PrefixLeasing:
         now = now_ms()
         for queue in queues:
             q = state.queues.get(queue)
-            if q is None or not q.offsets or (queue, consumer) in state.configs:
-                continue
-            if state.committed(queue, consumer) is None:
-                entries.append(ConsumerAcked(queue, consumer, state.first_offset(queue), now))
+            if q is None or not q.offsets or (queue, consumer) in state.configs \
+                    or state.committed(queue, consumer) is not None:
+                continue  # made already, or a cursor consumer (it has acked): kept out
+            entries.append(ConsumerAcked(queue, consumer, state.first_offset(queue), now))
             c = pc.config_for(queue)
             entries.append(ConsumerConfigured(queue, consumer, LEASE, c.max_attempts,
                                               c.dead_letter_queue, c.visibility_ms,
@@ -292,8 +292,8 @@ class PrefixLeasing:
                       ) -> LeaseDecision | None:
         """One queue's share of a prefix lease (under its lock; its consumer made by
         `_make_consumers`). The consumer follows a change of the prefix consumer's settings (a
-        settings entry ahead of the lease's, in the same write) unless it was set on its own
-        since; a cursor consumer by that name keeps the queue out."""
+        settings entry ahead of the lease's, in the same write) unless it was set on its own;
+        a cursor consumer by that name keeps the queue out."""
         q = state.queues.get(queue)
         if q is None or not q.offsets:
             return None  # gone, or nothing left to lease
@@ -302,17 +302,9 @@ class PrefixLeasing:
         work = state.work.get((queue, consumer))
         if config is None or work is None or config.mode != LEASE:
             return None
-        if config.prefix == pc.prefix and (
-                config.max_attempts != pc.max_attempts or config.visibility_ms != pc.visibility_ms
-                or config.max_in_flight != pc.max_in_flight
-                or config.dead_letter_queue != pc.dead_letter_queue_of(queue)):
-            wanted = pc.config_for(queue)
-            change = ConsumerConfigured(queue, consumer, LEASE, wanted.max_attempts,
-                                        wanted.dead_letter_queue, wanted.visibility_ms,
-                                        wanted.max_in_flight, wanted.prefix)
-            state.apply_offset_entries([change])
+        config, change = self.work.configs.follow_prefix(state, queue, consumer, config)
+        if change is not None:
             entries.append(change)
-            config = state.configs[(queue, consumer)]
         return await self.work.decide_lease(state, queue, consumer, work, config, share,
                                             visibility_ms, None, grant)
 

@@ -106,10 +106,11 @@ class WorkService:
 
     async def configure(self, queue: str, consumer: str, mode: str | None,
                         max_attempts: int | None, dead_letter_queue: str | bool | None,
-                        visibility_ms: int | None, max_in_flight: int | bool | None = False
-                        ) -> ConsumerSettings:
+                        visibility_ms: int | None, max_in_flight: int | bool | None = False,
+                        prefix: str | None = None) -> ConsumerSettings:
         return await self.configs.configure(queue, consumer, mode, max_attempts,
-                                            dead_letter_queue, visibility_ms, max_in_flight)
+                                            dead_letter_queue, visibility_ms, max_in_flight,
+                                            prefix)
 
     def consumer_settings(self, queue: str, consumer: str) -> ConsumerSettings:
         return self.configs.settings_of(queue, consumer)
@@ -150,11 +151,15 @@ class WorkService:
             work = state.work.get((queue, consumer))
             if work is None or config is None or config.mode != LEASE:
                 work, config = await self.configs.lease_consumer(state, queue, consumer)
+            config, change = self.configs.follow_prefix(state, queue, consumer, config)
             decision = await self.decide_lease(state, queue, consumer, work, config,
                                                max_records, visibility_ms, tag, new_grant())
             if decision is None:
+                if change is not None and not state.revoked:
+                    await self.queues.submit_entries(state, [change], applied=True)
                 return []
-            durable = self.queues.submit_entries(state, decision.entries, applied=True)
+            entries = decision.entries if change is None else [change, *decision.entries]
+            durable = self.queues.submit_entries(state, entries, applied=True)
         try:
             await durable
         except BaseException:

@@ -379,3 +379,89 @@ def test_a_queue_timed_again_and_again_keeps_one_timer_and_comes_due_once():
     assert rq.due("c", 299) == []
     assert rq.due("c", 1000) == ["q", "other"]  # each once, the earliest time first
     assert rq.due("c", 2000) == [] and rq.size("c") == 0  # the caller decides what to add
+
+
+async def test_a_per_queue_lease_first_makes_the_queues_consumer_with_the_prefix_settings(node):
+    svc, work, prefix, _ = node
+    await prefix.define("pm", {"prefix": "pm-", "max_attempts": 2, "max_in_flight": 2,
+                               "dead_letter_queue": "dead-{queue}"})
+    await _fill(svc, "pm-2", 6)
+    first = await work.lease("pm-2", "pm", 1, 60_000, 0)
+    assert len(first.records) == 1
+    s = work.consumer_settings("pm-2", "pm")
+    assert (s.max_attempts, s.dead_letter_queue, s.max_in_flight, s.prefix) == (
+        2, "dead-pm-2", 2, "pm-")
+    got = await prefix.lease("pm", 10, 60_000, 0)
+    assert len(got.records) == 1  # the cap of 2 holds across both routes
+    assert (await work.lease("pm-2", "pm", 10, 60_000, 0)).records == []
+
+
+async def test_a_consumer_a_lease_made_before_the_prefix_consumer_follows_it_once_defined(
+        node):
+    svc, work, prefix, _ = node
+    await _fill(svc, "late-q", 6)
+    await work.lease("late-q", "late", 1, 60_000, 0)
+    assert work.consumer_settings("late-q", "late").prefix is None
+    await prefix.define("late", {"prefix": "late-", "max_attempts": 3, "max_in_flight": 2})
+    got = await prefix.lease("late", 10, 60_000, 2000)  # once the queue takes its turn
+    assert len(got.records) == 1
+    s = work.consumer_settings("late-q", "late")
+    assert (s.max_attempts, s.max_in_flight, s.prefix) == (3, 2, "late-")
+    # and through the per-queue route too, once the prefix consumer changes
+    await prefix.define("late", {"prefix": "late-", "max_attempts": 3, "max_in_flight": 3})
+    assert len((await work.lease("late-q", "late", 10, 60_000, 0)).records) == 1
+    assert work.consumer_settings("late-q", "late").max_in_flight == 3
+
+
+async def test_an_acked_cursor_consumer_is_never_turned_into_a_lease_consumer(node):
+    svc, work, prefix, _ = node
+    await prefix.define("cur", {"prefix": "cu-"})
+    await _fill(svc, "cu-a", 3)
+    await _fill(svc, "cu-b", 3)
+    await svc.ack("cu-a", "cur", 1, allow_rewind=False)
+    with pytest.raises(VQError) as err:
+        await work.lease("cu-a", "cur", 1, 60_000, 0)
+    assert (err.value.code, err.value.details["mode"]) == ("consumer_mode_mismatch", "cursor")
+    got = await prefix.lease("cur", 10, 60_000, 0)
+    assert {r.queue for r in got.records} == {"cu-b"}  # the cursor keeps cu-a out
+    s = work.consumer_settings("cu-a", "cur")
+    assert (s.mode, s.offset) == ("cursor", 1)
+    await work.configure("cu-a", "cur", "lease", None, False, None)  # the way to change it
+    assert [r.record.offset for r in (await work.lease("cu-a", "cur", 10, 60_000, 0)).records
+            ] == [1, 2]
+
+
+async def test_a_dead_letter_queue_too_long_for_a_name_is_shortened_and_readable(node):
+    svc, work, prefix, _ = node
+    queue = "dl-" + "q" * 246  # 249 bytes: "dead-" makes its dead-letter queue 254
+    await prefix.define("dl", {"prefix": "dl-", "max_attempts": 1,
+                               "dead_letter_queue": "dead-{queue}"})
+    await _fill(svc, queue, 1)
+    got = await prefix.lease("dl", 1, 60_000, 0)
+    await prefix.settle("dl", Settle(RETRY, 0, "boom"), [(queue, got.records[0].leased.token)])
+    dlq = work.consumer_settings(queue, "dl").dead_letter_queue
+    assert dlq is not None and len(dlq.encode()) == 249
+    assert dlq.startswith("dead-dl-qqq") and dlq[-17] == "~"
+    page = await svc.read(dlq, None, 0, 10, 0)
+    assert [r.value for r in page.records] == [f"{queue}:0".encode()]
+    assert dict(page.records[0].headers)["vq-dlq-source-queue"] == queue.encode()
+
+
+async def test_put_with_the_prefix_puts_a_queues_consumer_back_under_the_prefix_consumer(node):
+    svc, work, prefix, _ = node
+    await prefix.define("back", {"prefix": "bk-", "max_attempts": 3, "max_in_flight": 1})
+    await _fill(svc, "bk-q", 3)
+    await work.configure("bk-q", "back", "lease", 9, False, None)  # set on its own
+    assert work.consumer_settings("bk-q", "back").prefix is None
+    with pytest.raises(VQError) as err:
+        await work.configure("bk-q", "back", None, None, False, None, False, "other-")
+    assert err.value.code == "invalid_parameter"
+    with pytest.raises(VQError) as err:
+        await work.configure("bk-q", "back", None, 4, False, None, False, "bk-")
+    assert err.value.code == "invalid_parameter"
+    s = await work.configure("bk-q", "back", None, None, False, None, False, "bk-")
+    assert (s.max_attempts, s.max_in_flight, s.prefix) == (3, 1, "bk-")
+    assert work.consumer_settings("bk-q", "back").prefix == "bk-"
+    await prefix.define("back", {"prefix": "bk-", "max_attempts": 4, "max_in_flight": 2})
+    assert len((await prefix.lease("back", 10, 60_000, 2000)).records) == 2
+    assert work.consumer_settings("bk-q", "back").max_attempts == 4

@@ -224,7 +224,11 @@ def _request_schemas(s: Settings) -> dict[str, Any]:
             "max_in_flight": {"type": ["integer", "null"], "minimum": 1,
                               "maximum": s.max_lease_window,
                               "description": "(lease) records leased at once, at most; null: "
-                                             "no cap"}}},
+                                             "no cap"},
+            "prefix": {**_NAME, "type": ["string", "null"],
+                       "description": "the prefix of the prefix consumer by this name that "
+                                      "covers the queue: take its settings and follow it "
+                                      "again (no other setting beside it)"}}},
         "LeaseRequest": {"type": "object", "additionalProperties": False, "properties": {
             **lease,
             "tag": {**_TAG, "type": ["string", "null"],
@@ -255,8 +259,9 @@ def _request_schemas(s: Settings) -> dict[str, Any]:
                               "default": s.default_visibility_ms},
             "dead_letter_queue": {**_NAME, "type": ["string", "null"],
                                   "description": "a queue name, or one with {queue} in it (one "
-                                                 "per queue, e.g. {queue}-dead); never under "
-                                                 "the prefix; null: none"},
+                                                 "per queue, e.g. dead-{queue}; one over 249 "
+                                                 "bytes is shortened); never under the prefix; "
+                                                 "null: none"},
             "max_in_flight": {"type": ["integer", "null"], "minimum": 1,
                               "maximum": s.max_lease_window,
                               "description": "records of one queue leased at once, at most"},

@@ -16,7 +16,8 @@ from vqueues.names import validate_name
 from vqueues.results import SettleResult
 from vqueues.tags import check_tag
 
-_SETTINGS_FIELDS = {"mode", "max_attempts", "dead_letter_queue", "visibility_ms", "max_in_flight"}
+_SETTINGS_FIELDS = {"mode", "max_attempts", "dead_letter_queue", "visibility_ms", "max_in_flight",
+                    "prefix"}
 
 
 def _names(request: web.Request) -> tuple[str, str]:
@@ -59,9 +60,12 @@ async def put_consumer(request: web.Request) -> web.Response:
     mode = body.get("mode")
     if mode is not None and not isinstance(mode, str):
         raise BadRequest("invalid_parameter", "mode must be cursor or lease")
+    prefix = body.get("prefix")
+    if prefix is not None and not isinstance(prefix, str):
+        raise BadRequest("invalid_parameter", "prefix must be a prefix consumer's prefix or null")
     return respond(await request.app[WORK].configure(
         queue, consumer, mode, body.get("max_attempts"), dlq, body.get("visibility_ms"),
-        body.get("max_in_flight", False)))
+        body.get("max_in_flight", False), prefix))
 
 
 async def get_consumer(request: web.Request) -> web.Response:
