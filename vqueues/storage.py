@@ -46,6 +46,16 @@ class GroupListener(Protocol):
     def failed(self, error: str) -> None: ...
 
 
+class Fence(Protocol):
+    """What the group member needs of the self-fence (`self_fence.SelfFence`): whether a
+    pause was seen since the group last confirmed, its epoch, and the confirmation."""
+
+    epoch: int
+    suspect: bool
+
+    def confirmed(self, epoch: int) -> None: ...
+
+
 class Log(Protocol):
     """A topic the node writes to, by explicit partition."""
 

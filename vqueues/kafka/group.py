@@ -23,8 +23,7 @@ from confluent_kafka import (
 
 from vqueues.kafka import FatalKafkaError, is_fatal, kafka_errors, poll
 from vqueues.records import Record
-from vqueues.self_fence import SelfFence
-from vqueues.storage import Consumed, GroupListener
+from vqueues.storage import Consumed, Fence, GroupListener
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +43,7 @@ class GroupMember:
     """Joins `group.id` over `topic` and feeds `listener` until `stop()`."""
 
     def __init__(self, conf: dict[str, Any], topic: str, listener: GroupListener,
-                 batch_size: int = 2000, fence: SelfFence | None = None,
+                 batch_size: int = 2000, fence: Fence | None = None,
                  pace_ms: int = 0) -> None:
         conf = {
             **conf,
@@ -170,7 +169,7 @@ class GroupMember:
         self._closed = False
         self._subscribe()
 
-    def _confirm(self, fence: SelfFence) -> None:
+    def _confirm(self, fence: Fence) -> None:
         """After a pause: ask the group coordinator whether this member's generation still
         stands, by committing the positions of the assigned partitions (the coordinator checks
         member and generation; the committed offsets are not read back by vqueues). A refusal
