@@ -5,28 +5,42 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Coroutine, Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Coroutine, Sequence
+from typing import Protocol
 
 from vqueues.errors import Conflict, Unavailable, VQError
 from vqueues.idempotency import IdempotencyWindow, fingerprints, payload_of
 from vqueues.locks import Claims
-from vqueues.records import now_ms
+from vqueues.ownership import Ownership
+from vqueues.partition_state import PartitionState
+from vqueues.records import NewRecord, now_ms
 from vqueues.results import EnqueueResult
+from vqueues.settings import Settings
 
 # How often held keys are looked for again (while the tail is idle, or the partition has no
 # ready state here).
 HOLD_POLL_S = 0.2
 
-if TYPE_CHECKING:
-    from vqueues.partition_state import PartitionState
-    from vqueues.service import NewRecord, QueueService
+class Writer(Protocol):
+    """What the keyed enqueue needs of the queue service (`service.QueueService`)."""
+
+    settings: Settings
+    ownership: Ownership
+
+    def partition_of(self, queue: str) -> int: ...
+
+    async def append_records(self, queue: str, records: Sequence[NewRecord],
+                             state: PartitionState | None = None,
+                             known: Sequence[tuple[int, int] | None] | None = None
+                             ) -> EnqueueResult: ...
+
+    def log_end(self, partition: int) -> Awaitable[int]: ...
 
 
 class KeyedEnqueue:
     """The idempotency keys being written (`Claims`), and the enqueue that checks them."""
 
-    def __init__(self, service: QueueService) -> None:
+    def __init__(self, service: Writer) -> None:
         self._service = service
         self._claims = Claims()
         self._settling: set[asyncio.Task[None]] = set()

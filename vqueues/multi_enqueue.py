@@ -15,7 +15,8 @@ from collections.abc import Callable, Sequence
 
 from vqueues.errors import VQError
 from vqueues.idempotency import key_of
-from vqueues.service import NewRecord, QueueService
+from vqueues.records import NewRecord
+from vqueues.service import QueueService
 
 # Per record: (partition, offset), offset None when the node writes with acks=0; or the error.
 Outcome = tuple[int, int | None] | VQError

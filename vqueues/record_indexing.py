@@ -9,22 +9,47 @@ the tag index and the idempotency window to remember it.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import Protocol
 
+from vqueues.cache import RecordCache
+from vqueues.idempotency import IdempotencyWindow
+from vqueues.partition_index import PartitionIndex
+from vqueues.prefix_consumers import PrefixConsumers
+from vqueues.queue_map import QueueMap
+from vqueues.ready_queues import ReadyQueues
 from vqueues.records import Record, now_ms
-from vqueues.schedule import control_of
+from vqueues.schedule import Schedule, control_of
+from vqueues.tag_index import TagIndex
 from vqueues.tags import tags_of
+from vqueues.waiters import Waiters
 
-if TYPE_CHECKING:
-    from vqueues.partition_state import PartitionState
+
+class Parts(Protocol):
+    """The parts of a partition's state that indexing writes to
+    (`partition_state.PartitionState`)."""
+
+    partition: int
+    cache: RecordCache
+    index: PartitionIndex
+    tags: TagIndex
+    schedule: Schedule
+    idempotency: IdempotencyWindow
+    waiters: Waiters
+    prefixes: PrefixConsumers | None
+    ready_queues: ReadyQueues
+    ready: asyncio.Event
+
+    @property
+    def queues(self) -> QueueMap: ...
 
 
 class RecordIndexer:
     """Indexes records into one partition's parts. The parts are read through the state on
     every call: a revoked partition's are swapped for empty ones (`PartitionState.dismantle`)."""
 
-    def __init__(self, state: PartitionState) -> None:
+    def __init__(self, state: Parts) -> None:
         self.state = state
         self.uncached_below = 0  # records below this offset are not cached (replay)
 

@@ -38,6 +38,8 @@ FORMAT_VERSION = 1
 
 # (key, value) of one offset-topic record; value None is a tombstone.
 OffsetRecord = tuple[bytes, bytes | None]
+# (value, headers) of one record to enqueue.
+NewRecord = tuple[bytes | None, list[tuple[str, bytes]]]
 
 
 class Record(msgspec.Struct, frozen=True, gc=False):

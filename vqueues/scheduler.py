@@ -12,9 +12,9 @@ from operator import itemgetter
 
 from vqueues.ownership import Ownership
 from vqueues.partition_state import PartitionState
-from vqueues.records import now_ms
+from vqueues.records import NewRecord, now_ms
 from vqueues.schedule import CANCEL_HEADER, DELIVER_AT_HEADER, FROM_HEADER
-from vqueues.service import NewRecord, QueueService
+from vqueues.service import QueueService
 
 log = logging.getLogger(__name__)
 

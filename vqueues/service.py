@@ -24,6 +24,7 @@ from vqueues.ownership import Ownership
 from vqueues.partition_state import PartitionState
 from vqueues.records import (
     ConsumerAcked,
+    NewRecord,
     OffsetEntry,
     QueueDeleted,
     Record,
@@ -47,9 +48,6 @@ from vqueues.settings import Settings
 from vqueues.storage import Delivered, Log, OffsetLog, RecordFetcher, runs
 
 log = logging.getLogger(__name__)
-
-# (value, headers) of one record to enqueue.
-NewRecord = tuple[bytes | None, list[tuple[str, bytes]]]
 
 
 def _split(offset_runs: list[list[int]], ways: int) -> list[list[int]]:

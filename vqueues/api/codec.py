@@ -21,10 +21,9 @@ from vqueues.idempotency import (
     payload_header,
     sent_fingerprint,
 )
-from vqueues.records import Record, now_ms
+from vqueues.records import NewRecord, Record, now_ms
 from vqueues.results import LeasedRecord
 from vqueues.schedule import CANCEL_HEADER, DELIVER_AT_HEADER, FROM_HEADER
-from vqueues.service import NewRecord
 from vqueues.settings import Settings
 from vqueues.tags import MAX_TAGS, TAGS_HEADER, check_tag
 

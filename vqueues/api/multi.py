@@ -24,7 +24,7 @@ from vqueues.api.keys import AUTH, IDENTITY, PROXY, QUOTAS, SERVICE, SETTINGS
 from vqueues.api.proxy import FORWARDED
 from vqueues.errors import BadRequest, Unavailable, VQError, WrongNode
 from vqueues.names import validate_name
-from vqueues.service import NewRecord
+from vqueues.records import NewRecord
 
 
 def quota_refusal(request: web.Request, queue: str,
