@@ -72,8 +72,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     tp = sub.add_parser("topics", help="topic administration")
     tsub = tp.add_subparsers(dest="topics_command", required=True)
-    create = tsub.add_parser("create", help="create the data, offset, assignment and snapshot "
-                             "topics")
+    create = tsub.add_parser(
+        "create", help="create the data, offset, assignment and snapshot topics",
+        description="Create the data, offset, assignment and snapshot topics, and wait (up to "
+        f"{topics.CREATE_WAIT_S:g} s) until the brokers list them. Exit status 3 if the "
+        "topics do not match or do not appear.")
     create.add_argument("--bootstrap", default=None, help="[env VQ_BOOTSTRAP]")
     create.add_argument("--partitions", type=_at_least_one, default=topics.DEFAULT_PARTITIONS)
     create.add_argument("--replication-factor", type=int, default=-1,
@@ -225,10 +228,14 @@ def _topics_create(args: argparse.Namespace) -> int:
         args.partitions, args.retention_ms, args.replication_factor, settings.snapshot_topic))
     for name, what in outcome.items():
         print(f"{name}: {what}")
+    wait = topics.CREATE_WAIT_S
     try:
         partitions = topics.check(admin, settings.data_topic, settings.offset_topic,
-                                  settings.assignment_topic)
-        topics.check_snapshots(admin, settings.snapshot_topic, partitions)
+                                  settings.assignment_topic, wait_s=wait)
+        if settings.snapshot_topic and not topics.check_snapshots(
+                admin, settings.snapshot_topic, partitions, wait_s=wait):
+            raise ConfigError(f"topic {settings.snapshot_topic!r} does not exist (not in the "
+                              f"brokers' metadata after waiting {wait:g} s)")
     except ConfigError as exc:
         print(f"vqueues: {exc}", file=sys.stderr)
         return 3

@@ -2,11 +2,25 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Sequence
+from typing import Protocol
+
 from vqueues.errors import ConfigError
 from vqueues.kafka.admin import Admin, TopicSpec
 
 DEFAULT_PARTITIONS = 16
 DEFAULT_RETENTION_MS = 14 * 24 * 3600 * 1000
+# How long `vqueues topics create` waits for every broker it asks to list the topics it just
+# created: on a cluster, a broker learns a new topic some time after the controller made it.
+CREATE_WAIT_S = 30.0
+
+
+class TopicAdmin(Protocol):
+    """What these functions need of `vqueues.kafka.admin.Admin` (a seam for unit tests)."""
+
+    def partition_counts(self, topics: Sequence[str], timeout_s: float = ...
+                         ) -> dict[str, int | None]: ...
 
 
 def specs(data_topic: str, offset_topic: str, assignment_topic: str,
@@ -30,13 +44,33 @@ def create(admin: Admin, topic_specs: list[TopicSpec]) -> dict[str, str]:
     return admin.create(topic_specs)
 
 
-def check(admin: Admin, data_topic: str, offset_topic: str, assignment_topic: str) -> int:
-    """Return the data topic's partition count, or raise ConfigError naming every problem."""
-    counts = admin.partition_counts([data_topic, offset_topic, assignment_topic])
+def _counts(admin: TopicAdmin, names: list[str], wait_s: float, interval_s: float
+            ) -> dict[str, int | None]:
+    """Partition counts; while a topic is missing, asked again until `wait_s` has passed."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        counts = admin.partition_counts(names)
+        if all(n is not None for n in counts.values()) or time.monotonic() >= deadline:
+            return counts
+        time.sleep(interval_s)
+
+
+def _waited(wait_s: float) -> str:
+    return f" (not in the brokers' metadata after waiting {wait_s:g} s)" if wait_s else ""
+
+
+def check(admin: TopicAdmin, data_topic: str, offset_topic: str, assignment_topic: str,
+          wait_s: float = 0.0, interval_s: float = 0.2) -> int:
+    """Return the data topic's partition count, or raise ConfigError naming every problem.
+    `wait_s`: how long a missing topic is looked for again (a broker that has not learned a
+    topic just created lists it a little later)."""
+    counts = _counts(admin, [data_topic, offset_topic, assignment_topic], wait_s, interval_s)
     problems = []
     for name, n in counts.items():
         if n is None:
             problems.append(f"topic {name!r} does not exist")
+    if problems:
+        problems[-1] += _waited(wait_s)
     d, o, a = counts[data_topic], counts[offset_topic], counts[assignment_topic]
     if d is not None and o is not None and d != o:
         problems.append(f"data topic {data_topic!r} has {d} partitions but offset topic "
@@ -51,12 +85,13 @@ def check(admin: Admin, data_topic: str, offset_topic: str, assignment_topic: st
     return d
 
 
-def check_snapshots(admin: Admin, snapshot_topic: str, partitions: int) -> bool:
+def check_snapshots(admin: TopicAdmin, snapshot_topic: str, partitions: int,
+                    wait_s: float = 0.0, interval_s: float = 0.2) -> bool:
     """Whether the snapshot topic exists (False: the node runs without snapshots); ConfigError
-    if its partition count differs from the data topic's."""
+    if its partition count differs from the data topic's. `wait_s` as for `check`."""
     if not snapshot_topic:
         return False
-    n = admin.partition_counts([snapshot_topic])[snapshot_topic]
+    n = _counts(admin, [snapshot_topic], wait_s, interval_s)[snapshot_topic]
     if n is None:
         return False
     if n != partitions:
