@@ -61,7 +61,10 @@ def build_parser() -> argparse.ArgumentParser:
                      help="run on a local three-broker Apache Kafka cluster instead of the "
                      "embedded broker (needs Java 17+ and Maven)")
 
-    kafka = sub.add_parser("kafka", help="a local Apache Kafka cluster (KRaft) on loopback")
+    kafka = sub.add_parser(
+        "kafka", help="a local Apache Kafka cluster (KRaft) on loopback",
+        description="Run a local Apache Kafka cluster (KRaft) on loopback until Ctrl-C. If any "
+        "broker process exits, the others are stopped too and the command exits with status 1.")
     kafka.add_argument("--brokers", type=_at_least_one, default=3,
                        help="combined broker+controller processes [default 3]")
     kafka.add_argument("--folder", default=None,
