@@ -61,7 +61,10 @@ def build_parser() -> argparse.ArgumentParser:
                      help="run on a local three-broker Apache Kafka cluster instead of the "
                      "embedded broker (needs Java 17+ and Maven)")
 
-    kafka = sub.add_parser("kafka", help="a local Apache Kafka cluster (KRaft) on loopback")
+    kafka = sub.add_parser(
+        "kafka", help="a local Apache Kafka cluster (KRaft) on loopback",
+        description="Run a local Apache Kafka cluster (KRaft) on loopback until Ctrl-C. If any "
+        "broker process exits, the others are stopped too and the command exits with status 1.")
     kafka.add_argument("--brokers", type=_at_least_one, default=3,
                        help="combined broker+controller processes [default 3]")
     kafka.add_argument("--folder", default=None,
@@ -72,15 +75,20 @@ def build_parser() -> argparse.ArgumentParser:
 
     tp = sub.add_parser("topics", help="topic administration")
     tsub = tp.add_subparsers(dest="topics_command", required=True)
-    create = tsub.add_parser("create", help="create the data, offset, assignment and snapshot "
-                             "topics")
+    create = tsub.add_parser(
+        "create", help="create the data, offset, assignment and snapshot topics",
+        description="Create the data, offset, assignment and snapshot topics, and wait (up to "
+        f"{topics.CREATE_WAIT_S:g} s) until the brokers list them. A compacted topic that "
+        "exists already gets the compacted_* settings where its own differ; each change is "
+        "printed. Exit status 3 if the topics do not match or do not appear.")
     create.add_argument("--bootstrap", default=None, help="[env VQ_BOOTSTRAP]")
     create.add_argument("--partitions", type=_at_least_one, default=topics.DEFAULT_PARTITIONS)
     create.add_argument("--replication-factor", type=int, default=-1,
                         help="[default -1: the broker's default]")
     create.add_argument("--retention-ms", type=int, default=topics.DEFAULT_RETENTION_MS)
     for name in ("data_topic", "offset_topic", "assignment_topic", "snapshot_topic",
-                 "kafka_options"):
+                 "compacted_segment_bytes", "compacted_segment_ms",
+                 "compacted_delete_retention_ms", "kafka_options"):
         create.add_argument("--" + name.replace("_", "-"), dest=name, default=None,
                             help=f"[env VQ_{name.upper()}]")
     pipe = sub.add_parser("pipeline", help="the Spark pipeline over the data topic")
@@ -222,13 +230,18 @@ def _topics_create(args: argparse.Namespace) -> int:
     admin = Admin(client_config(settings.bootstrap, settings.kafka_extra()))
     outcome = topics.create(admin, topics.specs(
         settings.data_topic, settings.offset_topic, settings.assignment_topic,
-        args.partitions, args.retention_ms, args.replication_factor, settings.snapshot_topic))
+        args.partitions, args.retention_ms, args.replication_factor, settings.snapshot_topic,
+        compaction=topics.compaction_config(settings)))
     for name, what in outcome.items():
         print(f"{name}: {what}")
+    wait = topics.CREATE_WAIT_S
     try:
         partitions = topics.check(admin, settings.data_topic, settings.offset_topic,
-                                  settings.assignment_topic)
-        topics.check_snapshots(admin, settings.snapshot_topic, partitions)
+                                  settings.assignment_topic, wait_s=wait)
+        if settings.snapshot_topic and not topics.check_snapshots(
+                admin, settings.snapshot_topic, partitions, wait_s=wait):
+            raise ConfigError(f"topic {settings.snapshot_topic!r} does not exist (not in the "
+                              f"brokers' metadata after waiting {wait:g} s)")
     except ConfigError as exc:
         print(f"vqueues: {exc}", file=sys.stderr)
         return 3

@@ -56,6 +56,21 @@ class Settings:
     snapshot_topic: str = _f(
         "vq-snapshots", "compacted topic of partition snapshots (same partition count as the "
         "data topic); if it does not exist the node runs without snapshots, saying so")
+    compacted_segment_bytes: int = _f(
+        100 * 1024 * 1024, "segment.bytes of the offset, snapshot and assignment topics, set by "
+        "`vqueues topics create` (also on existing topics): compaction never touches a "
+        "partition's active segment, so it holds up to this much before anything of it is "
+        "compacted (Kafka's default is 1 GiB; 100 MiB is __consumer_offsets'); at least 1 MiB, "
+        "Kafka's minimum. docs/kafka.md gives the size bound")
+    compacted_segment_ms: int = _f(
+        3_600_000, "segment.ms of the compacted topics (as compacted_segment_bytes): the first "
+        "write to a partition whose active segment is this old rolls it, which makes the old "
+        "one compactable (Kafka's default is 7 days)")
+    compacted_delete_retention_ms: int = _f(
+        3_600_000, "delete.retention.ms of the compacted topics (as compacted_segment_bytes): "
+        "how long a tombstone outlives the cleaning that removed the records it deletes; keep "
+        "it well above the longest replay of an offset or snapshot partition, which could "
+        "otherwise read a record and miss its tombstone (Kafka's default is 1 day)")
     snapshot_interval_s: int = _f(
         300, "how often a node considers writing a snapshot of each owned partition")
     snapshot_on_stop: bool = _f(
@@ -286,6 +301,11 @@ class Settings:
                      "scheduler_tick_ms"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1")
+        if self.compacted_segment_bytes < 1024 * 1024:
+            raise ValueError("compacted_segment_bytes must be at least 1048576 (1 MiB, Kafka's "
+                             "minimum segment.bytes)")
+        if self.compacted_segment_ms < 1:
+            raise ValueError("compacted_segment_ms must be at least 1")
         if self.default_read_limit > self.max_read_limit:
             raise ValueError("default_read_limit must not exceed max_read_limit")
         if not MIN_VISIBILITY_MS <= self.default_visibility_ms <= self.max_visibility_ms:

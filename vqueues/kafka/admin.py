@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException
-from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
+from confluent_kafka.admin import (  # type: ignore[attr-defined]
+    AdminClient,
+    AlterConfigOpType,
+    ConfigEntry,
+    ConfigResource,
+    NewTopic,
+    ResourceType,
+)
 
 from vqueues.kafka import kafka_errors, translate
 
@@ -52,6 +59,31 @@ class Admin:
             tm = md.topics.get(t)
             out[t] = None if tm is None or tm.error is not None else len(tm.partitions)
         return out
+
+    def topic_configs(self, topics: Sequence[str], keys: Sequence[str], timeout_s: float = 10.0
+                      ) -> dict[str, dict[str, str]]:
+        """Each topic's current value of `keys` (its own or the broker's default; a key the
+        broker does not report is left out)."""
+        resources = [ConfigResource(ResourceType.TOPIC, t) for t in topics]
+        out: dict[str, dict[str, str]] = {}
+        with kafka_errors("describing topic configs"):
+            for res, fut in self._admin.describe_configs(
+                    resources, request_timeout=timeout_s).items():
+                entries = fut.result(timeout_s)
+                out[res.name] = {k: str(entries[k].value) for k in keys
+                                 if k in entries and entries[k].value is not None}
+        return out
+
+    def set_topic_configs(self, topic: str, config: Mapping[str, str],
+                          timeout_s: float = 30.0) -> None:
+        """Set these keys of a topic's config, leaving its other keys as they are."""
+        resource = ConfigResource(ResourceType.TOPIC, topic, incremental_configs=[
+            ConfigEntry(k, v, incremental_operation=AlterConfigOpType.SET)
+            for k, v in config.items()])
+        with kafka_errors(f"setting {topic}'s config"):
+            for fut in self._admin.incremental_alter_configs(
+                    [resource], request_timeout=timeout_s).values():
+                fut.result(timeout_s)
 
     def cluster_id(self, timeout_s: float = 10.0) -> str:
         """The cluster's id, from its metadata ("" if the broker gives none)."""
