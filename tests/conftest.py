@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 import socket
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
@@ -206,6 +206,6 @@ def node(topics: Topics) -> Iterator[NodeProcess]:
 
 
 @pytest.fixture
-async def client() -> aiohttp.ClientSession:
+async def client() -> AsyncIterator[aiohttp.ClientSession]:
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as s:
         yield s

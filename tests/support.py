@@ -18,6 +18,7 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
+from tests.narrow import known
 from vqueues import topics
 from vqueues.broker import free_port
 from vqueues.hashing import partition_for
@@ -177,7 +178,8 @@ def edit_watched_file(path: Path, change: Any) -> None:
 def queues_in_partition(partition: int, partitions: int, count: int, prefix: str = "q"
                         ) -> list[str]:
     """`count` queue names that all route to `partition`."""
-    out, i = [], 0
+    out: list[str] = []
+    i = 0
     while len(out) < count:
         name = f"{prefix}-{i}"
         if partition_for(name, partitions) == partition:
@@ -302,11 +304,12 @@ def kafka_records(bootstrap: str, topic: str) -> dict[tuple[int, int], Any]:
         m = c.poll(1.0)
         if m is None:
             continue
-        if m.error():
-            assert m.error().code() == KafkaError._PARTITION_EOF
-            eof.add(m.partition())
+        error = m.error()
+        if error:
+            assert error.code() == KafkaError._PARTITION_EOF
+            eof.add(known(m.partition()))
             continue
-        out[(m.partition(), m.offset())] = (m.key().decode(), m.value(), m.timestamp()[1],
-                                            tuple(m.headers() or ()))
+        out[(known(m.partition()), known(m.offset()))] = (
+            known(m.key()).decode(), m.value(), m.timestamp()[1], tuple(m.headers() or ()))
     c.close()
     return out

@@ -8,9 +8,12 @@ import subprocess
 import sys
 import time
 import uuid
+from typing import Any
 
 import pytest
 from vqueues_client import Client
+
+from tests.narrow import known
 
 
 def vq(node, *args, stdin=None):
@@ -54,15 +57,15 @@ def test_queues_list_and_stats_show_depth_and_the_worst_lag(node, queue):
 
 def test_consumers_reset_rewinds_and_skips_by_offset_time_and_shift(node, queue):
     with Client(node.url) as c:
-        o = c.enqueue(queue, ["a", "b", "c"]).offsets
+        o = known(c.enqueue(queue, ["a", "b", "c"]).offsets)
         time.sleep(0.05)
         middle = int(time.time() * 1000)
         time.sleep(0.05)
-        o += c.enqueue(queue, ["d", "e"]).offsets
+        o += known(c.enqueue(queue, ["d", "e"]).offsets)
         c.ack(queue, "r", o[1])
 
         def committed():
-            return next(x["offset"] for x in c.queue_info(queue)["consumers"]
+            return next(x["offset"] for x in known(c.queue_info(queue))["consumers"]
                         if x["consumer"] == "r")
 
         def reset(*how):
@@ -83,12 +86,12 @@ def test_consumers_reset_rewinds_and_skips_by_offset_time_and_shift(node, queue)
         assert reset("--to-earliest") == o[0]
         gone = vq(node, "consumers", "delete", queue, "r", "--yes")
         assert gone.returncode == 0 and "deleted" in gone.stdout
-        assert c.queue_info(queue)["consumers"] == []
+        assert known(c.queue_info(queue))["consumers"] == []
 
 
 def test_queues_tail_prints_records_and_shows_progress(node, queue):
     with Client(node.url) as c:
-        offsets = c.enqueue(queue, ["one", "two", "three"]).offsets
+        offsets = known(c.enqueue(queue, ["one", "two", "three"]).offsets)
     done = vq(node, "queues", "tail", queue, "--from-start", "--count", "3", "--json",
               "--progress")
     assert done.returncode == 0, done.stderr
@@ -137,7 +140,7 @@ def test_consumers_prefixes_shows_each_prefix_consumer_with_backlog_and_in_fligh
     async def lease_two() -> None:
         from vqueues_client import AsyncClient
         async with AsyncClient(node.url) as avq:
-            got: list = []
+            got: list[Any] = []
             for _ in range(50):
                 got += await avq.lease_prefix("crew", node.url, max_records=2 - len(got))
                 # (one node: it wrote the definition, so it knows it at once)

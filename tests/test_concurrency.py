@@ -20,7 +20,7 @@ async def produce(client, node, queue, writer):
 
 async def consume(client, node, queue, expected):
     """Read with a named consumer, long-polling, acking each page after 'processing' it."""
-    got = []
+    got: list[str] = []
     while len(got) < expected:
         async with client.get(f"{node.url}/v1/queues/{queue}/records",
                               params={"consumer": "worker", "limit": 37,

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.narrow import known
 from tests.support import FAST_GROUP
 from vqueues.broker import free_port
 
@@ -43,7 +44,7 @@ def test_dev_prints_working_curl_lines_and_stops_cleanly_on_ctrl_c(tmp_path):
         lines = []
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline:
-            line = proc.stdout.readline()
+            line = known(proc.stdout).readline()
             assert line, ("vqueues dev exited before printing its banner; its log ends:\n"
                           + (tmp_path / "dev.log").read_text()[-3000:])
             lines.append(line.rstrip("\n"))
@@ -63,7 +64,7 @@ def test_dev_prints_working_curl_lines_and_stops_cleanly_on_ctrl_c(tmp_path):
     finally:
         os.killpg(proc.pid, signal.SIGINT)
         rc = proc.wait(60)
-        proc.stdout.close()
+        known(proc.stdout).close()
         stderr.close()
     assert rc == 0
     # Every process it started is gone (same session, started by it).

@@ -9,6 +9,7 @@ from collections import defaultdict
 import pytest
 from vqueues_client import AsyncClient, VQError
 
+from tests.narrow import known
 from tests.support import LOGS, NodeProcess, create_topics, http, start_cluster, wait_settled
 from vqueues.hashing import partition_for
 
@@ -75,7 +76,9 @@ async def test_no_acknowledged_record_is_lost_and_no_offset_moves_back(bootstrap
     victim, restarted, _ = nodes  # the third node stays up throughout
     run = uuid.uuid4().hex[:6]
     queues = [f"fo-{run}-{i}" for i in range(QUEUES)]
-    acked, delivered, acks = defaultdict(list), defaultdict(list), defaultdict(list)
+    acked: defaultdict[str, list[str]] = defaultdict(list)  # the values
+    delivered: defaultdict[str, list[tuple[int, str | None]]] = defaultdict(list)
+    acks: defaultdict[str, list[tuple[int | None, int]]] = defaultdict(list)
     outages: dict[int, list[float]] = defaultdict(list)
     stop_producing, done, stop_monitor = asyncio.Event(), asyncio.Event(), asyncio.Event()
     try:
@@ -121,7 +124,7 @@ async def test_no_acknowledged_record_is_lost_and_no_offset_moves_back(bootstrap
             if last is not None:
                 assert previous is not None and previous >= last, f"{q}: offset moved back"
             last = new
-        assert final[q]["consumers"][0]["offset"] >= last
+        assert known(final[q])["consumers"][0]["offset"] >= last
         # 3. At least once, none skipped: the first deliveries are in offset order, no gaps
         #    among the acknowledged records of each producer.
         first_seen = list(dict.fromkeys(values))

@@ -22,6 +22,7 @@ import random
 import re
 from collections import Counter
 from pathlib import Path
+from typing import TypedDict
 from urllib.parse import quote
 
 import pytest
@@ -45,7 +46,13 @@ _WRITE_COUNTERS = ("vq_records_enqueued_total", "vq_acks_total", "vq_queues_dele
                    "vq_records_leased_total", "vq_records_completed_total",
                    "vq_records_retried_total", "vq_records_dead_lettered_total")
 _tokens = itertools.cycle([FULL, FULL, FULL, NARROW, None])
-sent = {"requests": 0, "refused": 0, "operations": set()}
+class _Sent(TypedDict):
+    requests: int
+    refused: int
+    operations: set[str]
+
+
+sent: _Sent = {"requests": 0, "refused": 0, "operations": set()}
 
 
 @pytest.fixture(scope="module")
@@ -88,7 +95,7 @@ def _state(url, case):
     the partitions' ends, which the tail reaches a little later), its queue and consumer."""
     auth = {"Authorization": f"Bearer {FULL}"}
     queue = case.path_parameters.get("queue") if case.path_parameters else None
-    about = None
+    about: object = None
     if isinstance(queue, str):
         status, info = http("GET", f"{url}/v1/queues/{quote(queue, safe='')}", headers=auth)
         if status == 200:

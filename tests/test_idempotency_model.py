@@ -11,6 +11,7 @@ record per key (moved copies of scheduled records aside) and nothing else.
 import os
 import random
 import time
+from typing import Any, cast
 
 import pytest
 
@@ -57,7 +58,8 @@ class Cluster:
             assert time.monotonic() < deadline, "a node did not join"
             time.sleep(0.2)
 
-    def send(self, queue: str, records: list[dict], timeout_s: float = 90.0) -> dict:
+    def send(self, queue: str, records: list[dict[str, Any]], timeout_s: float = 90.0
+             ) -> dict[str, Any]:
         """The answer that settles the request: 200, or a 4xx that is not retriable."""
         deadline = time.monotonic() + timeout_s
         body = {"records": records}
@@ -68,7 +70,7 @@ class Cluster:
             if status == 200 or (isinstance(answer, dict) and "error" in answer
                                  and not answer["error"]["retriable"]
                                  and answer["error"]["code"] != "wrong_node"):
-                return answer
+                return cast(dict[str, Any], answer)
             if isinstance(answer, dict) and answer.get("error", {}).get("owner"):
                 self.owners[partition_for(queue, PARTITIONS)] = answer["error"]["owner"]
             else:

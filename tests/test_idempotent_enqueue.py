@@ -7,6 +7,7 @@ import uuid
 
 from vqueues_client import AsyncClient, NewRecord, VQError
 
+from tests.narrow import known
 from tests.support import NodeProcess, create_topics, http
 
 
@@ -27,10 +28,10 @@ async def test_the_same_key_sent_five_times_at_once_yields_one_record(node):
             raise AssertionError("a reused key must be refused")
         except VQError as exc:
             assert (exc.status, exc.code) == (409, "idempotency_key_reused")
-            assert exc.details["first_offset"] == results[0].offsets[0]
+            assert exc.details["first_offset"] == known(results[0].offsets)[0]
         mixed = await vq.enqueue(q, [NewRecord("payload", idempotency_key="k-1"),
                                      NewRecord("new", idempotency_key="k-2"), "plain"])
-        assert mixed.offsets is not None and mixed.offsets[0] == results[0].offsets[0]
+        assert mixed.offsets is not None and mixed.offsets[0] == known(results[0].offsets)[0]
         page = await vq.read(q, offset=0, limit=100)
         assert [r.text for r in page.records] == ["payload", "new", "plain"]
         assert page.records[1].headers["vq-idempotency-key"] == "k-2"

@@ -8,6 +8,7 @@ import time
 import uuid
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 from confluent_kafka import Producer
@@ -146,7 +147,7 @@ def test_metrics_equal_counts_and_bytes_computed_independently(spark, bootstrap,
     # A later record moves the watermark past the last full minute.
     produce(bootstrap, topic, 1, start + 15 * MINUTE_MS, tag="late")
     run(spark, options(bootstrap, topic, tmp_path, jobs=("metrics",)))
-    expected: dict = {}
+    expected: dict[Any, Any] = {}
     for q, ts, value in sent:
         key = (q, ts // MINUTE_MS * MINUTE_MS)
         n, b = expected.get(key, (0, 0))
@@ -239,8 +240,10 @@ def test_any_valid_queue_name_is_archived_and_read_back_unchanged(spark, bootstr
     path = str(tmp_path / "out" / "archive")
     table = spark.read.parquet(path)
     counts = {r.queue: r["count"] for r in table.groupBy("queue").count().collect()}
-    assert counts == {**{n: 300 // len(LONG_NAMES) + (i < 300 % len(LONG_NAMES))
-                         for i, n in enumerate(LONG_NAMES)}, None: 1}
+    expected: dict[str | None, int] = {
+        **{n: 300 // len(LONG_NAMES) + (i < 300 % len(LONG_NAMES))
+           for i, n in enumerate(LONG_NAMES)}, None: 1}
+    assert counts == expected
     # Every row's bucket is the standard mmh3 bucket any Python reader computes without Spark.
     for r in table.select("queue", "bucket").distinct().collect():
         assert r.bucket == archive_bucket(r.queue)

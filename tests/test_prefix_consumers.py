@@ -7,6 +7,7 @@ import asyncio
 import time
 import uuid
 from collections import Counter
+from typing import Any
 from urllib.parse import quote
 
 import pytest
@@ -121,7 +122,7 @@ def test_a_queues_consumer_follows_the_prefix_consumer_however_it_was_first_touc
     dlq = http("GET", f"{url}/v1/queues/{quote(long, safe='')}/consumers/pm")[1][
         "dead_letter_queue"]
     assert len(dlq.encode()) == 249 and dlq.startswith("dead-" + p)
-    records: list = []
+    records: list[Any] = []
     while not records and time.monotonic() < deadline:
         status, page = http("GET", f"{url}/v1/queues/{quote(dlq, safe='')}/records?limit=5"
                             "&wait_ms=500")

@@ -20,12 +20,12 @@ async def test_overlapping_sends_share_the_lingering_producer_and_keep_each_send
             await producer.send(t.data, 0, [(b"q", f"lone-{i}".encode(), None)])
         assert producer.busy_sends == 0
 
-        def headers(n: int, i: int) -> list | None:
+        def headers(n: int, i: int) -> list[tuple[str, bytes]] | None:
             """Odd sends: runs without headers between records with them (each goes alone,
             the runs in one call), a header on the first and last record of some."""
             return [("h", b"%d" % i)] if n % 2 == 1 and i % (n + 2) in (0, 3) else None
 
-        def records(n: int) -> list:
+        def records(n: int) -> list[tuple[bytes, bytes, list[tuple[str, bytes]] | None]]:
             return [(b"q", f"s{n}-{i}".encode(), headers(n, i)) for i in range(50)]
 
         sends = [producer.send(t.data, 0, records(n)) for n in range(8)]

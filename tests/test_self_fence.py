@@ -10,9 +10,11 @@ import os
 import signal
 import threading
 import time
+from typing import Any
 
 import pytest
 
+from tests.narrow import known
 from tests.support import create_topics, http, queues_in_partition, start_cluster
 
 FENCED = {"VQ_SELF_FENCE_MS": "1000"}
@@ -37,11 +39,11 @@ def test_a_paused_owner_answers_nothing_the_new_owner_ignores(bootstrap):
         assert http("POST", f"{a.url}/v1/queues/{log}/records",
                     {"records": [{"value": str(i)} for i in range(3)]})[0] == 200
 
-        os.kill(a.process.pid, signal.SIGSTOP)
+        os.kill(known(a.process).pid, signal.SIGSTOP)
         answers = {}
         try:
-            def ask(name, *call):
-                answers[name] = http(*call, timeout_s=120)
+            def ask(name: str, method: str, url: str, body: Any) -> None:
+                answers[name] = http(method, url, body, timeout_s=120)
 
             pending = [threading.Thread(target=ask, args=args) for args in (
                 ("lease", "POST", f"{a.url}/v1/queues/{work}/consumers/w/lease",
@@ -59,7 +61,7 @@ def test_a_paused_owner_answers_nothing_the_new_owner_ignores(bootstrap):
             assert http("POST", f"{b.url}/v1/queues/{work}/consumers/w/complete",
                         {"tokens": [leased["records"][0]["token"]]})[0] == 200
         finally:
-            os.kill(a.process.pid, signal.SIGCONT)
+            os.kill(known(a.process).pid, signal.SIGCONT)
         for thread in pending:
             thread.join(60)
 
@@ -81,6 +83,6 @@ def test_a_paused_owner_answers_nothing_the_new_owner_ignores(bootstrap):
             assert time.monotonic() < deadline, "the paused node did not serve again"
             time.sleep(0.2)
     finally:
-        os.kill(a.process.pid, signal.SIGCONT)
+        os.kill(known(a.process).pid, signal.SIGCONT)
         for n in (a, b):
             n.terminate()

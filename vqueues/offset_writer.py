@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 
-from vqueues.storage import Delivered, Log, Outgoing
+from vqueues.storage import Delivered, Outgoing, Submitter
 
 _Waiting = tuple[Sequence[Outgoing], "asyncio.Future[list[Delivered]]"]
 
@@ -19,7 +19,7 @@ _Waiting = tuple[Sequence[Outgoing], "asyncio.Future[list[Delivered]]"]
 class OffsetWriter:
     """Writes to the offset topic's partitions through `log`, grouping concurrent writes."""
 
-    def __init__(self, log: Log) -> None:
+    def __init__(self, log: Submitter) -> None:
         self._log = log
         self._waiting: dict[int, list[_Waiting]] = {}
         self._busy: set[int] = set()

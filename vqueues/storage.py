@@ -56,17 +56,21 @@ class Fence(Protocol):
     def confirmed(self, epoch: int) -> None: ...
 
 
-class Log(Protocol):
+class Submitter(Protocol):
+    """What the offset writer needs of a log: submitting writes in order."""
+
+    def submit(self, partition: int, records: Sequence[Outgoing]
+               ) -> Awaitable[list[Delivered]]:
+        """`Log.append`, with the records handed to the producer before this returns: writes
+        submitted one after another reach the partition in that order."""
+        ...
+
+
+class Log(Submitter, Protocol):
     """A topic the node writes to, by explicit partition."""
 
     async def append(self, partition: int, records: Sequence[Outgoing]) -> list[Delivered]:
         """Write `records` in order; return each one's (offset, timestamp) once acknowledged."""
-        ...
-
-    def submit(self, partition: int, records: Sequence[Outgoing]
-               ) -> Awaitable[list[Delivered]]:
-        """`append`, with the records handed to the producer before this returns: writes
-        submitted one after another reach the partition in that order."""
         ...
 
 

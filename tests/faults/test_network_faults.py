@@ -17,6 +17,7 @@ import signal
 import threading
 import time
 from collections import defaultdict
+from typing import Any
 
 import pytest
 
@@ -157,9 +158,9 @@ class Load:
         return worst
 
 
-def records_of(url: str, queue: str) -> list[dict]:
+def records_of(url: str, queue: str) -> list[dict[str, Any]]:
     """Every record of `queue` a node serves, in offset order."""
-    out: list[dict] = []
+    out: list[dict[str, Any]] = []
     offset = 0
     while True:
         status, page = http("GET", f"{url}/v1/queues/{queue}/records?offset={offset}&limit=1000")

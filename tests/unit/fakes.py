@@ -39,7 +39,7 @@ class MemoryLog:
             exc, self.fail_next = self.fail_next, None
             raise exc
         if self.store_then_fail is not None or self.store_unreported:
-            exc, self.store_then_fail = self.store_then_fail, None
+            stored_error, self.store_then_fail = self.store_then_fail, None
             self.store_unreported = False
             tail, self.tail = self.tail, None
             start = self.end(partition)
@@ -49,8 +49,8 @@ class MemoryLog:
                 self.tail = tail
             asyncio.get_running_loop().call_later(self.late_tail_s, self._read_late,
                                                   partition, start, len(records))
-            if exc is not None:
-                raise exc
+            if stored_error is not None:
+                raise stored_error
             return [(-1, ts) for _, ts in delivered]
         return self._write(partition, records)
 
@@ -91,7 +91,7 @@ class MemoryLog:
 
     def read_to_end(self, partitions: Sequence[int], starts: dict[int, int] | None = None
                     ) -> dict[int, tuple[list[Entry], int]]:
-        out = {}
+        out: dict[int, tuple[list[Entry], int]] = {}
         for p in partitions:
             records = self.partitions.get(p, [])
             start = (starts or {}).get(p, 0)

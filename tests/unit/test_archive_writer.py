@@ -99,7 +99,7 @@ def test_a_batch_published_again_replaces_its_files_and_adds_nothing(tmp_path):
     first = [write_task(iter([batch(ROWS[:3])]), root, 1 << 30),
              write_task(iter([batch(ROWS[3:])]), root, 1 << 30)]
     first = [ArchiveCommit(c.staging, i, c.files) for i, c in enumerate(first)]
-    publish(root, first, "part-0000000003-")
+    publish(root, list(first), "part-0000000003-")
     publish(root, [write_task(iter([batch(ROWS)]), root, 1 << 30)], "part-0000000003-")
     table = ds.dataset(root, partitioning="hive").to_table()
     assert sorted(table.column("offset").to_pylist()) == sorted(o for _, _, o, _ in ROWS)

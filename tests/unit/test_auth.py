@@ -10,6 +10,7 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
+from tests.narrow import known
 from vqueues.auth import Authenticator, Identity, TokenFile, required_scope, token_hash
 from vqueues.errors import VQError
 
@@ -26,16 +27,16 @@ def test_the_token_file_stores_hashes_and_is_reloaded_when_it_changes(tmp_path):
     write_tokens(f, ("ops", "s3cret", {"admin": [""]}))
     tokens = TokenFile(str(f))
     assert "s3cret" not in f.read_text()
-    assert tokens.identify("s3cret").name == "ops"
+    assert known(tokens.identify("s3cret")).name == "ops"
     assert tokens.identify("wrong") is None
     write_tokens(f, ("app", "other", {"write": ["tenant/a/"]}))
     os.utime(f, (time.time() + 5, time.time() + 5))
     assert tokens.reload()
-    assert tokens.identify("s3cret") is None and tokens.identify("other").name == "app"
+    assert tokens.identify("s3cret") is None and known(tokens.identify("other")).name == "app"
     f.write_text("{not json")
     os.utime(f, (time.time() + 10, time.time() + 10))
     assert not tokens.reload()  # a bad file keeps the tokens it had
-    assert tokens.identify("other").name == "app"
+    assert known(tokens.identify("other")).name == "app"
 
 
 def test_scopes_reach_queues_by_prefix():

@@ -2,6 +2,7 @@
 
 import asyncio
 import random
+from typing import Any, cast
 
 import pytest
 from aiohttp import web
@@ -14,12 +15,13 @@ class FakeNode:
     delay, so two requests in flight for one queue can overtake each other."""
 
     def __init__(self) -> None:
-        self.log: list[tuple[str, str, dict]] = []  # (queue, value, headers) in offset order
+        # (queue, value, headers) in offset order
+        self.log: list[tuple[str, str, dict[str, str]]] = []
         self.requests: dict[str, int] = {}
-        self.reads: list[dict] = []
+        self.reads: list[dict[str, str]] = []
         self.acks: list[int] = []
-        self.fail: list[tuple[int, dict]] = []
-        self.fail_records: dict[str, list] = {}  # queue -> [(status, error body), times]
+        self.fail: list[tuple[int, dict[str, Any]]] = []
+        self.fail_records: dict[str, list[Any]] = {}  # queue -> [(status, error body), times]
         app = web.Application()
         app.router.add_get("/v1/partitions", self.partitions)
         app.router.add_post("/v1/queues/{queue}/records", self.enqueue)
@@ -105,7 +107,7 @@ async def test_the_batch_producer_keeps_each_queues_send_order_whatever_the_head
             sent.append(producer.send_nowait("q", f"m{i}", headers))
             if i % 7 == 0:
                 await asyncio.sleep(0.002)  # several batches in flight
-        offsets = await asyncio.gather(*sent)
+        offsets = cast(list[int], await asyncio.gather(*sent))  # the fake answers every offset
     assert offsets == sorted(offsets) and len(set(offsets)) == 60
     assert [v for _, v, _ in fake.log] == [f"m{i}" for i in range(60)]
     assert fake.log[1][2] == {"kind": "odd"} and fake.log[0][2] == {}
@@ -133,7 +135,7 @@ async def test_the_batch_producer_sends_again_what_failed_retriably_before_anyth
     assert [v for q, v, _ in fake.log if q == "other"] == [f"o{i}" for i in range(40)]
     # A record refused for good fails the queue's records behind it: none overtakes it.
     assert all(isinstance(f.exception(), VQError) for f in refused)
-    assert refused[0].exception().code == "forbidden"
+    assert cast(VQError, refused[0].exception()).code == "forbidden"
     assert not [q for q, _, _ in fake.log if q == "gone"]
 
 
@@ -181,6 +183,7 @@ async def test_enqueue_many_refuses_what_is_not_a_queue_and_value_pair(fake, rec
     async with AsyncClient(str(fake.server.make_url(""))) as vq:
         with pytest.raises(TypeError, match=r"records\[\d\] must be a \(queue, value\) pair"):
             await vq.enqueue_many(records)
-        assert await vq.enqueue_many([("q", "v"), ["r", "w"]]) != []
+        # A list pair is accepted like a tuple.
+        assert await vq.enqueue_many([("q", "v"), ["r", "w"]]) != []  # type: ignore[list-item]
     assert fake.requests.get("enqueue_many") == 1  # only the good call was sent
     assert [(q, v) for q, v, _ in fake.log] == [("q", "v"), ("r", "w")]

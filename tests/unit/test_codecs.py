@@ -1,6 +1,7 @@
 """Codecs: offset-topic entries, the cluster map's records, and the HTTP record codec."""
 
 import base64
+from typing import Any
 
 import pytest
 
@@ -109,7 +110,7 @@ def test_the_fast_enqueue_decoder_agrees_with_the_checked_one():
 
     from vqueues.api.codec import decode_enqueue
 
-    body = {"records": [{"value": "hé", "headers": {"k": "v"}}, {"value": None},
+    body: dict[str, Any] = {"records": [{"value": "hé", "headers": {"k": "v"}}, {"value": None},
                         {"value": base64.b64encode(b"\xff").decode(), "encoding": "base64"}]}
     assert decode_enqueue(json.dumps(body).encode(), SETTINGS) == decode_records(body, SETTINGS)
     body["extra"] = 1  # one policy: both refuse a field the body does not have

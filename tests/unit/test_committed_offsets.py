@@ -1,5 +1,7 @@
 """Consumers' committed offsets, read through their queue's deletion floor."""
 
+from array import array
+
 from vqueues import committed_offsets as co
 from vqueues.queue_index import NO_CONSUMERS, QueueIndex, StatefulQueueIndex
 from vqueues.queue_map import QueueMap
@@ -36,7 +38,7 @@ def test_idle_and_expired_consumers_by_their_last_ack():
 
 
 def test_lags_and_stats_count_retained_records_from_the_committed_offset():
-    q = StatefulQueueIndex([3, 5, 8, 9])
+    q = StatefulQueueIndex(array("q", [3, 5, 8, 9]))
     q.consumers = {"b": (8, 0), "a": (0, 0)}
     assert sorted(co.walk([("q", q)], -1, None).lags) == [(2, "q", "b"), (4, "q", "a")]
     assert co.walk([("q", q)], 2, None).lags == [(4, "q", "a")]  # only those over `above`

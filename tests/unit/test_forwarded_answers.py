@@ -1,6 +1,8 @@
 """A forwarding node's multi-queue enqueue: the owner's answers, about the request sent on to
 it, name records by their place in the request the client sent."""
 
+from typing import Any
+
 import pytest
 
 from vqueues.api.multi import _in_this_request
@@ -10,7 +12,7 @@ pytestmark = pytest.mark.unit
 
 def test_a_forwarded_records_error_names_it_by_its_place_in_the_clients_request():
     indices = [2, 5, 9]  # the client's records 2, 5 and 9 went to this owner, in that order
-    theirs = {"queue": "q", "partition": 3, "status": 409, "error": {
+    theirs: dict[str, Any] = {"queue": "q", "partition": 3, "status": 409, "error": {
         "code": "idempotency_key_reused", "retriable": False, "index": 2, "first_index": 0,
         "first_offset": None,
         "message": "records[2]: idempotency key already given to records[0] of this request"}}

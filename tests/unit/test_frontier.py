@@ -27,7 +27,7 @@ def rec(offset, headers=()):
 
 def test_the_tail_indexes_in_order_and_a_refetch_is_ignored():
     r = Recorder()
-    woken = set()
+    woken: set[str] = set()
     r.frontier.tail([("a", rec(0)), ("a", rec(1)), ("b", rec(3))], woken)
     r.frontier.tail([("a", rec(1)), ("b", rec(4))], woken)
     assert r.indexed == [("a", 0), ("a", 1), ("b", 3), ("b", 4)] and woken == {"a", "b"}
@@ -68,7 +68,7 @@ def test_a_run_at_the_frontier_is_recognised_and_recorded():
 def test_skipping_moves_both_positions_and_drains_what_waited():
     r = Recorder()
     r.frontier.own("a", [rec(5)], set())
-    woken = set()
+    woken: set[str] = set()
     assert r.frontier.skip_to(5, woken)
     assert r.indexed == [("a", 5)] and woken == {"a"} and r.frontier.next_offset == 6
     assert r.frontier.tail_offset == 5 and not r.frontier.skip_to(5, set())

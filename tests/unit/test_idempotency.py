@@ -244,7 +244,7 @@ async def test_a_multi_queue_enqueue_names_a_refused_record_by_its_place_in_the_
 
     svc, _, _ = node
     await svc.enqueue("q7", [keyed(b"first", "k-first")])
-    plain = (b"plain", [])
+    plain: tuple[bytes, list[tuple[str, bytes]]] = (b"plain", [])
     outcomes = await enqueue_many(svc, [
         ("zz", plain), ("q7", keyed(b"x", "k9")), ("zz", plain), ("q7", keyed(b"y", "k9"))])
     within = outcomes[3]

@@ -22,7 +22,7 @@ async def owner(monkeypatch):
     logs = (MemoryLog(), MemoryLog(), MemoryLog())
     logs[0].timestamp = clock[0]
     node = await Owner(logs, Settings(write_visible_timeout_ms=1000)).start()
-    node.clock = clock
+    node.clock = clock  # type: ignore[attr-defined]  # the test's clock rides on its node
     yield node
     node.close()
 

@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.narrow import known
 from vqueues import snapshot as snap
 from vqueues.cache import RecordCache
-from vqueues.idempotency import KEY_HEADER, IdempotencyWindow, fingerprint
+from vqueues.idempotency import KEY_HEADER, IdempotencyWindow, KeySection, fingerprint
 from vqueues.leases import LEASE
 from vqueues.partition_state import PartitionState
 from vqueues.records import Record
@@ -26,8 +27,8 @@ def keyed(offset, key, at, value=b"v"):
 async def round_trip(state, window_ms=600_000, now=None):
     image = await snap.capture(state, 0)
     chunks, manifest = snap.encode(image, 1)
-    loaded = snap.latest(state.partition, [*chunks, (snap.manifest_key(state.partition),
-                                                     manifest)])
+    loaded = known(snap.latest(state.partition, [*chunks, (snap.manifest_key(state.partition),
+                                                           manifest)]))
     fresh = PartitionState(state.partition, RecordCache(1 << 20), window_ms)
     window = IdempotencyWindow.restore(window_ms, loaded.keys, now or int(time.time() * 1000))
     snap.restore(fresh, loaded, snap.build(loaded), window)
@@ -84,7 +85,7 @@ async def test_a_format_4_snapshot_written_before_the_window_was_carried_still_l
     fixture = json.loads((DATA / "snapshot_format4.json").read_text())
     records = [(base64.b64decode(k), base64.b64decode(v)) for k, v in fixture["records"]]
     assert json.loads(records[-1][1])["v"] == 4
-    loaded = snap.latest(0, records)
+    loaded = known(snap.latest(0, records))
     fresh = PartitionState(0, RecordCache(1 << 20))
     snap.restore(fresh, loaded, snap.build(loaded))
     assert fresh.select("a", 0, 10) == [0, 2, 4] and fresh.select("b", 0, 10) == [1]
@@ -96,6 +97,6 @@ async def test_a_format_4_snapshot_written_before_the_window_was_carried_still_l
 
 
 def test_a_key_section_whose_columns_disagree_is_refused():
-    section = snap.KeySection(b"\x00" * 32, b"\x00" * 8, b"\x00" * 16, b"\x00" * 16)
+    section = KeySection(b"\x00" * 32, b"\x00" * 8, b"\x00" * 16, b"\x00" * 16)
     with pytest.raises(ValueError):
         IdempotencyWindow.restore(1000, section, 0)

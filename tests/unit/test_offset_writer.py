@@ -6,6 +6,7 @@ import asyncio
 import pytest
 
 from vqueues.offset_writer import OffsetWriter
+from vqueues.storage import Delivered, Outgoing
 
 pytestmark = pytest.mark.unit
 
@@ -14,9 +15,9 @@ class SlowLog:
     """Acknowledges each submission when the test says so; records what was submitted."""
 
     def __init__(self) -> None:
-        self.submitted: list[tuple[int, list]] = []
-        self.pending: list[asyncio.Future] = []
-        self.written: dict[int, list] = {}
+        self.submitted: list[tuple[int, list[Outgoing]]] = []
+        self.pending: list[tuple[asyncio.Future[list[Delivered]], list[Delivered]]] = []
+        self.written: dict[int, list[Outgoing]] = {}
         self.refuse = False
 
     def submit(self, partition, records):

@@ -10,7 +10,7 @@ from tests.unit.fakes import MemoryLog
 from vqueues import ownership
 from vqueues.cache import RecordCache
 from vqueues.cluster_map import encode_claim
-from vqueues.errors import VQError
+from vqueues.errors import Unavailable, VQError
 from vqueues.hashing import partition_for
 from vqueues.ownership import Ownership
 from vqueues.records import ConsumerAcked, Record, encode_offset_entry
@@ -89,6 +89,7 @@ async def test_a_revoked_partition_is_unavailable_until_an_owner_is_known(logs):
         own.require(3)
     assert (err.value.code, err.value.status, err.value.retriable) == (
         "partition_unavailable", 503, True)
+    assert isinstance(err.value, Unavailable)  # it carries retry_after_s
     assert err.value.details["partition"] == 3 and err.value.retry_after_s >= 1
     own.cluster_map.apply([encode_claim(3, "n2", "http://n2", 99)])
     with pytest.raises(VQError) as err:
@@ -279,7 +280,7 @@ def test_an_answer_that_comes_as_the_wait_ends_stands():
 
     from vqueues.ownership import wait_for_starts
 
-    class AnsweredAtTheTimeout(concurrent.futures.Future):
+    class AnsweredAtTheTimeout(concurrent.futures.Future[dict[int, int]]):
         def result(self, timeout=None):
             if not self.done():
                 self.set_result({1: 5})
@@ -287,5 +288,5 @@ def test_an_answer_that_comes_as_the_wait_ends_stands():
             return super().result(timeout)
 
     assert wait_for_starts(AnsweredAtTheTimeout(), 0.0, [1]) == {1: 5}
-    silent = concurrent.futures.Future()
+    silent: concurrent.futures.Future[dict[int, int]] = concurrent.futures.Future()
     assert wait_for_starts(silent, 0.0, [1]) == {} and silent.cancelled()

@@ -1,5 +1,6 @@
 """A partition's queue index: offsets, listing, deletion floors and retention."""
 
+from tests.narrow import known
 from vqueues.partition_index import PartitionIndex
 from vqueues.records import Record
 
@@ -32,7 +33,7 @@ def test_records_below_a_deletion_floor_are_dropped():
 def test_a_consumer_keeps_an_empty_queue_listed_until_it_is_deleted():
     index = PartitionIndex()
     index.commit("q", "c", 0, 0)
-    assert list(index.names) == ["q"] and index.stats("q").records == 0
+    assert list(index.names) == ["q"] and known(index.stats("q")).records == 0
     index.delete_consumer("q", "c")
     assert list(index.names) == [] and "q" not in index.queues and index.stats("q") is None
 

@@ -2,6 +2,7 @@
 
 import asyncio
 import weakref
+from typing import Any
 
 import pytest
 
@@ -208,7 +209,7 @@ def test_the_queue_map_behaves_as_a_dict_of_queues():
     for i in range(3 * QUEUE_SHARDS):
         m[f"q{i}"] = d[f"q{i}"] = QueueIndex()
     assert len(m) == len(d) and set(m) == set(d) and m == d
-    assert m.get("q1") is d["q1"] and m.get("nope") is None and "q2" in m and 7 not in m
+    assert m.get("q1") is d["q1"] and m.get("nope") is None and "q2" in m and 7 not in m  # type: ignore[comparison-overlap]  # a non-str key
     assert m.pop("q1") is d.pop("q1") and m.pop("q1", None) is None
     with pytest.raises(KeyError):
         m.pop("q1")
@@ -257,8 +258,11 @@ async def test_own_writes_indexed_as_a_run_leave_the_state_indexing_them_one_by_
     runs = PartitionState(0, RecordCache(30 * 300))
     ones = PartitionState(0, RecordCache(30 * 300))
     monkeypatch.setattr(ones, "_index_run", lambda *_: False)
-    monkeypatch.setattr(ones.indexer, "index_records", lambda queue, recs, woken: [
-        ones.indexer.index(queue, r, woken) for r in recs] and None)
+    def index_one_by_one(queue, recs, woken):
+        for r in recs:
+            ones.indexer.index(queue, r, woken)
+
+    monkeypatch.setattr(ones.indexer, "index_records", index_one_by_one)
 
     scheduled = []
 
@@ -276,17 +280,23 @@ async def test_own_writes_indexed_as_a_run_leave_the_state_indexing_them_one_by_
         if roll < 0.33 and scheduled:  # a cancellation of an earlier scheduled record
             return ((CANCEL_HEADER, b"%d" % rng.choice(scheduled)),)
         return ()
-    taken = []
+    taken: list[bool] = []
     original = runs._index_run
-    monkeypatch.setattr(runs, "_index_run",
-                        lambda *a: taken.append(original(*a)) or taken[-1])
+
+    def index_run_noted(*a):
+        taken.append(original(*a))
+        return taken[-1]
+
+    monkeypatch.setattr(runs, "_index_run", index_run_noted)
     replay = [(rng.choice("abcd"), Record(i, 1, b"r", ())) for i in range(150)]
     held_at_most = 30 * 300 // (ENTRY_OVERHEAD_BYTES + 1)
     assert held_at_most < 150
     for s in (runs, ones):  # the replay caches only the last records the cache can hold
         s.apply_records(replay, high_watermark=150)
     assert runs.cache.bytes == ones.cache.bytes and len(runs.cache) == held_at_most
-    offset, held, log, woken = 150, [], [], 0
+    offset, woken = 150, 0
+    held: list[Any] = []
+    log: list[Any] = []
     for _ in range(200):
         waiters = [asyncio.ensure_future(s.wait_for_records("a", 5)) for s in (runs, ones)]
         await asyncio.sleep(0)  # parked

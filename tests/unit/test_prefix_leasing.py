@@ -255,6 +255,7 @@ async def test_queues_follow_a_change_of_the_prefix_consumers_settings_unless_se
 
 
 async def test_a_new_owner_replays_each_queues_state_and_serves_the_prefix(node, settings):
+    logs: tuple[MemoryLog, MemoryLog, MemoryLog]  # the fixture's (data, offset, assignment)
     svc, _, prefix, logs = node
     await prefix.define("fo", {"prefix": "fo-", "max_attempts": 4})
     for i in range(6):

@@ -2,6 +2,7 @@
 
 import json
 import random
+from typing import Any
 
 import pytest
 
@@ -52,7 +53,7 @@ def _record(rng: random.Random) -> list[tuple[str, object]]:
     return pairs
 
 
-def _repeat_a_key(body: list, rng: random.Random) -> None:
+def _repeat_a_key(body: list[Any], rng: random.Random) -> None:
     """Name one key of one object twice (the body's, a record's or a record's headers')."""
     objects = [body] + body[0][1]
     objects += [v for r in body[0][1] for k, v in r if k == "headers" and v]
@@ -106,7 +107,7 @@ def test_bodies_that_are_not_one_strict_json_object_are_malformed(raw):
 
 
 def test_depth_is_counted_outside_strings_only():
-    deep = [[]]
+    deep: list[Any] = [[]]
     for _ in range(MAX_JSON_DEPTH - 3):
         deep = [deep]
     assert shape({"a": deep}) is not None and shape({"a": [deep]}) is None  # 32 and 33 levels

@@ -6,6 +6,7 @@ import time
 
 import pytest
 
+from tests.narrow import known
 from tests.unit.fakes import MemoryLog
 from tests.unit.test_work_service import _node
 from vqueues import snapshot as snap
@@ -114,7 +115,7 @@ async def test_a_snapshot_carries_the_scheduled_records():
                      ("q", Record(1, 0, b"y", ()))], None)
     image = await snap.capture(s, 0)
     chunks, manifest = snap.encode(image, 1)
-    loaded = snap.latest(0, [*chunks, (snap.manifest_key(0), manifest)])
+    loaded = known(snap.latest(0, [*chunks, (snap.manifest_key(0), manifest)]))
     fresh = PartitionState(0, RecordCache(1 << 20))
     snap.restore(fresh, loaded, snap.build(loaded))
     assert fresh.schedule.by_queue == {"q": {0: 999}}

@@ -7,11 +7,13 @@ from array import array
 
 import pytest
 
+from tests.narrow import known
 from tests.unit.test_retention_state import _history, rec
 from tests.unit.test_retention_state import snapshot as observe
 from vqueues import snapshot as snap
 from vqueues.cache import RecordCache
 from vqueues.partition_state import PartitionState
+from vqueues.queue_index import QueueIndex
 
 
 def apply(state, event):
@@ -96,7 +98,7 @@ async def test_a_loaded_map_builds_a_queue_on_first_lookup_and_acts_as_a_dict(mo
     s.apply_offset_entries([ConsumerAcked("q5", "c", 2, 9), QueueDeleted("q6", 300),
                             QueueDeleted("q7", 10_000)])
     chunks, manifest = snap.encode(await snap.capture(s, 0), 1)
-    image = snap.latest(0, [*chunks, (snap.manifest_key(0), manifest)])
+    image = known(snap.latest(0, [*chunks, (snap.manifest_key(0), manifest)]))
 
     def loaded():
         queues, _ = snap.build(image)
@@ -151,7 +153,7 @@ async def test_queues_the_capture_found_out_of_order_are_built_at_once():
     image = snap.Snapshot(0, 100, 0, 0, names, array("q", [1, 2, 0, 1, 1, 0]),
                           array("q", [0, 0, 5, 0, 0, 9]), array("q", [1, 2, 3, 4, 5]))
     chunks, manifest = snap.encode(image, 1)
-    queues, listed = snap.build(snap.latest(0, [*chunks, (snap.manifest_key(0), manifest)]))
+    queues, listed = snap.build(known(snap.latest(0, [*chunks, (snap.manifest_key(0), manifest)])))
     assert queues.cold == 3 and list(listed) == ["a", "b", "c", "d"]
     assert list(queues["d"]) == [2, 3] and queues["c"] is queues.get("c") and queues.cold == 2
     assert {n: (list(q), q.deleted_before) for n, q in queues.items()} == {
@@ -179,8 +181,9 @@ async def test_a_partial_or_corrupt_snapshot_is_refused_and_the_newest_complete_
     new_chunks, new_manifest = snap.encode(await snap.capture(s, 0), 2)
     m0 = (snap.manifest_key(0), old_manifest)
     m1 = (snap.manifest_key(0), new_manifest)
-    assert snap.latest(0, [*old_chunks, m0, *new_chunks, m1]).data_position == 101
-    assert snap.latest(0, [*old_chunks, m0, *new_chunks]).data_position == 100  # no manifest yet
+    assert known(snap.latest(0, [*old_chunks, m0, *new_chunks, m1])).data_position == 101
+    # No manifest yet:
+    assert known(snap.latest(0, [*old_chunks, m0, *new_chunks])).data_position == 100
     assert snap.latest(0, []) is None
     with pytest.raises(snap.SnapshotError):
         snap.latest(0, [*old_chunks, m0, m1])  # the manifest came, its chunks did not
@@ -200,7 +203,7 @@ async def test_queues_without_consumers_share_one_empty_dict_that_nobody_writes_
     assert s.queues["a"].consumers is NO_CONSUMERS is s.queues["b"].consumers
     s.apply_offset_entries([ConsumerAcked("a", "c", 1, 5), QueueDeleted("a", 2)])
     chunks, manifest = snap.encode(await snap.capture(s, 0), 1)
-    queues, _ = snap.build(snap.latest(0, [*chunks, (snap.manifest_key(0), manifest)]))
+    queues, _ = snap.build(known(snap.latest(0, [*chunks, (snap.manifest_key(0), manifest)])))
     assert queues["b"].consumers is NO_CONSUMERS
     assert NO_CONSUMERS == {}
 
@@ -351,14 +354,14 @@ def test_long_queues_decode_straight_into_their_own_arrays(long_from, largest_ga
         pos += n
     assert short == expected_short
     assert {k: list(v) for k, v in long.items()} == expected_long
-    assert all(type(q) is snap.QueueIndex for q in long.values())
+    assert all(type(q) is QueueIndex for q in long.values())
 
 
 async def test_a_loaded_snapshot_encodes_again_to_the_same_offsets():
     s = PartitionState(0, RecordCache(1 << 20))
     s.apply_records([(f"q{i % 3}", rec(i)) for i in range(50)], None)
     chunks, manifest = snap.encode(await snap.capture(s, 0), 1)
-    loaded = snap.latest(0, [*chunks, (snap.manifest_key(0), manifest)])
+    loaded = known(snap.latest(0, [*chunks, (snap.manifest_key(0), manifest)]))
     chunks, manifest = snap.encode(loaded, 2)  # its offsets still encoded
     again = snap.latest(0, [*chunks, (snap.manifest_key(0), manifest)])
     assert again is not None and again.decoded_offsets() == loaded.decoded_offsets()

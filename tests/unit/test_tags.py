@@ -3,6 +3,7 @@ reads with a filter moves past what it skipped, filtered leases, retention, snap
 
 import pytest
 
+from tests.narrow import known
 from tests.unit.fakes import MemoryLog
 from tests.unit.test_work_service import _node
 from vqueues import snapshot as snap
@@ -91,7 +92,7 @@ async def test_a_snapshot_carries_the_tag_index():
                      for i in range(30)], None)
     image = await snap.capture(s, 0)
     chunks, manifest = snap.encode(image, 1)
-    loaded = snap.latest(0, [*chunks, (snap.manifest_key(0), manifest)])
+    loaded = known(snap.latest(0, [*chunks, (snap.manifest_key(0), manifest)]))
     fresh = PartitionState(0, RecordCache(1 << 20))
     snap.restore(fresh, loaded, snap.build(loaded))
     assert fresh.select_tagged("q", "b", 0, 100) == list(range(0, 30, 3))

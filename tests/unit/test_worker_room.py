@@ -4,8 +4,9 @@ HTTP; tests/test_work_queues.py runs the Worker against a real node)."""
 
 import asyncio
 import time
+from typing import cast
 
-from vqueues_client import Lease, Record, Worker
+from vqueues_client import AsyncClient, Lease, Record, Worker
 
 
 class FakeLeases:
@@ -56,8 +57,9 @@ def drain(fake: FakeLeases, total: int, handler_s: float, **options) -> Worker:
 
     async def go() -> Worker:
         # Four queues: their leasers share the room, as over a Worker's several queues.
-        worker = Worker(fake, ["q0", "q1", "q2", "q3"], "w", handle, concurrency=4,
-                        wait_ms=10, **options)
+        # The fake answers the calls a Worker makes.
+        worker = Worker(cast(AsyncClient, fake), ["q0", "q1", "q2", "q3"], "w", handle,
+                        concurrency=4, wait_ms=10, **options)
         runner = asyncio.create_task(worker.run())
         deadline = time.monotonic() + 60
         while len(fake.completed) < total and time.monotonic() < deadline:

@@ -9,7 +9,7 @@ import random
 import ssl
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Self
 from urllib.parse import quote
 
 import aiohttp
@@ -194,7 +194,7 @@ class AsyncClient:
         self._map_at = 0.0
         self._map_lock = asyncio.Lock()
 
-    async def __aenter__(self) -> AsyncClient:
+    async def __aenter__(self) -> Self:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
