@@ -20,6 +20,7 @@ import threading
 import time
 import uuid
 from pathlib import Path
+from typing import cast
 
 import pytest
 from confluent_kafka import Consumer, TopicPartition
@@ -54,8 +55,9 @@ class Written:
             for m in self._c.consume(500, 0.1):
                 if m.error():
                     continue
+                headers = cast(list[tuple[str, bytes | None]], m.headers() or [])
                 size = FRAMING + len(m.key() or b"") + len(m.value() or b"") + sum(
-                    len(k) + len(v or b"") for k, v in m.headers() or ())
+                    len(k) + len(v or b"") for k, v in headers)
                 self.times.append(m.timestamp()[1] / 1000)
                 self.total.append(self.total[-1] + size)
         self._c.close()
