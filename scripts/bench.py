@@ -52,10 +52,10 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from vqueues import topics as vq_topics  # noqa: E402
-from vqueues.broker import EmbeddedBroker, free_port  # noqa: E402
 from vqueues.hashing import partition_for  # noqa: E402
+from vqueues.kafka import topics as vq_topics  # noqa: E402
 from vqueues.kafka.admin import Admin, TopicSpec  # noqa: E402
+from vqueues.kafka.broker import EmbeddedBroker, free_port  # noqa: E402
 from vqueues.kafka.local_cluster import KAFKA_VERSION, LocalKafkaCluster  # noqa: E402
 
 VALUE = "x" * 100

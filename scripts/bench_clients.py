@@ -32,9 +32,9 @@ _spec.loader.exec_module(bench)
 
 from vqueues_client import AsyncClient, Worker  # noqa: E402
 
-from vqueues import topics as vq_topics  # noqa: E402
-from vqueues.broker import EmbeddedBroker  # noqa: E402
+from vqueues.kafka import topics as vq_topics  # noqa: E402
 from vqueues.kafka.admin import Admin  # noqa: E402
+from vqueues.kafka.broker import EmbeddedBroker  # noqa: E402
 
 TS = ROOT / "clients" / "typescript"
 BATCH = ["x" * 100] * 100

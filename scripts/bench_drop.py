@@ -33,8 +33,8 @@ sys.path.insert(0, str(ROOT))
 from tests.faults.proxy import FaultProxy  # noqa: E402
 from tests.faults.test_network_faults import Load  # noqa: E402
 from tests.support import NodeProcess, create_topics, http  # noqa: E402
-from vqueues.broker import EmbeddedBroker, free_port  # noqa: E402
 from vqueues.kafka import client_config  # noqa: E402
+from vqueues.kafka.broker import EmbeddedBroker, free_port  # noqa: E402
 from vqueues.settings import Settings  # noqa: E402
 
 APART_S = 4.0

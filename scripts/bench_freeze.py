@@ -43,9 +43,9 @@ from confluent_kafka import Consumer
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from vqueues import topics as vq_topics  # noqa: E402
-from vqueues.broker import EmbeddedBroker, free_port  # noqa: E402
+from vqueues.kafka import topics as vq_topics  # noqa: E402
 from vqueues.kafka.admin import Admin  # noqa: E402
+from vqueues.kafka.broker import EmbeddedBroker, free_port  # noqa: E402
 from vqueues.kafka.local_cluster import LocalKafkaCluster  # noqa: E402
 from vqueues.settings import Settings  # noqa: E402
 

@@ -27,9 +27,9 @@ ROOT = Path(__file__).resolve().parents[1]
 def measure(queues: int, check_every: int, limit: int) -> dict[str, float]:
     sys.path.insert(0, str(ROOT))
     from vqueues import memory
-    from vqueues.cache import RecordCache
-    from vqueues.partition_state import PartitionState
     from vqueues.records import Record
+    from vqueues.state.cache import RecordCache
+    from vqueues.state.partition_state import PartitionState
 
     pauses: list[tuple[float, int]] = []
     started = [0.0]

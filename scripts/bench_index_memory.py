@@ -52,9 +52,9 @@ def allocated() -> int:
 def measure(queues: int, per_queue: int, allocator: bool) -> float:
     """Live bytes per queue: tracemalloc's count, names not included, or (allocator) the
     allocators' own, names included."""
-    from vqueues.cache import RecordCache
-    from vqueues.partition_state import PartitionState
     from vqueues.records import Record
+    from vqueues.state.cache import RecordCache
+    from vqueues.state.partition_state import PartitionState
 
     gc.collect()
     if allocator:

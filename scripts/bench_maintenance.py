@@ -13,12 +13,12 @@ import argparse
 import asyncio
 import time
 
-from vqueues.cache import RecordCache
-from vqueues.maintenance import Maintenance
 from vqueues.metrics import Metrics
-from vqueues.partition_state import PartitionState
 from vqueues.records import ConsumerAcked, Record, now_ms
 from vqueues.settings import Settings
+from vqueues.state.cache import RecordCache
+from vqueues.state.partition_state import PartitionState
+from vqueues.upkeep.maintenance import Maintenance
 
 
 class _Ownership:

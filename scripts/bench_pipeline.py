@@ -29,8 +29,8 @@ from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from vqueues.broker import EmbeddedBroker  # noqa: E402
 from vqueues.kafka.admin import Admin, TopicSpec  # noqa: E402
+from vqueues.kafka.broker import EmbeddedBroker  # noqa: E402
 from vqueues.kafka.local_cluster import KAFKA_VERSION, LocalKafkaCluster  # noqa: E402
 from vqueues.pipeline.jobs import (  # noqa: E402
     PipelineOptions,

@@ -36,9 +36,9 @@ assert _spec is not None and _spec.loader is not None
 bench = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(bench)
 
-from vqueues import topics as vq_topics  # noqa: E402
-from vqueues.broker import EmbeddedBroker, free_port  # noqa: E402
+from vqueues.kafka import topics as vq_topics  # noqa: E402
 from vqueues.kafka.admin import Admin  # noqa: E402
+from vqueues.kafka.broker import EmbeddedBroker, free_port  # noqa: E402
 from vqueues.kafka.local_cluster import LocalKafkaCluster  # noqa: E402
 
 NODE_LOG: list[str] = []  # --node-log: where the nodes' logs go (info level)

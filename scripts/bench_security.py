@@ -35,10 +35,10 @@ sys.path.insert(0, str(ROOT / "scripts"))
 import bench  # noqa: E402
 
 from tests.support import make_certificates  # noqa: E402
-from vqueues import topics as vq_topics  # noqa: E402
-from vqueues.auth import token_hash  # noqa: E402
-from vqueues.broker import EmbeddedBroker, free_port  # noqa: E402
+from vqueues.api.auth import token_hash  # noqa: E402
+from vqueues.kafka import topics as vq_topics  # noqa: E402
 from vqueues.kafka.admin import Admin  # noqa: E402
+from vqueues.kafka.broker import EmbeddedBroker, free_port  # noqa: E402
 
 TOKEN = "bench-" + uuid.uuid4().hex
 

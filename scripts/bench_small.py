@@ -46,9 +46,9 @@ _spec.loader.exec_module(bench)
 
 from vqueues_client import AsyncClient, BatchProducer  # noqa: E402
 
-from vqueues import topics as vq_topics  # noqa: E402
-from vqueues.broker import EmbeddedBroker  # noqa: E402
+from vqueues.kafka import topics as vq_topics  # noqa: E402
 from vqueues.kafka.admin import Admin  # noqa: E402
+from vqueues.kafka.broker import EmbeddedBroker  # noqa: E402
 
 VALUE = "x" * 100
 

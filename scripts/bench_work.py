@@ -52,10 +52,10 @@ from peers.redis_peer import xreadgroup_drain  # noqa: E402
 from peers.vqueues_peer import drain_with_worker  # noqa: E402
 from vqueues_client import AsyncClient  # noqa: E402
 
-from vqueues import topics as vq_topics  # noqa: E402
-from vqueues.broker import EmbeddedBroker, free_port  # noqa: E402
 from vqueues.hashing import partition_for  # noqa: E402
+from vqueues.kafka import topics as vq_topics  # noqa: E402
 from vqueues.kafka.admin import Admin  # noqa: E402
+from vqueues.kafka.broker import EmbeddedBroker, free_port  # noqa: E402
 
 VALUE = "x" * 100
 PARTITIONS = 16
@@ -383,7 +383,7 @@ def window_memory(n: int = 100_000) -> float:
     import tracemalloc
     from array import array
 
-    from vqueues.leases import WorkState
+    from vqueues.state.leases import WorkState
     offsets = array("q", range(0, 2 * n, 2))
     work = WorkState(0)
     work.ensure_index(0, 5)
@@ -409,9 +409,6 @@ def idle_queue_memory(n: int = 20_000) -> float:
     import gc
     import tracemalloc
 
-    from vqueues.cache import RecordCache
-    from vqueues.leases import LEASE
-    from vqueues.partition_state import PartitionState
     from vqueues.records import (
         ConsumerAcked,
         ConsumerConfigured,
@@ -419,6 +416,9 @@ def idle_queue_memory(n: int = 20_000) -> float:
         Record,
         WindowDelta,
     )
+    from vqueues.state.cache import RecordCache
+    from vqueues.state.leases import LEASE
+    from vqueues.state.partition_state import PartitionState
     state = PartitionState(0, RecordCache(1 << 20))
     names = [f"tenant-{i:06d}" for i in range(n)]
     for i, q in enumerate(names):

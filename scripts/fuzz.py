@@ -28,10 +28,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tests import mutations
-from vqueues import topics as vq_topics
-from vqueues.auth import token_hash
-from vqueues.broker import EmbeddedBroker, free_port
+from vqueues.api.auth import token_hash
+from vqueues.kafka import topics as vq_topics
 from vqueues.kafka.admin import Admin
+from vqueues.kafka.broker import EmbeddedBroker, free_port
 
 TOKEN = "fuzz-" + uuid.uuid4().hex
 

@@ -21,9 +21,9 @@ import aiohttp
 import pytest
 
 from tests.support import NodeProcess, Topics, create_topics
-from vqueues.broker import EmbeddedBroker
+from vqueues.kafka.broker import EmbeddedBroker
 from vqueues.kafka.local_cluster import LocalKafkaCluster
-from vqueues.maven import JarsUnavailable
+from vqueues.kafka.maven import JarsUnavailable
 
 UNIT_DIR = Path(__file__).parent / "unit"
 

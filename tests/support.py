@@ -19,10 +19,10 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from tests.narrow import known
-from vqueues import topics
-from vqueues.broker import free_port
 from vqueues.hashing import partition_for
+from vqueues.kafka import topics
 from vqueues.kafka.admin import Admin
+from vqueues.kafka.broker import free_port
 from vqueues.kafka.ranges import OffsetRanges
 
 LOGS = Path(os.environ.get("VQ_TEST_LOG_DIR", "/tmp/vqueues-test-logs"))

@@ -9,7 +9,7 @@ import pytest
 from vqueues_client import AsyncClient, VQError
 
 from tests.support import NodeProcess, edit_watched_file, http
-from vqueues.auth import token_hash
+from vqueues.api.auth import token_hash
 
 SECRET = "test-secret-" + "x" * 24
 

@@ -15,7 +15,7 @@ import pytest
 from vqueues_client import Client, VQError
 
 from tests.support import NodeProcess, queues_in_partition, wait_settled
-from vqueues.auth import token_hash
+from vqueues.api.auth import token_hash
 
 CHROMIUM = os.environ.get("VQ_TEST_CHROMIUM") or shutil.which("chromium") or \
     shutil.which("chromium-browser")

@@ -14,7 +14,7 @@ import pytest
 
 from tests.narrow import known
 from tests.support import FAST_GROUP
-from vqueues.broker import free_port
+from vqueues.kafka.broker import free_port
 
 
 def two_free_ports() -> int:

@@ -33,7 +33,7 @@ from hypothesis.errors import Unsatisfiable
 
 from tests import mutations
 from tests.support import LOGS, NodeProcess, http
-from vqueues.auth import token_hash
+from vqueues.api.auth import token_hash
 from vqueues.errors import REGISTRY
 
 FULL = "fuzz-full-token"

@@ -25,8 +25,8 @@ from tests.support import (
 )
 from tests.unit.test_idempotency_model import KeyModel, Requests
 from vqueues.hashing import partition_for
-from vqueues.idempotency import KEY_HEADER
-from vqueues.schedule import FROM_HEADER
+from vqueues.state.idempotency import KEY_HEADER
+from vqueues.state.schedule import FROM_HEADER
 
 PARTITIONS = 4
 SNAPSHOTS = {"VQ_SNAPSHOT_INTERVAL_S": "1", "VQ_SNAPSHOT_MIN_RECORDS": "1"}

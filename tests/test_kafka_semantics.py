@@ -14,7 +14,7 @@ from confluent_kafka import Producer
 
 from tests.support import NodeProcess, create_topics, http, kafka_records
 from tests.test_snapshots import SNAPSHOT_FAST, events, observe
-from vqueues.window_writes import CHECKPOINT_EVERY
+from vqueues.state.window_writes import CHECKPOINT_EVERY
 
 # Roll a segment every 200 ms and clean it at once; drop tombstones 1 s after cleaning.
 COMPACT_FAST = {"segment.ms": "200", "min.cleanable.dirty.ratio": "0.01",

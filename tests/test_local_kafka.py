@@ -12,7 +12,7 @@ import threading
 import pytest
 
 from vqueues.kafka.local_cluster import POM, format_arguments
-from vqueues.maven import JarsUnavailable, fetch_jars, java
+from vqueues.kafka.maven import JarsUnavailable, fetch_jars, java
 
 
 def test_an_id_that_starts_with_a_dash_formats_a_node(tmp_path):

@@ -20,7 +20,7 @@ from vqueues.kafka.ranges import OffsetRanges
 
 pyspark = pytest.importorskip("pyspark", reason="the pipeline extra (pyspark) is not installed")
 
-from vqueues.maven import JarsUnavailable  # noqa: E402
+from vqueues.kafka.maven import JarsUnavailable  # noqa: E402
 from vqueues.pipeline.jobs import (  # noqa: E402
     PipelineOptions,
     run,

@@ -14,7 +14,7 @@ from tests.support import (
     queues_in_partition,
     wait_settled,
 )
-from vqueues.auth import token_hash
+from vqueues.api.auth import token_hash
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.support import NodeProcess, make_certificates
-from vqueues.auth import token_hash
+from vqueues.api.auth import token_hash
 
 PACKAGE = Path(__file__).resolve().parents[1] / "clients" / "typescript"
 

@@ -22,8 +22,9 @@ from pathlib import Path
 # set before it; NUMPY_MADVISE_HUGEPAGE=1 in the environment keeps numpy's default.
 os.environ.setdefault("NUMPY_MADVISE_HUGEPAGE", "0")
 
-from vqueues import admin, logs, memory, topics
+from vqueues import admin, logs, memory
 from vqueues.errors import ConfigError
+from vqueues.kafka import topics
 from vqueues.settings import Settings
 
 log = logging.getLogger("vqueues.cli")
@@ -132,7 +133,7 @@ def add_pipeline_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run_pipeline(args: argparse.Namespace, master_default: str | None = "local[*]") -> int:
-    from vqueues.maven import JarsUnavailable
+    from vqueues.kafka.maven import JarsUnavailable
     from vqueues.pipeline.jobs import PipelineOptions, run, spark_kafka_jars, spark_session
 
     if not args.bootstrap:
@@ -250,7 +251,7 @@ def _topics_create(args: argparse.Namespace) -> int:
 
 def _dev(args: argparse.Namespace) -> int:
     from vqueues.dev import run_dev
-    from vqueues.maven import JarsUnavailable
+    from vqueues.kafka.maven import JarsUnavailable
 
     logs.setup("info", args.log_format)
     try:
@@ -265,7 +266,7 @@ def _dev(args: argparse.Namespace) -> int:
 def _kafka(args: argparse.Namespace) -> int:
     """Run a local Kafka cluster until SIGINT/SIGTERM, then stop every process it started."""
     from vqueues.kafka.local_cluster import KAFKA_VERSION, POM, LocalKafkaCluster
-    from vqueues.maven import JarsUnavailable, fetch_jars
+    from vqueues.kafka.maven import JarsUnavailable, fetch_jars
     logs.setup("info", "text")
     try:
         if args.fetch_only:

@@ -15,11 +15,10 @@ import urllib.request
 from collections.abc import Callable
 from typing import Any
 
-from vqueues import topics
-from vqueues.broker import EmbeddedBroker
 from vqueues.hashing import partition_for
-from vqueues.kafka import client_config
+from vqueues.kafka import client_config, topics
 from vqueues.kafka.admin import Admin
+from vqueues.kafka.broker import EmbeddedBroker
 from vqueues.kafka.local_cluster import KAFKA_VERSION, LocalKafkaCluster
 
 log = logging.getLogger("vqueues.dev")

@@ -11,24 +11,25 @@ from typing import Any
 
 from aiohttp import web
 
-from vqueues import api, memory, node_status, topics
+from vqueues import api, memory
 from vqueues.api.keys import WORK
-from vqueues.cache import RecordCache
-from vqueues.cluster_map import ClusterMap
-from vqueues.kafka import client_config
+from vqueues.kafka import client_config, topics
 from vqueues.kafka.admin import Admin
 from vqueues.kafka.fetcher import Fetcher
 from vqueues.kafka.group import GroupMember
 from vqueues.kafka.logs import KafkaOffsetLog, TopicLog
 from vqueues.kafka.producer import AsyncProducer
 from vqueues.kafka.tail import TopicTail
-from vqueues.lease_expiry import LeaseExpiry
-from vqueues.maintenance import Maintenance
-from vqueues.ownership import Ownership
-from vqueues.scheduler import Scheduler
-from vqueues.self_fence import SelfFence
-from vqueues.service import QueueService
+from vqueues.ownership import node_status
+from vqueues.ownership.cluster_map import ClusterMap
+from vqueues.ownership.ownership import Ownership
+from vqueues.ownership.self_fence import SelfFence
+from vqueues.queues.service import QueueService
 from vqueues.settings import Settings
+from vqueues.state.cache import RecordCache
+from vqueues.upkeep.lease_expiry import LeaseExpiry
+from vqueues.upkeep.maintenance import Maintenance
+from vqueues.upkeep.scheduler import Scheduler
 
 log = logging.getLogger(__name__)
 

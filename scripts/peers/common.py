@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vqueues.broker import free_port  # noqa: F401 - the peers' one free port
+from vqueues.kafka.broker import free_port  # noqa: F401 - the peers' one free port
 
 VALUE = b"x" * 100  # every record: 100 bytes
 SPAWNED: list[int] = []  # every server process started, for the report (and the smoke test)

@@ -13,10 +13,10 @@ from vqueues_client import AsyncClient, BatchProducer, Worker
 
 from peers.base import Peer
 from peers.common import SPAWNED, VALUE, Server, free_port, scratch, wait_for, wipe
-from vqueues import topics
-from vqueues.broker import tansu_binary
 from vqueues.dev import DEV_ENV
+from vqueues.kafka import topics
 from vqueues.kafka.admin import Admin
+from vqueues.kafka.broker import tansu_binary
 from vqueues.kafka.local_cluster import KAFKA_VERSION, LocalKafkaCluster
 
 TEXT = VALUE.decode()

@@ -23,7 +23,7 @@ import pytest
 
 from tests.faults.proxy import FaultProxy
 from tests.support import NodeProcess, create_topics, http
-from vqueues.broker import EmbeddedBroker, free_port
+from vqueues.kafka.broker import EmbeddedBroker, free_port
 
 pytestmark = pytest.mark.faults
 

@@ -11,7 +11,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
 from tests.narrow import known
-from vqueues.auth import Authenticator, Identity, TokenFile, required_scope, token_hash
+from vqueues.api.auth import Authenticator, Identity, TokenFile, required_scope, token_hash
 from vqueues.errors import VQError
 
 pytestmark = pytest.mark.unit

@@ -7,8 +7,8 @@ import tracemalloc
 import pytest
 
 from tests.narrow import known
-from vqueues.cache import BLOCK, ENTRY_OVERHEAD_BYTES, RecordCache
 from vqueues.records import Record
+from vqueues.state.cache import BLOCK, ENTRY_OVERHEAD_BYTES, RecordCache
 
 
 def make(i: int, value_bytes: int, headers: int) -> Record:
@@ -61,7 +61,7 @@ def test_no_entry_of_the_cache_is_tracked_by_the_garbage_collector():
 
 @pytest.mark.parametrize("queues", [3, 1])  # one queue: a run across the line
 def test_a_replay_caches_only_what_would_still_be_cached_at_its_end(queues):
-    from vqueues.partition_state import PartitionState
+    from vqueues.state.partition_state import PartitionState
 
     cache = RecordCache(100 * ENTRY_OVERHEAD_BYTES)  # it can never hold more than 100 records
     put = []

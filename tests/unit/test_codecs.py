@@ -6,8 +6,8 @@ from typing import Any
 import pytest
 
 from vqueues.api.codec import decode_records, encode_record
-from vqueues.cluster_map import ClusterMap, Owner, encode_claim, encode_release
 from vqueues.errors import VQError
+from vqueues.ownership.cluster_map import ClusterMap, Owner, encode_claim, encode_release
 from vqueues.records import (
     ConsumerAcked,
     ConsumerDeleted,

@@ -2,9 +2,9 @@
 
 from array import array
 
-from vqueues import committed_offsets as co
-from vqueues.queue_index import NO_CONSUMERS, QueueIndex, StatefulQueueIndex
-from vqueues.queue_map import QueueMap
+from vqueues.state import committed_offsets as co
+from vqueues.state.queue_index import NO_CONSUMERS, QueueIndex, StatefulQueueIndex
+from vqueues.state.queue_map import QueueMap
 
 
 def test_a_first_consumer_makes_its_queue_stateful_and_others_share_nothing():

@@ -1,7 +1,7 @@
 """The frontier: records are indexed in offset order, once, whichever path brings them first."""
 
-from vqueues.frontier import Frontier
 from vqueues.records import Record
+from vqueues.state.frontier import Frontier
 
 
 class Recorder:

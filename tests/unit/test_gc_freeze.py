@@ -9,7 +9,7 @@ import pytest
 
 from tests.unit.test_service import service  # noqa: F401  (the fixture)
 from vqueues import memory
-from vqueues.maintenance import Maintenance
+from vqueues.upkeep.maintenance import Maintenance
 
 
 class Cycle:

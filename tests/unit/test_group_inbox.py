@@ -2,7 +2,7 @@
 
 import asyncio
 
-from vqueues.group_inbox import MAX_PENDING_BATCHES, GroupInbox
+from vqueues.ownership.group_inbox import MAX_PENDING_BATCHES, GroupInbox
 
 
 async def test_events_are_applied_in_order_and_held_while_a_restore_runs():

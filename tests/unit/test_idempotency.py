@@ -11,15 +11,15 @@ import pytest
 from tests.unit.fakes import MemoryLog
 from tests.unit.test_work_service import _node
 from vqueues.errors import Unavailable, VQError
-from vqueues.idempotency import (
+from vqueues.records import Record
+from vqueues.settings import Settings
+from vqueues.state.idempotency import (
     KEY_HEADER,
     IdempotencyWindow,
     Seen,
     fingerprint,
     payload_fingerprint,
 )
-from vqueues.records import Record
-from vqueues.settings import Settings
 
 pytestmark = pytest.mark.unit
 
@@ -240,7 +240,7 @@ def test_a_window_remembers_a_keyed_record_once_and_ignores_one_without_a_key():
 async def test_a_multi_queue_enqueue_names_a_refused_record_by_its_place_in_the_request(node):
     """The keyed enqueue of one queue sees only that queue's records; the 409 still names
     the records by their index in the whole request."""
-    from vqueues.multi_enqueue import enqueue_many
+    from vqueues.queues.multi_enqueue import enqueue_many
 
     svc, _, _ = node
     await svc.enqueue("q7", [keyed(b"first", "k-first")])

@@ -17,17 +17,17 @@ import pytest
 
 from tests.narrow import known
 from tests.unit.fakes import MemoryFetcher, MemoryLog
-from vqueues import snapshot as snap
 from vqueues.api import codec
 from vqueues.api.codec import decode_enqueue
-from vqueues.cache import RecordCache
 from vqueues.errors import VQError
 from vqueues.hashing import partition_for
-from vqueues.idempotency import KEY_HEADER
-from vqueues.ownership import Ownership
+from vqueues.ownership.ownership import Ownership
+from vqueues.queues.service import QueueService
 from vqueues.records import Record
-from vqueues.service import QueueService
 from vqueues.settings import Settings
+from vqueues.snapshot import codec as snap
+from vqueues.state.cache import RecordCache
+from vqueues.state.idempotency import KEY_HEADER
 
 pytestmark = pytest.mark.unit
 PARTITIONS = 2

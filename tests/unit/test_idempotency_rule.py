@@ -8,9 +8,9 @@ import pytest
 from tests.unit.fakes import MemoryLog
 from tests.unit.test_idempotency_model import Owner
 from vqueues.api import codec
-from vqueues.idempotency import KEY_HEADER, PAYLOAD_HEADER
-from vqueues.schedule import DELIVER_AT_HEADER
 from vqueues.settings import Settings
+from vqueues.state.idempotency import KEY_HEADER, PAYLOAD_HEADER
+from vqueues.state.schedule import DELIVER_AT_HEADER
 
 pytestmark = pytest.mark.unit
 

@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 
 from tests.narrow import known
-from vqueues import snapshot as snap
-from vqueues.cache import RecordCache
-from vqueues.idempotency import KEY_HEADER, IdempotencyWindow, KeySection, fingerprint
-from vqueues.leases import LEASE
-from vqueues.partition_state import PartitionState
 from vqueues.records import Record
+from vqueues.snapshot import codec as snap
+from vqueues.state.cache import RecordCache
+from vqueues.state.idempotency import KEY_HEADER, IdempotencyWindow, KeySection, fingerprint
+from vqueues.state.leases import LEASE
+from vqueues.state.partition_state import PartitionState
 
 pytestmark = pytest.mark.unit
 DATA = Path(__file__).resolve().parents[1] / "data"

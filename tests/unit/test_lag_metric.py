@@ -5,11 +5,11 @@ import pytest
 from prometheus_client import generate_latest
 
 from tests.narrow import known
-from vqueues import committed_offsets
-from vqueues.cache import RecordCache
 from vqueues.metrics import Metrics
-from vqueues.partition_state import PartitionState
 from vqueues.records import ConsumerAcked, Record
+from vqueues.state import committed_offsets
+from vqueues.state.cache import RecordCache
+from vqueues.state.partition_state import PartitionState
 
 pytestmark = pytest.mark.unit
 
@@ -30,8 +30,8 @@ async def test_a_blocked_loop_shows_in_the_loop_lag_metric():
     import asyncio
     import time
 
-    from vqueues.maintenance import Maintenance
     from vqueues.metrics import Metrics
+    from vqueues.upkeep.maintenance import Maintenance
 
     m = Maintenance.__new__(Maintenance)  # only the metrics are needed here
     m.metrics = Metrics()

@@ -16,8 +16,6 @@ from tests.narrow import known
 from tests.unit.fakes import MemoryLog
 from tests.unit.test_work_service import _fill, _node, snapshot_round_trip
 from vqueues.errors import VQError
-from vqueues.leases import parse_token
-from vqueues.partition_state import PartitionState
 from vqueues.records import (
     DeliveryUpdated,
     decode_offset_entry,
@@ -26,11 +24,14 @@ from vqueues.records import (
     generation_of,
 )
 from vqueues.settings import Settings
+from vqueues.state.leases import parse_token
+from vqueues.state.partition_state import PartitionState
 
 pytestmark = pytest.mark.unit
 QUEUE, CONSUMER = "h", "w"
-CLOCK_MODULES = ("consumer_configs", "dead_letters", "lease_choice", "lease_windows",
-                 "partition_state", "records", "service", "window_writes", "work_service")
+CLOCK_MODULES = ("work.consumer_configs", "work.dead_letters", "work.lease_choice",
+                 "state.lease_windows", "state.partition_state", "records", "queues.service",
+                 "state.window_writes", "work.work_service")
 
 
 class Clock:

@@ -3,9 +3,9 @@
 from array import array
 from typing import cast
 
-from vqueues.lease_windows import LeaseWindows
-from vqueues.leases import CURSOR, LEASE
 from vqueues.records import ConsumerConfigured, DeliveryCleared, DeliveryUpdated
+from vqueues.state.lease_windows import LeaseWindows
+from vqueues.state.leases import CURSOR, LEASE
 
 OFFSETS = array("q", [2, 4, 6, 8])
 
@@ -103,7 +103,7 @@ def test_seek_finds_what_bisect_finds_from_any_hint():
     import random
     from bisect import bisect_left
 
-    from vqueues.queue_index import seek
+    from vqueues.state.queue_index import seek
     rnd = random.Random(7)
     for _ in range(300):
         offsets = array("q", sorted(rnd.sample(range(5000), rnd.randint(0, 1200))))

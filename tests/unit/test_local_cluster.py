@@ -13,7 +13,7 @@ from vqueues.kafka.local_cluster import (
     LocalKafkaCluster,
     cluster_id,
 )
-from vqueues.maven import JarsUnavailable, cache_dir, fetch_jars, java
+from vqueues.kafka.maven import JarsUnavailable, cache_dir, fetch_jars, java
 from vqueues.pipeline.jobs import SPARK_KAFKA_POM
 
 

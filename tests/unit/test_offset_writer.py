@@ -5,7 +5,7 @@ import asyncio
 
 import pytest
 
-from vqueues.offset_writer import OffsetWriter
+from vqueues.queues.offset_writer import OffsetWriter
 from vqueues.storage import Delivered, Outgoing
 
 pytestmark = pytest.mark.unit

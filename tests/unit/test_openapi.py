@@ -6,13 +6,13 @@ import re
 from hypothesis import given
 from hypothesis import strategies as st
 
+from vqueues.api.auth import required_scope
 from vqueues.api.openapi import openapi_document, query_parameters
-from vqueues.auth import required_scope
 from vqueues.errors import BadRequest
-from vqueues.leases import parse_token
 from vqueues.names import validate_name
 from vqueues.settings import Settings
-from vqueues.tags import check_tag
+from vqueues.state.leases import parse_token
+from vqueues.state.tags import check_tag
 
 PUBLIC = {("/healthz", "get"), ("/readyz", "get"), ("/v1/openapi.json", "get"),
           ("/metrics", "get")}

@@ -7,13 +7,13 @@ import time
 import pytest
 
 from tests.unit.fakes import MemoryLog
-from vqueues import ownership
-from vqueues.cache import RecordCache
-from vqueues.cluster_map import encode_claim
 from vqueues.errors import Unavailable, VQError
 from vqueues.hashing import partition_for
-from vqueues.ownership import Ownership
+from vqueues.ownership import ownership
+from vqueues.ownership.cluster_map import encode_claim
+from vqueues.ownership.ownership import Ownership
 from vqueues.records import ConsumerAcked, Record, encode_offset_entry
+from vqueues.state.cache import RecordCache
 
 PARTITIONS = 4
 
@@ -147,8 +147,8 @@ async def test_records_of_another_partitions_queue_are_skipped(logs):
 
 async def snapshot_log_of(partition, queue, records):
     """A snapshot log holding one snapshot of `partition`: `records` records of `queue`."""
-    from vqueues import snapshot as snap
-    from vqueues.partition_state import PartitionState
+    from vqueues.snapshot import codec as snap
+    from vqueues.state.partition_state import PartitionState
 
     source = PartitionState(partition, RecordCache(1 << 20))
     source.apply_records([(queue, Record(i, 1, b"x", ())) for i in range(records)], None)
@@ -161,7 +161,7 @@ async def snapshot_log_of(partition, queue, records):
 
 async def test_a_snapshot_that_loads_after_the_group_gave_up_waiting_is_not_applied(
         logs, monkeypatch):
-    import vqueues.ownership as ownership_module
+    import vqueues.ownership.ownership as ownership_module
 
     q = queue_in(0)
     snapshots = await snapshot_log_of(0, q, 1)
@@ -199,8 +199,8 @@ async def test_a_restored_partition_builds_its_cold_queues_in_the_background(log
     """A snapshot's queues stay columns at the restore (cold, in `QueueMap`); once the
     partition serves, a task builds them a shard per loop turn, so the columns are freed
     without any request's help."""
-    from vqueues import snapshot as snap
-    from vqueues.partition_state import PartitionState
+    from vqueues.snapshot import codec as snap
+    from vqueues.state.partition_state import PartitionState
 
     source = PartitionState(1, RecordCache(1 << 20))
     names = [f"warm-{i}" for i in range(2000)]
@@ -225,7 +225,7 @@ async def test_the_group_reads_on_while_a_snapshot_is_built_and_its_records_foll
     brings meanwhile are applied after the restore, in order, none twice."""
     import threading
 
-    from vqueues import snapshot as snap
+    from vqueues.snapshot import codec as snap
 
     q = queue_in(1)
     snapshots = await snapshot_log_of(1, q, 5)
@@ -256,7 +256,7 @@ async def test_the_group_reads_on_while_a_snapshot_is_built_and_its_records_foll
 async def test_a_snapshot_that_cannot_be_built_fails_the_node(logs, monkeypatch):
     """The group already reads from the snapshot's position: serving without the records
     below it would lose them, so the node reports the failure (its /healthz answers 500)."""
-    from vqueues import snapshot as snap
+    from vqueues.snapshot import codec as snap
 
     q = queue_in(2)
     snapshots = await snapshot_log_of(2, q, 3)
@@ -278,7 +278,7 @@ def test_an_answer_that_comes_as_the_wait_ends_stands():
     snapshot, so the group must start at its position, not from the beginning."""
     import concurrent.futures
 
-    from vqueues.ownership import wait_for_starts
+    from vqueues.ownership.ownership import wait_for_starts
 
     class AnsweredAtTheTimeout(concurrent.futures.Future[dict[int, int]]):
         def result(self, timeout=None):

@@ -1,8 +1,8 @@
 """A partition's queue index: offsets, listing, deletion floors and retention."""
 
 from tests.narrow import known
-from vqueues.partition_index import PartitionIndex
 from vqueues.records import Record
+from vqueues.state.partition_index import PartitionIndex
 
 
 def rec(offset):

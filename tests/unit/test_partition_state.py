@@ -6,11 +6,11 @@ from typing import Any
 
 import pytest
 
-from vqueues.cache import ENTRY_OVERHEAD_BYTES, RecordCache
-from vqueues.idempotency import Seen
 from vqueues.locks import KeyedLocks
-from vqueues.partition_state import QUEUE_SHARDS, PartitionState, QueueIndex
 from vqueues.records import ConsumerAcked, ConsumerDeleted, QueueDeleted, Record, now_ms
+from vqueues.state.cache import ENTRY_OVERHEAD_BYTES, RecordCache
+from vqueues.state.idempotency import Seen
+from vqueues.state.partition_state import QUEUE_SHARDS, PartitionState, QueueIndex
 
 
 def rec(offset, value=b"v"):
@@ -203,7 +203,7 @@ async def test_own_writes_wake_a_waiting_reader_once_per_batch():
 
 
 def test_the_queue_map_behaves_as_a_dict_of_queues():
-    from vqueues.partition_state import QUEUE_SHARDS, QueueMap
+    from vqueues.state.partition_state import QUEUE_SHARDS, QueueMap
 
     m, d = QueueMap(), {}
     for i in range(3 * QUEUE_SHARDS):
@@ -222,7 +222,7 @@ def test_a_queue_is_a_bare_array_until_it_gets_a_consumer_or_a_deletion_floor():
     import sys
     from array import array
 
-    from vqueues.partition_state import StatefulQueueIndex
+    from vqueues.state.partition_state import StatefulQueueIndex
 
     s = PartitionState(0, RecordCache(1 << 20))
     s.apply_records([("a", Record(0, 1, b"x", ())), ("b", Record(1, 1, b"y", ())),
@@ -249,10 +249,10 @@ async def test_own_writes_indexed_as_a_run_leave_the_state_indexing_them_one_by_
     end in the same state as indexing every record on its own leaves."""
     import random
 
-    from vqueues.idempotency import KEY_HEADER
     from vqueues.records import QueueDeleted, now_ms
-    from vqueues.schedule import CANCEL_HEADER, DELIVER_AT_HEADER, FROM_HEADER
-    from vqueues.tags import TAGS_HEADER
+    from vqueues.state.idempotency import KEY_HEADER
+    from vqueues.state.schedule import CANCEL_HEADER, DELIVER_AT_HEADER, FROM_HEADER
+    from vqueues.state.tags import TAGS_HEADER
 
     rng = random.Random(seed)
     runs = PartitionState(0, RecordCache(30 * 300))

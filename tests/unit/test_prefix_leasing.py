@@ -9,12 +9,12 @@ import pytest
 from tests.unit.fakes import MemoryLog
 from tests.unit.test_work_service import _node as work_node
 from vqueues.errors import VQError
-from vqueues.prefix_consumers import RECORDS_PER_TURN
-from vqueues.prefix_leasing import PrefixLeasing
-from vqueues.ready_queues import ReadyQueues
 from vqueues.records import now_ms
 from vqueues.settings import Settings
-from vqueues.work_service import COMPLETE, RETRY, Settle
+from vqueues.state.prefix_consumers import RECORDS_PER_TURN
+from vqueues.state.ready_queues import ReadyQueues
+from vqueues.work.prefix_leasing import PrefixLeasing
+from vqueues.work.work_service import COMPLETE, RETRY, Settle
 
 pytestmark = pytest.mark.unit
 PARTITIONS = 4

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from tests.narrow import known
-from vqueues.quotas import Quota, QuotaFile, Quotas, parse
+from vqueues.queues.quotas import Quota, QuotaFile, Quotas, parse
 
 pytestmark = pytest.mark.unit
 

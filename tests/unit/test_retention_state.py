@@ -10,11 +10,11 @@ import pytest
 
 from tests.narrow import known
 from tests.unit.test_service import service  # noqa: F401  (the fixture)
-from vqueues import committed_offsets
-from vqueues.cache import RecordCache
-from vqueues.maintenance import Maintenance
-from vqueues.partition_state import PartitionState
 from vqueues.records import ConsumerAcked, ConsumerDeleted, QueueDeleted, Record, now_ms
+from vqueues.state import committed_offsets
+from vqueues.state.cache import RecordCache
+from vqueues.state.partition_state import PartitionState
+from vqueues.upkeep.maintenance import Maintenance
 
 
 def rec(offset):

@@ -9,14 +9,14 @@ import pytest
 from tests.narrow import known
 from tests.unit.fakes import MemoryLog
 from tests.unit.test_work_service import _node
-from vqueues import snapshot as snap
-from vqueues.cache import RecordCache
 from vqueues.errors import VQError
-from vqueues.partition_state import PartitionState
 from vqueues.records import Record, now_ms
-from vqueues.schedule import DELIVER_AT_HEADER, FROM_HEADER, Schedule, control_of
-from vqueues.scheduler import Scheduler
 from vqueues.settings import Settings
+from vqueues.snapshot import codec as snap
+from vqueues.state.cache import RecordCache
+from vqueues.state.partition_state import PartitionState
+from vqueues.state.schedule import DELIVER_AT_HEADER, FROM_HEADER, Schedule, control_of
+from vqueues.upkeep.scheduler import Scheduler
 
 pytestmark = pytest.mark.unit
 
@@ -185,7 +185,7 @@ async def test_the_due_records_of_a_partitions_queues_are_moved_together(node, m
     records in due order, not a write per queue one after the other: records due at once in
     5,000 queues were moved up to 2.2 s late so."""
     svc, data_log, _, scheduler = node
-    monkeypatch.setattr("vqueues.scheduler.MOVE_BATCH", batch)
+    monkeypatch.setattr("vqueues.upkeep.scheduler.MOVE_BATCH", batch)
     now = now_ms()
     p = svc.partition_of("m-0")
     queues = [q for q in (f"m-{i}" for i in range(2000)) if svc.partition_of(q) == p][:60]

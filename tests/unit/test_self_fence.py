@@ -1,9 +1,9 @@
-"""The self-fence (vqueues/self_fence.py): a pause is seen, refused, and confirmed away."""
+"""The self-fence (vqueues/ownership/self_fence.py): a pause is seen, refused, confirmed away."""
 
 import pytest
 
 from vqueues.errors import VQError
-from vqueues.self_fence import SelfFence
+from vqueues.ownership.self_fence import SelfFence
 
 
 class Clock:

@@ -5,12 +5,12 @@ import asyncio
 import pytest
 
 from tests.unit.fakes import MemoryFetcher, MemoryLog
-from vqueues.cache import RecordCache
 from vqueues.errors import VQError
-from vqueues.ownership import Ownership
+from vqueues.ownership.ownership import Ownership
+from vqueues.queues.service import QueueService
 from vqueues.records import Record, now_ms
-from vqueues.service import QueueService
 from vqueues.settings import Settings
+from vqueues.state.cache import RecordCache
 
 PARTITIONS = 2
 
@@ -96,7 +96,7 @@ async def test_listing_pages_by_name(service):
 
 
 def test_far_apart_offsets_are_split_into_runs_read_side_by_side():
-    from vqueues.service import _split
+    from vqueues.queues.service import _split
     from vqueues.storage import runs
 
     assert runs([1, 2, 300, 301, 10_000]) == [[1, 2], [300, 301], [10_000]]

@@ -3,11 +3,7 @@
 
 import pytest
 
-from vqueues import settlement
-from vqueues.cache import RecordCache
 from vqueues.errors import VQError
-from vqueues.leases import LEASE, token
-from vqueues.partition_state import PartitionState
 from vqueues.records import (
     ConsumerAcked,
     ConsumerConfigured,
@@ -17,7 +13,11 @@ from vqueues.records import (
     WindowDelta,
     WindowKeyCleared,
 )
-from vqueues.window_writes import CHECKPOINT_EVERY, WindowWrite
+from vqueues.state.cache import RecordCache
+from vqueues.state.leases import LEASE, token
+from vqueues.state.partition_state import PartitionState
+from vqueues.state.window_writes import CHECKPOINT_EVERY, WindowWrite
+from vqueues.work import settlement
 
 GRANT = 0x5A
 

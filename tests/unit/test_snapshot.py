@@ -10,10 +10,10 @@ import pytest
 from tests.narrow import known
 from tests.unit.test_retention_state import _history, rec
 from tests.unit.test_retention_state import snapshot as observe
-from vqueues import snapshot as snap
-from vqueues.cache import RecordCache
-from vqueues.partition_state import PartitionState
-from vqueues.queue_index import QueueIndex
+from vqueues.snapshot import codec as snap
+from vqueues.state.cache import RecordCache
+from vqueues.state.partition_state import PartitionState
+from vqueues.state.queue_index import QueueIndex
 
 
 def apply(state, event):
@@ -89,8 +89,8 @@ async def test_a_snapshot_plus_the_tail_equals_a_full_replay(seed, long_queue, c
 async def test_a_loaded_map_builds_a_queue_on_first_lookup_and_acts_as_a_dict(monkeypatch):
     """Every QueueMap method on a map whose queues are still the snapshot's columns answers as
     the built map does: a lookup builds the one queue, a walk of a shard the shard."""
-    from vqueues.partition_state import QUEUE_SHARDS, QueueIndex, QueueMap, StatefulQueueIndex
     from vqueues.records import ConsumerAcked, QueueDeleted
+    from vqueues.state.partition_state import QUEUE_SHARDS, QueueIndex, QueueMap, StatefulQueueIndex
 
     monkeypatch.setattr(snap, "LONG_QUEUE", 3)  # some queues decoded into their own arrays
     s = PartitionState(0, RecordCache(1 << 20))
@@ -195,8 +195,8 @@ async def test_a_partial_or_corrupt_snapshot_is_refused_and_the_newest_complete_
 
 
 async def test_queues_without_consumers_share_one_empty_dict_that_nobody_writes_to():
-    from vqueues.partition_state import NO_CONSUMERS
     from vqueues.records import ConsumerAcked, QueueDeleted
+    from vqueues.state.partition_state import NO_CONSUMERS
 
     s = PartitionState(0, RecordCache(1 << 20))
     s.apply_records([("a", rec(0)), ("b", rec(1))], None)

@@ -1,6 +1,6 @@
 """The tag index: queue -> tag -> offsets, trimmed with its queue, and its snapshot section."""
 
-from vqueues.tag_index import TagIndex
+from vqueues.state.tag_index import TagIndex
 
 
 def index_of(rows):

@@ -6,12 +6,12 @@ import pytest
 from tests.narrow import known
 from tests.unit.fakes import MemoryLog
 from tests.unit.test_work_service import _node
-from vqueues import snapshot as snap
-from vqueues.cache import RecordCache
-from vqueues.partition_state import PartitionState
 from vqueues.records import Record
 from vqueues.settings import Settings
-from vqueues.tags import TAGS_HEADER, check_tag, tags_of
+from vqueues.snapshot import codec as snap
+from vqueues.state.cache import RecordCache
+from vqueues.state.partition_state import PartitionState
+from vqueues.state.tags import TAGS_HEADER, check_tag, tags_of
 
 pytestmark = pytest.mark.unit
 

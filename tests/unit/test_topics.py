@@ -1,5 +1,5 @@
-"""`vqueues.topics`: the check's wait for topics the brokers have not listed yet, the compacted
-topics' config, and bringing an existing topic's config in line, through a fake admin."""
+"""`vqueues.kafka.topics`: the check's wait for topics the brokers have not listed yet, the
+compacted topics' config, and bringing an existing topic's config in line, through a fake admin."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from collections.abc import Mapping, Sequence
 
 import pytest
 
-from vqueues import topics
 from vqueues.errors import ConfigError
+from vqueues.kafka import topics
 from vqueues.kafka.admin import TopicSpec
 from vqueues.settings import Settings
 

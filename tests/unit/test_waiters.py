@@ -2,7 +2,7 @@
 
 import asyncio
 
-from vqueues.waiters import Waiters
+from vqueues.state.waiters import Waiters
 
 
 async def test_a_parked_reader_returns_when_its_queue_is_woken_and_leaves_no_trace():

@@ -9,18 +9,18 @@ import pytest
 
 from tests.narrow import known
 from tests.unit.fakes import MemoryFetcher, MemoryLog
-from vqueues.cache import RecordCache
 from vqueues.errors import VQError
-from vqueues.leases import ORDER_KEY_HEADER, DoneRanges, parse_token, token
-from vqueues.ownership import Ownership
+from vqueues.ownership.ownership import Ownership
+from vqueues.queues.service import QueueService
 from vqueues.records import (
     DeliveryUpdated,
     encode_offset_entry,
     generation_header,
 )
-from vqueues.service import QueueService
 from vqueues.settings import Settings
-from vqueues.work_service import WorkService
+from vqueues.state.cache import RecordCache
+from vqueues.state.leases import ORDER_KEY_HEADER, DoneRanges, parse_token, token
+from vqueues.work.work_service import WorkService
 
 pytestmark = pytest.mark.unit
 PARTITIONS = 2
@@ -363,8 +363,8 @@ async def test_random_histories_rebuild_to_the_same_state(node, settings, seed):
 async def snapshot_round_trip(state):
     """A snapshot of `state` captured, encoded, decoded and restored into a fresh partition:
     (the fresh partition, the loaded snapshot)."""
-    from vqueues import snapshot as snap
-    from vqueues.partition_state import PartitionState
+    from vqueues.snapshot import codec as snap
+    from vqueues.state.partition_state import PartitionState
 
     image = await snap.capture(state, state.offsets_position)
     chunks, manifest = snap.encode(image, 1)
@@ -423,7 +423,7 @@ async def test_one_slow_record_does_not_hold_back_the_queue():
 
 
 async def test_an_expired_last_attempt_is_dead_lettered_when_it_expires(node):
-    from vqueues.lease_expiry import LeaseExpiry
+    from vqueues.upkeep.lease_expiry import LeaseExpiry
     svc, work, *_ = node
     await work.configure("late", "w", "lease", 1, "late-dlq", None)
     await _fill(svc, "late", 2)
@@ -446,7 +446,7 @@ async def test_consumers_whose_leases_expire_together_are_dead_lettered_together
         node, monkeypatch):
     """Each dead-lettering waits for two writes: one consumer after the other, the last of
     1,000 consumers whose leases expired together waited for 2,000 of them."""
-    from vqueues.lease_expiry import LeaseExpiry
+    from vqueues.upkeep.lease_expiry import LeaseExpiry
     svc, work, data_log, _ = node
     queues = [f"expiring-{i}" for i in range(20)]
     for q in queues:

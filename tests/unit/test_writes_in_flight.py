@@ -2,7 +2,7 @@
 
 import asyncio
 
-from vqueues.writes_in_flight import WritesInFlight
+from vqueues.state.writes_in_flight import WritesInFlight
 
 
 async def test_waiting_returns_at_once_with_no_write_in_flight():

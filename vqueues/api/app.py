@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 from aiohttp import web
 
 from vqueues.api import compat, console, handlers, multi, prefix, stream, work
+from vqueues.api.auth import Authenticator
 from vqueues.api.keys import AUTH, PREFIX, QUERY_PARAMETERS, QUOTAS, SERVICE, SETTINGS, WORK
 from vqueues.api.middlewares import (
     auth_middleware,
@@ -18,12 +19,11 @@ from vqueues.api.middlewares import (
 )
 from vqueues.api.openapi import openapi_document, query_parameters
 from vqueues.api.proxy import forward_middleware, proxy_session
-from vqueues.auth import Authenticator
-from vqueues.prefix_leasing import PrefixLeasing
-from vqueues.quotas import QuotaFile, Quotas
-from vqueues.service import QueueService
+from vqueues.queues.quotas import QuotaFile, Quotas
+from vqueues.queues.service import QueueService
 from vqueues.settings import Settings
-from vqueues.work_service import WorkService
+from vqueues.work.prefix_leasing import PrefixLeasing
+from vqueues.work.work_service import WorkService
 
 
 def authenticator(settings: Settings) -> Authenticator | None:

@@ -14,18 +14,18 @@ from msgspec.structs import astuple
 
 from vqueues.api.body import colon_escaped, decode_object, refuse_duplicate_keys, refuse_unknown
 from vqueues.errors import BadRequest, PayloadTooLarge
-from vqueues.idempotency import (
+from vqueues.records import NewRecord, Record, now_ms
+from vqueues.results import LeasedRecord
+from vqueues.settings import Settings
+from vqueues.state.idempotency import (
     KEY_HEADER,
     MAX_KEY_BYTES,
     PAYLOAD_HEADER,
     payload_header,
     sent_fingerprint,
 )
-from vqueues.records import NewRecord, Record, now_ms
-from vqueues.results import LeasedRecord
-from vqueues.schedule import CANCEL_HEADER, DELIVER_AT_HEADER, FROM_HEADER
-from vqueues.settings import Settings
-from vqueues.tags import MAX_TAGS, TAGS_HEADER, check_tag
+from vqueues.state.schedule import CANCEL_HEADER, DELIVER_AT_HEADER, FROM_HEADER
+from vqueues.state.tags import MAX_TAGS, TAGS_HEADER, check_tag
 
 ENCODINGS = ("utf8", "base64")
 _RECORD_FIELDS = {"value", "encoding", "headers", "idempotency_key", "tags", "deliver_at",

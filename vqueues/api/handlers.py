@@ -6,7 +6,6 @@ import msgspec
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from vqueues import node_status
 from vqueues.api import params
 from vqueues.api.body import read_object, read_raw
 from vqueues.api.codec import (
@@ -21,7 +20,8 @@ from vqueues.api.multi import quota_refusal
 from vqueues.api.openapi import openapi_document
 from vqueues.errors import BadRequest
 from vqueues.names import validate_name
-from vqueues.tags import check_tag
+from vqueues.ownership import node_status
+from vqueues.state.tags import check_tag
 
 
 def _queue(request: web.Request) -> str:

@@ -5,12 +5,12 @@ from __future__ import annotations
 import aiohttp
 from aiohttp import web
 
-from vqueues.auth import Authenticator, Identity
-from vqueues.prefix_leasing import PrefixLeasing
-from vqueues.quotas import QuotaFile
-from vqueues.service import QueueService
+from vqueues.api.auth import Authenticator, Identity
+from vqueues.queues.quotas import QuotaFile
+from vqueues.queues.service import QueueService
 from vqueues.settings import Settings
-from vqueues.work_service import WorkService
+from vqueues.work.prefix_leasing import PrefixLeasing
+from vqueues.work.work_service import WorkService
 
 SERVICE = web.AppKey("service", QueueService)
 SETTINGS = web.AppKey("settings", Settings)

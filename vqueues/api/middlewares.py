@@ -10,10 +10,10 @@ from urllib.parse import unquote_to_bytes
 
 from aiohttp import web
 
+from vqueues.api.auth import required_scope
 from vqueues.api.body import UnreadableBody
 from vqueues.api.codec import respond
 from vqueues.api.keys import AUTH, IDENTITY, PREFIX, QUERY_PARAMETERS, SERVICE, SETTINGS
-from vqueues.auth import required_scope
 from vqueues.errors import Unavailable, VQError
 
 log = logging.getLogger(__name__)
@@ -142,7 +142,7 @@ _UNFENCED = ("/v1/queues/{queue}/records", "/v1/records", "/v1/prefix-consumers/
 
 @web.middleware
 async def fence_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """The self-fence (vqueues/self_fence.py) on every route that writes the offset topic
+    """The self-fence (vqueues/ownership/self_fence.py) on every route that writes the offset topic
     (acks, leases, settles, consumer and queue changes): 503 before acting while this node
     may have stood still unconfirmed, and 503 instead of 200 if it stood still while acting,
     as the next owner's replay may ignore what it wrote. Enqueues and reads need no fence:
@@ -188,7 +188,7 @@ def _scoped_queue(request: web.Request, route: str) -> str | None:
 @web.middleware
 async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     """With auth on: who is calling (401 if nobody known) and whether their scopes reach this
-    route's queue (403). Public routes pass. See vqueues/auth.py."""
+    route's queue (403). Public routes pass. See vqueues/api/auth.py."""
     auth = request.app[AUTH]
     info = request.match_info.route.resource
     route = info.canonical if info is not None else ""

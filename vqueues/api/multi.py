@@ -1,4 +1,4 @@
-"""`POST /v1/records`: the multi-queue enqueue (vqueues/multi_enqueue.py over HTTP).
+"""`POST /v1/records`: the multi-queue enqueue (vqueues/queues/multi_enqueue.py over HTTP).
 
 A request that is wrong as a whole (not JSON, too many records, a record without a queue or
 with a bad field) is refused before anything is written. Otherwise every record is answered on
@@ -17,13 +17,13 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from vqueues import multi_enqueue
 from vqueues.api.body import decode_object, read_raw, refuse_unknown
 from vqueues.api.codec import decode_records, respond
 from vqueues.api.keys import AUTH, IDENTITY, PROXY, QUOTAS, SERVICE, SETTINGS
 from vqueues.api.proxy import FORWARDED
 from vqueues.errors import BadRequest, Unavailable, VQError, WrongNode
 from vqueues.names import validate_name
+from vqueues.queues import multi_enqueue
 from vqueues.records import NewRecord
 
 

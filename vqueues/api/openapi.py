@@ -13,19 +13,10 @@ import msgspec
 
 from vqueues import __version__
 from vqueues.api import params
+from vqueues.api.auth import required_scope
 from vqueues.api.codec import LeasePage, PrefixLeasePage, ReadPage
-from vqueues.auth import required_scope
-from vqueues.consumer_configs import MAX_ATTEMPTS_LIMIT
 from vqueues.errors import REGISTRY
-from vqueues.idempotency import MAX_KEY_BYTES
-from vqueues.leases import TOKEN_PATTERN
 from vqueues.names import MAX_NAME_BYTES, NAME_PATTERN
-from vqueues.prefix_consumers import (
-    MAX_RECORDS_PER_TURN,
-    MAX_WEIGHT,
-    MAX_WEIGHTS,
-    RECORDS_PER_TURN,
-)
 from vqueues.results import (
     AckResult,
     ConsumerDeletion,
@@ -41,8 +32,17 @@ from vqueues.results import (
     SettleResult,
 )
 from vqueues.settings import MIN_VISIBILITY_MS, Settings
-from vqueues.tags import MAX_TAG_BYTES, MAX_TAGS, TAG_PATTERN
-from vqueues.work_service import MAX_REASON_CHARS
+from vqueues.state.idempotency import MAX_KEY_BYTES
+from vqueues.state.leases import TOKEN_PATTERN
+from vqueues.state.prefix_consumers import (
+    MAX_RECORDS_PER_TURN,
+    MAX_WEIGHT,
+    MAX_WEIGHTS,
+    RECORDS_PER_TURN,
+)
+from vqueues.state.tags import MAX_TAG_BYTES, MAX_TAGS, TAG_PATTERN
+from vqueues.work.consumer_configs import MAX_ATTEMPTS_LIMIT
+from vqueues.work.work_service import MAX_REASON_CHARS
 
 _ANSWERS = (EnqueueResult, ReadPage, AckResult, ConsumerDeletion, QueueInfo, QueueDeletion,
             QueueList, PartitionsInfo, ConsumerSettings, LeasePage, SettleResult,

@@ -7,7 +7,6 @@ from typing import Any
 
 from aiohttp import web
 
-from vqueues import prefix_consumers
 from vqueues.api import params
 from vqueues.api.body import read_object, refuse_unknown
 from vqueues.api.codec import PrefixLeasePage, encode_prefix_leased, respond
@@ -15,7 +14,8 @@ from vqueues.api.keys import AUTH, IDENTITY, PREFIX, SETTINGS, WORK
 from vqueues.api.work import LEASE_FIELDS, SETTLE_FIELDS, lease_request
 from vqueues.errors import BadRequest, VQError
 from vqueues.names import validate_name
-from vqueues.work_service import COMPLETE, EXTEND, RETRY, Settle
+from vqueues.state import prefix_consumers
+from vqueues.work.work_service import COMPLETE, EXTEND, RETRY, Settle
 
 
 def _consumer(request: web.Request) -> str:

@@ -25,9 +25,9 @@ from vqueues.api.codec import ENCODINGS, encode_leased, encode_record
 from vqueues.api.keys import SERVICE, SETTINGS, WORK
 from vqueues.api.work import SETTLE_FIELDS, SETTLING, settle
 from vqueues.errors import BadRequest, Conflict, VQError
-from vqueues.leases import CURSOR, LEASE, MODES
 from vqueues.names import validate_name
-from vqueues.tags import check_tag
+from vqueues.state.leases import CURSOR, LEASE, MODES
+from vqueues.state.tags import check_tag
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ from vqueues.api.keys import SETTINGS, WORK
 from vqueues.errors import BadRequest
 from vqueues.names import validate_name
 from vqueues.results import SettleResult
-from vqueues.tags import check_tag
+from vqueues.state.tags import check_tag
 
 _SETTINGS_FIELDS = {"mode", "max_attempts", "dead_letter_queue", "visibility_ms", "max_in_flight",
                     "prefix"}

@@ -2,8 +2,8 @@
 loopback, each a combined broker and controller, run from Kafka's own jars.
 
 The jars come from Maven Central through `local-kafka.pom.xml` (which pins the release) into a
-cache on first use (`vqueues.maven`).
-Without Java or Maven, `start()` raises `vqueues.maven.JarsUnavailable` saying which. Every
+cache on first use (`vqueues.kafka.maven`).
+Without Java or Maven, `start()` raises `vqueues.kafka.maven.JarsUnavailable` saying which. Every
 process is started here and stopped here by PID.
 """
 
@@ -24,8 +24,8 @@ from typing import IO
 
 from confluent_kafka.admin import AdminClient
 
-from vqueues.broker import free_port, stop_process
-from vqueues.maven import fetch_jars, java
+from vqueues.kafka.broker import free_port, stop_process
+from vqueues.kafka.maven import fetch_jars, java
 
 log = logging.getLogger(__name__)
 

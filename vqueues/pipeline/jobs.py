@@ -81,8 +81,8 @@ SPARK_KAFKA_POM = Path(__file__).with_name("spark-kafka.pom.xml")
 
 def spark_kafka_jars() -> list[str]:
     """Spark's Kafka connector and what it needs beyond pyspark, fetched by Maven on first use
-    (raises `vqueues.maven.JarsUnavailable` without Java or Maven)."""
-    from vqueues.maven import fetch_jars
+    (raises `vqueues.kafka.maven.JarsUnavailable` without Java or Maven)."""
+    from vqueues.kafka.maven import fetch_jars
 
     return sorted(str(p) for p in fetch_jars(SPARK_KAFKA_POM).glob("*.jar"))
 

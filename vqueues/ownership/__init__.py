@@ -1,0 +1,3 @@
+"""Which node serves which partition: the group's assignments applied to partition states, the
+cluster map, replay and the self-fence.
+"""

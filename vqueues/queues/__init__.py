@@ -1,0 +1,1 @@
+"""The queue service: reads, enqueues (keyed, multi-queue), acks, deletion, quotas."""

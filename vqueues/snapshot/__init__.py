@@ -1,0 +1,1 @@
+"""Snapshots of a partition's state: the wire format, capture and restore (ADR 7)."""

@@ -1,0 +1,1 @@
+"""The node's timers: scheduled records, lease expiry, retention and snapshots."""

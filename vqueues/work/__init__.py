@@ -1,0 +1,3 @@
+"""Work queues: lease consumers' settings, leasing, settling, dead letters and prefix consumers
+(docs/work-queues.md).
+"""

@@ -1,0 +1,80 @@
+"""Settling leased records: which tokens are current (docs/work-queues.md). A token names one
+delivery: the record, its attempt and the lease call that granted it (ADR 12), so a token of
+a grant that was lost or fenced off is never current, on this owner or the next."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from vqueues.errors import BadRequest, Conflict
+from vqueues.state.leases import LEASE, WorkState, parse_token
+from vqueues.state.partition_state import PartitionState
+
+
+def parse_tokens(tokens: object) -> list[str]:
+    """A request's `tokens`, checked (400 invalid_token), repeats dropped."""
+    if not isinstance(tokens, list) or not tokens:
+        raise BadRequest("invalid_token", "`tokens` must be a non-empty list of lease tokens")
+    parsed: dict[str, tuple[int, int, int]] = {}
+    bad = []
+    for t in tokens:
+        got = parse_token(t)
+        if got is None:
+            bad.append(t)
+        else:
+            parsed[t] = got
+    if bad:
+        raise BadRequest("invalid_token", f"not lease tokens: {bad[:5]}", invalid=bad[:50])
+    return Tokens(parsed)
+
+
+class Tokens(list[str]):
+    """Checked tokens, in order without repeats, with what each names (parsed once)."""
+
+    def __init__(self, parsed: dict[str, tuple[int, int, int]]) -> None:
+        super().__init__(parsed)
+        self.parsed = parsed
+
+
+# A check's result: (window, [(token, offset)] to act on, tokens already done).
+Checked = tuple[WorkState, list[tuple[str, int]], list[str]]
+
+
+def check_tokens(state: PartitionState, queue: str, consumer: str, tokens: Sequence[str],
+                 done_ok: bool) -> Checked:
+    """(window, [(token, offset)] to act on, tokens already done); 409 if any is stale.
+    A done record's token counts as done only if the record's last delivery could have been
+    that one; a record completed since is `already` for a complete (idempotent)."""
+    work = state.work.get((queue, consumer))
+    if work is None:
+        config = state.configs.get((queue, consumer))
+        if config is not None and config.mode != LEASE:
+            raise Conflict("consumer_mode_mismatch",
+                           f"consumer {consumer!r} is a cursor consumer")
+        raise Conflict("lease_expired", f"consumer {consumer!r} holds no lease",
+                       stale=list(tokens))
+    committed = state.committed(queue, consumer) or 0
+    act: list[tuple[str, int]] = []
+    already: list[str] = []
+    stale: list[str] = []
+    deliveries, done = work.deliveries, work.done
+    known = tokens.parsed if isinstance(tokens, Tokens) else {}
+    for text in tokens:
+        parsed = known.get(text) or parse_token(text)
+        assert parsed is not None  # checked by the caller
+        off, attempt, grant = parsed
+        d = deliveries.get(off)
+        if d is not None:
+            if d.attempts == attempt and d.grant == grant and attempt > 0:
+                act.append((text, off))
+            else:
+                stale.append(text)
+        elif off < committed or off in done:
+            (already if done_ok else stale).append(text)
+        else:
+            stale.append(text)
+    if stale:
+        raise Conflict("lease_expired", f"{len(stale)} token(s) are not current: the lease "
+                       "expired and the record was leased again, was completed, or never "
+                       "existed", stale=stale)
+    return work, act, already

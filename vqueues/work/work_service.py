@@ -1,0 +1,347 @@
+"""The work-queue calls: lease, complete, retry, extend and consumer settings, on the same queues
+as the cursors (docs/work-queues.md, ADR 8).
+
+Every change is an offset-topic entry. A call takes the consumer's lock, decides, applies its
+entries to the partition state at once and hands them to the producer in that order
+(`QueueService.submit_entries`), releases the lock, and answers once they are durable: workers
+see each other's leases at once, and a failover replays exactly what was answered. The
+decisions are the parts': `consumer_configs` (settings), `lease_choice` (what a lease takes),
+`settlement` (tokens and the entries that settle records), `dead_letters`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable
+from dataclasses import dataclass
+
+from vqueues.errors import BadRequest
+from vqueues.queues.service import QueueService
+from vqueues.records import OffsetEntry, Record, now_ms
+from vqueues.results import ConsumerSettings, LeasedRecord, LeaseResult, SettleResult
+from vqueues.settings import Settings
+from vqueues.state.leases import LEASE, ConsumerConfig, WorkState, new_grant, token
+from vqueues.state.partition_state import PartitionState
+from vqueues.state.window_writes import WindowWrite
+from vqueues.work import settlement
+from vqueues.work.consumer_configs import MAX_ATTEMPTS_LIMIT, ConsumerConfigs
+from vqueues.work.dead_letters import DeadLetters
+from vqueues.work.lease_choice import LeaseChoice
+
+__all__ = ["COMPLETE", "EXTEND", "MAX_ATTEMPTS_LIMIT", "MAX_REASON_CHARS", "RETRY",
+           "LeaseDecision", "Settle", "SettleDecision", "WorkService"]
+
+MAX_REASON_CHARS = 1000
+
+
+COMPLETE, RETRY, EXTEND = "complete", "retry", "extend"
+
+
+@dataclass(slots=True, frozen=True)
+class Settle:
+    """What a settle call does: complete; retry (`number`: the delay in ms, `reason`); extend
+    (`number`: the new visibility in ms)."""
+
+    kind: str
+    number: int = 0
+    reason: str | None = None
+
+
+@dataclass(slots=True)
+class SettleDecision:
+    """A settle decided under a consumer's lock and applied to its window."""
+
+    queue: str
+    consumer: str
+    kind: str
+    entries: list[OffsetEntry]
+    done: list[str]  # the tokens acted on
+    dead: list[str]  # (retry) the tokens whose records went to the dead letters
+    count: int  # records completed or given back
+    until: int | None  # (extend) the new deadline
+    submitted: Awaitable[None] | None = None  # a write of it already submitted, to await
+
+
+@dataclass(slots=True)
+class LeaseDecision:
+    """A lease decided under a consumer's lock and applied to its window: the entries to
+    submit, the records it takes (`before`: each one's (offset, attempts, grant, until,
+    leased) as it was), and what each token will carry."""
+
+    queue: str
+    work: WorkState
+    entries: list[OffsetEntry]
+    chosen: list[int]
+    seen: dict[int, Record]
+    before: list[tuple[int, int, int, int, bool]]
+    until: int
+    grant: int
+
+    def undo(self) -> None:
+        """The write failed, so nothing was handed out: give the records back as they were
+        (those another call has changed since are left alone)."""
+        now = now_ms()
+        work = self.work
+        for off, attempts, old_grant, old_until, leased in self.before:
+            cur = work.deliveries.get(off)
+            if cur is not None and cur.grant == self.grant:
+                work.put(off, leased, old_until, attempts, old_grant, cur.reason, now)
+
+
+class WorkService:
+    def __init__(self, settings: Settings, queues: QueueService) -> None:
+        self.settings = settings
+        self.queues = queues
+        self.ownership = queues.ownership
+        self.metrics = queues.metrics
+        self._locks = queues.locks
+        self.configs = ConsumerConfigs(settings, queues)
+        self.choice = LeaseChoice(settings, queues)
+        self.dead_letters = DeadLetters(queues)
+
+    # Settings (`ConsumerConfigs`) --------------------------------------------------------------
+
+    def check_visibility(self, visibility_ms: int, name: str = "visibility_ms") -> int:
+        return self.configs.check_visibility(visibility_ms, name)
+
+    async def configure(self, queue: str, consumer: str, mode: str | None,
+                        max_attempts: int | None, dead_letter_queue: str | bool | None,
+                        visibility_ms: int | None, max_in_flight: int | bool | None = False,
+                        prefix: str | None = None) -> ConsumerSettings:
+        return await self.configs.configure(queue, consumer, mode, max_attempts,
+                                            dead_letter_queue, visibility_ms, max_in_flight,
+                                            prefix)
+
+    def consumer_settings(self, queue: str, consumer: str) -> ConsumerSettings:
+        return self.configs.settings_of(queue, consumer)
+
+    # Leasing -----------------------------------------------------------------------------------
+
+    async def lease(self, queue: str, consumer: str, max_records: int,
+                    visibility_ms: int | None, wait_ms: int, tag: str | None = None
+                    ) -> LeaseResult:
+        """Up to `max_records` records this consumer has neither completed nor leased out,
+        lowest offset first, one per ordering key at a time; waits up to `wait_ms` for one.
+        With `tag`, new records without it are completed as skipped (the consumer's filter)."""
+        if visibility_ms is not None:
+            self.check_visibility(visibility_ms)
+        p = self.queues.partition_of(queue)
+        deadline = time.monotonic() + wait_ms / 1000
+        while True:
+            state = self.ownership.require(p)
+            got = await self._lease_once(state, queue, consumer, max_records, visibility_ms,
+                                         tag)
+            if got:
+                self.metrics.records_leased.inc(len(got))
+                return LeaseResult(p, got)
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or self.ownership.draining:
+                return LeaseResult(p, [])
+            work = state.work.get((queue, consumer))
+            change = work.next_change(now_ms()) if work is not None else None
+            if change is not None:  # a lease expires or a retry falls due before then
+                remaining = min(remaining, max(0.001, (change - now_ms()) / 1000 + 0.001))
+            await state.wait_for_records(queue, remaining)
+
+    async def _lease_once(self, state: PartitionState, queue: str, consumer: str,
+                          max_records: int, visibility_ms: int | None, tag: str | None
+                          ) -> list[LeasedRecord]:
+        async with self._locks.hold(("c", queue, consumer)):
+            config = state.configs.get((queue, consumer))
+            work = state.work.get((queue, consumer))
+            if work is None or config is None or config.mode != LEASE:
+                work, config = await self.configs.lease_consumer(state, queue, consumer)
+            config, change = self.configs.follow_prefix(state, queue, consumer, config)
+            decision = await self.decide_lease(state, queue, consumer, work, config,
+                                               max_records, visibility_ms, tag, new_grant())
+            if decision is None:
+                if change is not None and not state.revoked:
+                    await self.queues.submit_entries(state, [change], applied=True)
+                return []
+            entries = decision.entries if change is None else [change, *decision.entries]
+            durable = self.queues.submit_entries(state, entries, applied=True)
+        try:
+            await durable
+        except BaseException:
+            decision.undo()
+            raise
+        return await self.leased(state, decision)
+
+    async def decide_lease(self, state: PartitionState, queue: str, consumer: str,
+                           work: WorkState, config: ConsumerConfig, max_records: int,
+                           visibility_ms: int | None, tag: str | None, grant: int
+                           ) -> LeaseDecision | None:
+        """Under the consumer's lock: what a lease of up to `max_records` takes (never past
+        the consumer's in-flight cap), set in the window at once, and the write that says so
+        (not yet submitted; `LeaseDecision.undo` gives the records back if it fails). None if
+        it takes nothing and finishes nothing."""
+        visibility = visibility_ms or config.visibility_ms
+        if work.needs_keys:
+            await self.choice.prepare(state, queue, consumer, work, config)
+        else:
+            work.ensure_index(now_ms(), config.max_attempts, config.max_in_flight is not None)
+        exhausted = work.exhausted()
+        if exhausted:
+            await self.dead_letters.send(state, queue, consumer, config,
+                                         {o: "lease expired" for o in exhausted})
+            work.ensure_index(now_ms(), config.max_attempts, config.max_in_flight is not None)
+        if config.max_in_flight is not None:
+            max_records = min(max_records, config.max_in_flight - work.in_flight())
+            if max_records <= 0:
+                return None
+        chosen, skipped, seen = await self.choice.choose(state, queue, consumer, work,
+                                                         max_records, tag)
+        if state.revoked or (not chosen and not skipped):
+            return None
+        write = WindowWrite(state, queue, consumer, work)
+        write.finish(skipped)  # not for this consumer's filter: their completion
+        until = write.now + visibility
+        before = []
+        deliveries = work.deliveries
+        for off in chosen:
+            d = deliveries[off]
+            before.append((off, d.attempts, d.grant, d.until, d.leased))
+            write.put(off, True, until, d.attempts + 1, grant, d.reason)
+        return LeaseDecision(queue, work, write.entries(), chosen, seen, before, until, grant)
+
+    async def leased(self, state: PartitionState, decision: LeaseDecision
+                     ) -> list[LeasedRecord]:
+        """The records a durable lease took, with their tokens."""
+        chosen, seen, grant, until = (decision.chosen, decision.seen, decision.grant,
+                                      decision.until)
+        if not chosen:
+            return []
+        records = {off: seen[off] for off in chosen if off in seen}
+        if len(records) < len(chosen):
+            records.update((r.offset, r) for r in await self.queues.resolve(
+                state.partition, [off for off in chosen if off not in seen]))
+        out = []
+        for off, attempts, _, _, _ in decision.before:
+            rec = records.get(off)
+            if rec is not None:  # gone only if retention removed it meanwhile
+                attempt = attempts + 1
+                out.append(LeasedRecord(rec, token(off, attempt, grant), attempt, until))
+        return out
+
+    async def dead_letter_expired(self, state: PartitionState, queue: str, consumer: str
+                                  ) -> int:
+        """Send the consumer's records whose last attempt expired to the dead letters now;
+        returns how many went."""
+        async with self._locks.hold(("c", queue, consumer)):
+            work = state.work.get((queue, consumer))
+            if work is None or state.revoked:
+                return 0
+            config = self.configs.of(state, queue, consumer)
+            await self.choice.prepare(state, queue, consumer, work, config)
+            exhausted = work.exhausted()
+            if exhausted:
+                await self.dead_letters.send(state, queue, consumer, config,
+                                             {o: "lease expired" for o in exhausted})
+            return len(exhausted)
+
+    # Settling ----------------------------------------------------------------------------------
+
+    @staticmethod
+    def parse_tokens(tokens: object) -> list[str]:
+        """A request's `tokens`, checked (400 invalid_token)."""
+        return settlement.parse_tokens(tokens)
+
+    def check_retry(self, delay_ms: int, reason: object) -> str | None:
+        """A retry's `delay_ms` and `reason`, checked; the reason as kept."""
+        hi = self.settings.max_retry_delay_ms
+        if isinstance(delay_ms, bool) or not isinstance(delay_ms, int) or \
+                not 0 <= delay_ms <= hi:
+            raise BadRequest("limit_out_of_range", f"delay_ms must be an integer between 0 and "
+                             f"{hi}", parameter="delay_ms", min=0, max=hi)
+        if reason is not None and not isinstance(reason, str):
+            raise BadRequest("invalid_parameter", "reason must be a string")
+        return reason[:MAX_REASON_CHARS] if reason else None
+
+    async def complete(self, queue: str, consumer: str, tokens: list[str]) -> SettleResult:
+        """Finish the leased records for good (idempotent for records already done)."""
+        return await self._settle(queue, consumer, Settle(COMPLETE), tokens)
+
+    async def retry(self, queue: str, consumer: str, tokens: list[str], delay_ms: int,
+                    reason: str | None) -> SettleResult:
+        """Give leased records back, available again after `delay_ms`; a record that used up
+        its attempts goes to the dead letters instead."""
+        kept = self.check_retry(delay_ms, reason)
+        return await self._settle(queue, consumer, Settle(RETRY, delay_ms, kept), tokens)
+
+    async def extend(self, queue: str, consumer: str, tokens: list[str], visibility_ms: int
+                     ) -> SettleResult:
+        """Move the leases' deadline to now + `visibility_ms`."""
+        self.check_visibility(visibility_ms)
+        return await self._settle(queue, consumer, Settle(EXTEND, visibility_ms), tokens)
+
+    async def _settle(self, queue: str, consumer: str, how: Settle, tokens: list[str]
+                      ) -> SettleResult:
+        p = self.queues.partition_of(queue)
+        async with self._locks.hold(("c", queue, consumer)):
+            state = self.ownership.require(p)
+            decision = await self.decide_settle(state, queue, consumer, how, tokens)
+            durable = (self.queues.submit_entries(state, decision.entries, applied=True)
+                       if decision.entries else None)
+        if decision.submitted is not None:
+            await decision.submitted
+        if durable is not None:
+            await durable
+        return self.settled(state, decision)
+
+    async def decide_settle(self, state: PartitionState, queue: str, consumer: str,
+                            how: Settle, tokens: list[str],
+                            checked: settlement.Checked | None = None) -> SettleDecision:
+        """Under the consumer's lock: a complete, retry or extend of `tokens` (409 and nothing
+        done if any is stale; `checked`: what `settlement.check_tokens` said of them just
+        now) applied to the window, and its write (not yet submitted). A retry's records past
+        their attempts go to the dead letters here, durably."""
+        work, act, already = checked or settlement.check_tokens(
+            state, queue, consumer, tokens, how.kind == COMPLETE)
+        write = WindowWrite(state, queue, consumer, work)
+        dead_tokens: list[str] = []
+        until = None
+        if how.kind == COMPLETE:
+            write.finish([o for _, o in act])
+            done = [t for t, _ in act] + already
+            count = len(act)
+        elif how.kind == RETRY:
+            config = self.configs.of(state, queue, consumer)
+            until = write.now + how.number
+            dead: dict[int, str] = {}
+            count = 0
+            for text, off in act:
+                d = work.deliveries[off]
+                if d.attempts >= config.max_attempts:
+                    dead[off] = how.reason or "retried"
+                    dead_tokens.append(text)
+                else:
+                    write.put(off, False, until, d.attempts, d.grant, how.reason)
+                    count += 1
+            done, until = [t for t, _ in act], None
+            if dead:  # the retries' write first, then the dead letters' (in that order)
+                entries = write.entries() if write else []
+                first = (self.queues.submit_entries(state, entries, applied=True)
+                         if entries else None)
+                await self.dead_letters.send(state, queue, consumer, config, dead)
+                return SettleDecision(queue, consumer, how.kind, [], done, dead_tokens, count,
+                                      until, first)
+        else:
+            until = write.now + how.number
+            for _, off in act:
+                d = work.deliveries[off]
+                write.put(off, True, until, d.attempts, d.grant, d.reason)
+            done, count = [t for t, _ in act], 0
+        return SettleDecision(queue, consumer, how.kind, write.entries() if write else [],
+                              done, dead_tokens, count, until)
+
+    def settled(self, state: PartitionState, decision: SettleDecision) -> SettleResult:
+        """The answer to a durable settle; leasers parked on the queue go on."""
+        if decision.kind == COMPLETE:
+            self.metrics.records_completed.inc(decision.count)
+        elif decision.kind == RETRY:
+            self.metrics.records_retried.inc(decision.count)
+        if decision.kind != EXTEND:
+            state.wake(decision.queue)  # the window moved, a key is free
+        return SettleResult(decision.queue, decision.consumer, decision.done, decision.dead,
+                            state.committed(decision.queue, decision.consumer) or 0,
+                            decision.until)
