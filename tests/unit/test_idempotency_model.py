@@ -25,7 +25,9 @@ from vqueues.ownership.ownership import Ownership
 from vqueues.queues.service import QueueService
 from vqueues.records import Record
 from vqueues.settings import Settings
-from vqueues.snapshot import codec as snap
+from vqueues.snapshot.capture import capture
+from vqueues.snapshot.format import manifest_key
+from vqueues.snapshot.wire import encode
 from vqueues.state.cache import RecordCache
 from vqueues.state.idempotency import KEY_HEADER
 
@@ -179,10 +181,10 @@ class Owner:
         """What Maintenance.write_snapshot writes, for every partition."""
         for p, state in self.own.states.items():
             assert await state.wait_writes(1.0)
-            image = await snap.capture(state, state.offsets_position)
-            chunks, manifest = snap.encode(image, int(time.time() * 1000))
+            image = await capture(state, state.offsets_position)
+            chunks, manifest = encode(image, int(time.time() * 1000))
             await self.snapshots.append(p, [(k, v, None) for k, v in chunks])
-            await self.snapshots.append(p, [(snap.manifest_key(p), manifest, None)])
+            await self.snapshots.append(p, [(manifest_key(p), manifest, None)])
 
     async def send(self, queue: str, records: list[dict[str, Any]]) -> dict[str, Any]:
         try:

@@ -10,7 +10,10 @@ import pytest
 
 from tests.narrow import known
 from vqueues.records import Record
-from vqueues.snapshot import codec as snap
+from vqueues.snapshot.build import build, restore
+from vqueues.snapshot.capture import capture
+from vqueues.snapshot.format import manifest_key
+from vqueues.snapshot.wire import encode, latest
 from vqueues.state.cache import RecordCache
 from vqueues.state.idempotency import KEY_HEADER, IdempotencyWindow, KeySection, fingerprint
 from vqueues.state.leases import LEASE
@@ -25,13 +28,13 @@ def keyed(offset, key, at, value=b"v"):
 
 
 async def round_trip(state, window_ms=600_000, now=None):
-    image = await snap.capture(state, 0)
-    chunks, manifest = snap.encode(image, 1)
-    loaded = known(snap.latest(state.partition, [*chunks, (snap.manifest_key(state.partition),
-                                                           manifest)]))
+    image = await capture(state, 0)
+    chunks, manifest = encode(image, 1)
+    loaded = known(latest(state.partition, [*chunks, (manifest_key(state.partition),
+                                                      manifest)]))
     fresh = PartitionState(state.partition, RecordCache(1 << 20), window_ms)
     window = IdempotencyWindow.restore(window_ms, loaded.keys, now or int(time.time() * 1000))
-    snap.restore(fresh, loaded, snap.build(loaded), window)
+    restore(fresh, loaded, build(loaded), window)
     return fresh, loaded, chunks
 
 
@@ -47,7 +50,7 @@ async def test_the_window_below_the_cut_survives_a_snapshot_and_later_keys_come_
             s.idempotency.get(fingerprint(queue, b"a"), now)
     # A key of a record at or after the cut is the tail's to bring.
     s.apply_records([("q", keyed(3, "later", now))], None)
-    image = await snap.capture(s, 0)
+    image = await capture(s, 0)
     s.apply_records([("q", keyed(4, "after-cut", now))], None)
     assert image.keys.keys == 3
 
@@ -72,7 +75,7 @@ async def test_what_a_key_costs_in_a_snapshot():
                                for i in range(n)], None)
     sizes = []
     for state in (plain, keyed_state):
-        chunks, _ = snap.encode(await snap.capture(state, 0), 1)
+        chunks, _ = encode(await capture(state, 0), 1)
         sizes.append(sum(len(v) for _, v in chunks))
     per_key = (sizes[1] - sizes[0]) / n
     assert 22 < per_key < 30, per_key
@@ -85,9 +88,9 @@ async def test_a_format_4_snapshot_written_before_the_window_was_carried_still_l
     fixture = json.loads((DATA / "snapshot_format4.json").read_text())
     records = [(base64.b64decode(k), base64.b64decode(v)) for k, v in fixture["records"]]
     assert json.loads(records[-1][1])["v"] == 4
-    loaded = known(snap.latest(0, records))
+    loaded = known(latest(0, records))
     fresh = PartitionState(0, RecordCache(1 << 20))
-    snap.restore(fresh, loaded, snap.build(loaded))
+    restore(fresh, loaded, build(loaded))
     assert fresh.select("a", 0, 10) == [0, 2, 4] and fresh.select("b", 0, 10) == [1]
     assert fresh.committed("a", "reader") == 2 and fresh.select_tagged("b", "red", 0, 10) == [1]
     assert fresh.schedule.by_queue == {"c": {3: 4102444800000}}

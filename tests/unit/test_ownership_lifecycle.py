@@ -147,15 +147,17 @@ async def test_records_of_another_partitions_queue_are_skipped(logs):
 
 async def snapshot_log_of(partition, queue, records):
     """A snapshot log holding one snapshot of `partition`: `records` records of `queue`."""
-    from vqueues.snapshot import codec as snap
+    from vqueues.snapshot.capture import capture
+    from vqueues.snapshot.format import manifest_key
+    from vqueues.snapshot.wire import encode
     from vqueues.state.partition_state import PartitionState
 
     source = PartitionState(partition, RecordCache(1 << 20))
     source.apply_records([(queue, Record(i, 1, b"x", ())) for i in range(records)], None)
-    chunks, manifest = snap.encode(await snap.capture(source, 0), 1)
+    chunks, manifest = encode(await capture(source, 0), 1)
     log = MemoryLog()
     await log.append(partition, [(k, v, None) for k, v in
-                                 [*chunks, (snap.manifest_key(partition), manifest)]])
+                                 [*chunks, (manifest_key(partition), manifest)]])
     return log
 
 
@@ -199,16 +201,18 @@ async def test_a_restored_partition_builds_its_cold_queues_in_the_background(log
     """A snapshot's queues stay columns at the restore (cold, in `QueueMap`); once the
     partition serves, a task builds them a shard per loop turn, so the columns are freed
     without any request's help."""
-    from vqueues.snapshot import codec as snap
+    from vqueues.snapshot.capture import capture
+    from vqueues.snapshot.format import manifest_key
+    from vqueues.snapshot.wire import encode
     from vqueues.state.partition_state import PartitionState
 
     source = PartitionState(1, RecordCache(1 << 20))
     names = [f"warm-{i}" for i in range(2000)]
     source.apply_records([(n, Record(i, 1, b"x", ())) for i, n in enumerate(names)], None)
-    chunks, manifest = snap.encode(await snap.capture(source, 0), 1)
+    chunks, manifest = encode(await capture(source, 0), 1)
     snapshots = MemoryLog()
     await snapshots.append(1, [(k, v, None) for k, v in
-                               [*chunks, (snap.manifest_key(1), manifest)]])
+                               [*chunks, (manifest_key(1), manifest)]])
     own = make(logs, snapshots)
     assert await asyncio.to_thread(own.assigned, [1]) == {1: 2000}
     await asyncio.to_thread(own.reached_end, 1, 2000)
@@ -225,18 +229,18 @@ async def test_the_group_reads_on_while_a_snapshot_is_built_and_its_records_foll
     brings meanwhile are applied after the restore, in order, none twice."""
     import threading
 
-    from vqueues.snapshot import codec as snap
+    from vqueues.snapshot import build as build_module
 
     q = queue_in(1)
     snapshots = await snapshot_log_of(1, q, 5)
     release = threading.Event()
-    real_build = snap.build
+    real_build = build_module.build
 
     def slow_build(image):
         assert release.wait(5)
         return real_build(image)
 
-    monkeypatch.setattr(snap, "build", slow_build)
+    monkeypatch.setattr(build_module, "build", slow_build)
     own = make(logs, snapshots)
     # The group learns the snapshot's position before the snapshot is built.
     assert await asyncio.to_thread(own.assigned, [1]) == {1: 5}
@@ -256,7 +260,7 @@ async def test_the_group_reads_on_while_a_snapshot_is_built_and_its_records_foll
 async def test_a_snapshot_that_cannot_be_built_fails_the_node(logs, monkeypatch):
     """The group already reads from the snapshot's position: serving without the records
     below it would lose them, so the node reports the failure (its /healthz answers 500)."""
-    from vqueues.snapshot import codec as snap
+    from vqueues.snapshot import build as build_module
 
     q = queue_in(2)
     snapshots = await snapshot_log_of(2, q, 3)
@@ -264,7 +268,7 @@ async def test_a_snapshot_that_cannot_be_built_fails_the_node(logs, monkeypatch)
     def broken_build(image):
         raise MemoryError("no room")
 
-    monkeypatch.setattr(snap, "build", broken_build)
+    monkeypatch.setattr(build_module, "build", broken_build)
     own = make(logs, snapshots)
     assert await asyncio.to_thread(own.assigned, [2]) == {2: 3}
     await asyncio.to_thread(own.reached_end, 2, 3)

@@ -12,7 +12,10 @@ from tests.unit.test_work_service import _node
 from vqueues.errors import VQError
 from vqueues.records import Record, now_ms
 from vqueues.settings import Settings
-from vqueues.snapshot import codec as snap
+from vqueues.snapshot.build import build, restore
+from vqueues.snapshot.capture import capture
+from vqueues.snapshot.format import manifest_key
+from vqueues.snapshot.wire import encode, latest
 from vqueues.state.cache import RecordCache
 from vqueues.state.partition_state import PartitionState
 from vqueues.state.schedule import DELIVER_AT_HEADER, FROM_HEADER, Schedule, control_of
@@ -113,11 +116,11 @@ async def test_a_snapshot_carries_the_scheduled_records():
     s = PartitionState(0, RecordCache(1 << 20))
     s.apply_records([("q", Record(0, 0, b"x", ((DELIVER_AT_HEADER, b"999"),))),
                      ("q", Record(1, 0, b"y", ()))], None)
-    image = await snap.capture(s, 0)
-    chunks, manifest = snap.encode(image, 1)
-    loaded = known(snap.latest(0, [*chunks, (snap.manifest_key(0), manifest)]))
+    image = await capture(s, 0)
+    chunks, manifest = encode(image, 1)
+    loaded = known(latest(0, [*chunks, (manifest_key(0), manifest)]))
     fresh = PartitionState(0, RecordCache(1 << 20))
-    snap.restore(fresh, loaded, snap.build(loaded))
+    restore(fresh, loaded, build(loaded))
     assert fresh.schedule.by_queue == {"q": {0: 999}}
     assert fresh.select("q", 0, 10) == [1]
 

@@ -8,7 +8,10 @@ from tests.unit.fakes import MemoryLog
 from tests.unit.test_work_service import _node
 from vqueues.records import Record
 from vqueues.settings import Settings
-from vqueues.snapshot import codec as snap
+from vqueues.snapshot.build import build, restore
+from vqueues.snapshot.capture import capture
+from vqueues.snapshot.format import manifest_key
+from vqueues.snapshot.wire import encode, latest
 from vqueues.state.cache import RecordCache
 from vqueues.state.partition_state import PartitionState
 from vqueues.state.tags import TAGS_HEADER, check_tag, tags_of
@@ -90,11 +93,11 @@ async def test_a_snapshot_carries_the_tag_index():
     s = PartitionState(0, RecordCache(1 << 20))
     s.apply_records([("q", Record(i, 0, b"v", ((TAGS_HEADER, b"a,b"),) if i % 3 == 0 else ()))
                      for i in range(30)], None)
-    image = await snap.capture(s, 0)
-    chunks, manifest = snap.encode(image, 1)
-    loaded = known(snap.latest(0, [*chunks, (snap.manifest_key(0), manifest)]))
+    image = await capture(s, 0)
+    chunks, manifest = encode(image, 1)
+    loaded = known(latest(0, [*chunks, (manifest_key(0), manifest)]))
     fresh = PartitionState(0, RecordCache(1 << 20))
-    snap.restore(fresh, loaded, snap.build(loaded))
+    restore(fresh, loaded, build(loaded))
     assert fresh.select_tagged("q", "b", 0, 100) == list(range(0, 30, 3))
 
 

@@ -363,15 +363,18 @@ async def test_random_histories_rebuild_to_the_same_state(node, settings, seed):
 async def snapshot_round_trip(state):
     """A snapshot of `state` captured, encoded, decoded and restored into a fresh partition:
     (the fresh partition, the loaded snapshot)."""
-    from vqueues.snapshot import codec as snap
+    from vqueues.snapshot.build import build, restore
+    from vqueues.snapshot.capture import capture
+    from vqueues.snapshot.format import manifest_key
+    from vqueues.snapshot.wire import encode, latest
     from vqueues.state.partition_state import PartitionState
 
-    image = await snap.capture(state, state.offsets_position)
-    chunks, manifest = snap.encode(image, 1)
-    loaded = known(snap.latest(state.partition, [*chunks, (snap.manifest_key(state.partition),
-                                                           manifest)]))
+    image = await capture(state, state.offsets_position)
+    chunks, manifest = encode(image, 1)
+    loaded = known(latest(state.partition, [*chunks, (manifest_key(state.partition),
+                                                      manifest)]))
     fresh = PartitionState(state.partition, RecordCache(1 << 20))
-    snap.restore(fresh, loaded, snap.build(loaded))
+    restore(fresh, loaded, build(loaded))
     return fresh, loaded
 
 

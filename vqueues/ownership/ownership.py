@@ -31,7 +31,8 @@ from vqueues.ownership.group_inbox import GroupInbox
 from vqueues.ownership.offset_replay import OffsetReplay
 from vqueues.ownership.self_fence import SelfFence
 from vqueues.records import Record
-from vqueues.snapshot import codec as snapshot
+from vqueues.snapshot.format import SnapshotError
+from vqueues.snapshot.image import Snapshot
 from vqueues.snapshot.restore import SnapshotRestore
 from vqueues.state.cache import RecordCache
 from vqueues.state.partition_state import PartitionState
@@ -204,7 +205,7 @@ class Ownership:
         partitions' reads are under way, then replay the offset entries after the snapshots'
         positions. The tail's records wait in the inbox until their partition is restored."""
         states = {p: self.states[p] for p in partitions}
-        found: dict[int, snapshot.Snapshot] = {}
+        found: dict[int, Snapshot] = {}
         read_ms: dict[int, float] = {}
         restoring = self._inbox.hold()
         try:
@@ -228,7 +229,7 @@ class Ownership:
                                    self._log_if_ready)
 
     def _read_snapshots(self, partitions: list[int]
-                        ) -> dict[int, snapshot.Snapshot | snapshot.SnapshotError | None]:
+                        ) -> dict[int, Snapshot | SnapshotError | None]:
         """The partitions' latest complete snapshots (blocking; `SnapshotRestore.read`)."""
         return self._snapshots.read(partitions)
 

@@ -11,7 +11,9 @@ from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
 from vqueues.records import now_ms
-from vqueues.snapshot import codec as snapshot
+from vqueues.snapshot import build, wire
+from vqueues.snapshot.format import SnapshotError
+from vqueues.snapshot.image import Snapshot
 from vqueues.state.idempotency import IdempotencyWindow
 from vqueues.state.partition_state import PartitionState
 from vqueues.storage import OffsetLog
@@ -34,29 +36,29 @@ class SnapshotRestore:
         self.snapshot_ids: dict[int, dict[str, int]] = {}  # partition -> its latest manifest
 
     def read(self, partitions: Sequence[int]
-             ) -> dict[int, snapshot.Snapshot | snapshot.SnapshotError | None]:
+             ) -> dict[int, Snapshot | SnapshotError | None]:
         """The partitions' latest complete snapshots (blocking: off the loop), read together:
         one client for all of them (a client per partition, one after another, took 0.5 s for
         16 partitions on the local Kafka cluster before the first could serve). A partition
         whose snapshot is unusable gets its error."""
         assert self._snapshot_log is not None
         read = self._snapshot_log.read_to_end(partitions)
-        out: dict[int, snapshot.Snapshot | snapshot.SnapshotError | None] = {}
+        out: dict[int, Snapshot | SnapshotError | None] = {}
         for p in partitions:
             records = [(k, v) for k, v, _ in read[p][0]]
-            manifest = snapshot.manifest_of(records, p)
+            manifest = wire.manifest_of(records, p)
             if manifest is not None:
                 self.snapshot_ids[p] = manifest
             try:
-                out[p] = snapshot.latest(p, records)
-            except snapshot.SnapshotError as exc:
+                out[p] = wire.latest(p, records)
+            except SnapshotError as exc:
                 out[p] = exc
         return out
 
     async def latest(self, states: dict[int, PartitionState],
-                     read: Callable[[list[int]], dict[int, snapshot.Snapshot
-                                                      | snapshot.SnapshotError | None]]
-                     ) -> dict[int, snapshot.Snapshot]:
+                     read: Callable[[list[int]], dict[int, Snapshot
+                                                      | SnapshotError | None]]
+                     ) -> dict[int, Snapshot]:
         """The latest complete snapshot of each partition that has a usable one, through
         `read` (run off the loop); none when there is no snapshot log or it cannot be read
         (logged): those partitions replay from the beginning."""
@@ -68,15 +70,15 @@ class SnapshotRestore:
             log.warning("snapshot_unreadable", extra={"partitions": list(states),
                                                       "error": repr(exc)})
             return {}
-        out: dict[int, snapshot.Snapshot] = {}
+        out: dict[int, Snapshot] = {}
         for p, image in found.items():
-            if isinstance(image, snapshot.SnapshotError):
+            if isinstance(image, SnapshotError):
                 log.warning("snapshot_ignored", extra={"partition": p, "error": str(image)})
             elif image is not None and not states[p].revoked:
                 out[p] = image
         return out
 
-    async def restore(self, p: int, state: PartitionState, found: snapshot.Snapshot,
+    async def restore(self, p: int, state: PartitionState, found: Snapshot,
                       read_ms: float) -> bool:
         """Fill `state` from `found`, built off the loop; False if it could not be built. The
         group already reads from the snapshot's position, so such a partition must not serve
@@ -84,7 +86,7 @@ class SnapshotRestore:
         `latest` checked every column already: only a lack of memory should get here."""
         started = time.monotonic()
         try:
-            built = await asyncio.to_thread(snapshot.build, found)
+            built = await asyncio.to_thread(build.build, found)
             window = await asyncio.to_thread(IdempotencyWindow.restore,
                                              state.idempotency.window_ms, found.keys, now_ms())
         except Exception as exc:
@@ -96,7 +98,7 @@ class SnapshotRestore:
             return True
         # No await from here to the restore: the tail's records (applied on the loop once the
         # inbox is released) can only come after it.
-        snapshot.restore(state, found, built, window)
+        build.restore(state, found, built, window)
         self._spawn(self.warm(state))
         log.info("snapshot_loaded", extra={
             "partition": p, "queues": len(found.names), "records": found.records,

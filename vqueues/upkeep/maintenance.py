@@ -17,7 +17,9 @@ from vqueues.ownership.ownership import Ownership
 from vqueues.queues.service import QueueService
 from vqueues.records import now_ms
 from vqueues.settings import Settings
-from vqueues.snapshot import codec as snapshot
+from vqueues.snapshot.capture import capture
+from vqueues.snapshot.format import chunk_key, manifest_key
+from vqueues.snapshot.wire import encode
 from vqueues.state.partition_state import QUEUE_SHARDS, PartitionState
 from vqueues.storage import Log
 
@@ -232,17 +234,17 @@ class Maintenance:
         while not await state.wait_writes(1.0):
             if state.revoked:
                 return False
-        image = await snapshot.capture(state, state.offsets_position)
+        image = await capture(state, state.offsets_position)
         snapshot_id = int(manifest.get("id", 0)) + 1
-        chunks, manifest_value = await asyncio.to_thread(snapshot.encode, image, snapshot_id)
+        chunks, manifest_value = await asyncio.to_thread(encode, image, snapshot_id)
         if state.revoked:
             return False
         await self._snapshots.append(p, [(k, v, None) for k, v in chunks])
-        await self._snapshots.append(p, [(snapshot.manifest_key(p), manifest_value, None)])
+        await self._snapshots.append(p, [(manifest_key(p), manifest_value, None)])
         # The previous snapshot's chunks are not needed any more: tombstones let compaction
         # drop them.
         if manifest.get("id") is not None:
-            old = [(snapshot.chunk_key(p, int(manifest["id"]), i), None, None)
+            old = [(chunk_key(p, int(manifest["id"]), i), None, None)
                    for i in range(int(manifest.get("chunks", 0)))]
             if old:
                 await self._snapshots.append(p, old)
