@@ -383,7 +383,7 @@ def window_memory(n: int = 100_000) -> float:
     import tracemalloc
     from array import array
 
-    from vqueues.state.leases import WorkState
+    from vqueues.state.window import WorkState
     offsets = array("q", range(0, 2 * n, 2))
     work = WorkState(0)
     work.ensure_index(0, 5)
@@ -417,7 +417,7 @@ def idle_queue_memory(n: int = 20_000) -> float:
         WindowDelta,
     )
     from vqueues.state.cache import RecordCache
-    from vqueues.state.leases import LEASE
+    from vqueues.state.consumer_config import LEASE
     from vqueues.state.partition_state import PartitionState
     state = PartitionState(0, RecordCache(1 << 20))
     names = [f"tenant-{i:06d}" for i in range(n)]

@@ -15,8 +15,8 @@ from vqueues.snapshot.capture import capture
 from vqueues.snapshot.format import manifest_key
 from vqueues.snapshot.wire import encode, latest
 from vqueues.state.cache import RecordCache
+from vqueues.state.consumer_config import LEASE
 from vqueues.state.idempotency import KEY_HEADER, IdempotencyWindow, KeySection, fingerprint
-from vqueues.state.leases import LEASE
 from vqueues.state.partition_state import PartitionState
 
 pytestmark = pytest.mark.unit

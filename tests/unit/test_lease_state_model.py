@@ -24,8 +24,8 @@ from vqueues.records import (
     generation_of,
 )
 from vqueues.settings import Settings
-from vqueues.state.leases import parse_token
 from vqueues.state.partition_state import PartitionState
+from vqueues.state.tokens import parse_token
 
 pytestmark = pytest.mark.unit
 QUEUE, CONSUMER = "h", "w"

@@ -4,8 +4,8 @@ from array import array
 from typing import cast
 
 from vqueues.records import ConsumerConfigured, DeliveryCleared, DeliveryUpdated
+from vqueues.state.consumer_config import CURSOR, LEASE
 from vqueues.state.lease_windows import LeaseWindows
-from vqueues.state.leases import CURSOR, LEASE
 
 OFFSETS = array("q", [2, 4, 6, 8])
 

@@ -11,8 +11,8 @@ from vqueues.api.openapi import openapi_document, query_parameters
 from vqueues.errors import BadRequest
 from vqueues.names import validate_name
 from vqueues.settings import Settings
-from vqueues.state.leases import parse_token
 from vqueues.state.tags import check_tag
+from vqueues.state.tokens import parse_token
 
 PUBLIC = {("/healthz", "get"), ("/readyz", "get"), ("/v1/openapi.json", "get"),
           ("/metrics", "get")}

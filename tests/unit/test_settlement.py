@@ -14,8 +14,9 @@ from vqueues.records import (
     WindowKeyCleared,
 )
 from vqueues.state.cache import RecordCache
-from vqueues.state.leases import LEASE, token
+from vqueues.state.consumer_config import LEASE
 from vqueues.state.partition_state import PartitionState
+from vqueues.state.tokens import token
 from vqueues.state.window_writes import CHECKPOINT_EVERY, WindowWrite
 from vqueues.work import settlement
 

@@ -19,7 +19,9 @@ from vqueues.records import (
 )
 from vqueues.settings import Settings
 from vqueues.state.cache import RecordCache
-from vqueues.state.leases import ORDER_KEY_HEADER, DoneRanges, parse_token, token
+from vqueues.state.consumer_config import ORDER_KEY_HEADER
+from vqueues.state.done_ranges import DoneRanges
+from vqueues.state.tokens import parse_token, token
 from vqueues.work.work_service import WorkService
 
 pytestmark = pytest.mark.unit

@@ -33,7 +33,6 @@ from vqueues.results import (
 )
 from vqueues.settings import MIN_VISIBILITY_MS, Settings
 from vqueues.state.idempotency import MAX_KEY_BYTES
-from vqueues.state.leases import TOKEN_PATTERN
 from vqueues.state.prefix_consumers import (
     MAX_RECORDS_PER_TURN,
     MAX_WEIGHT,
@@ -41,6 +40,7 @@ from vqueues.state.prefix_consumers import (
     RECORDS_PER_TURN,
 )
 from vqueues.state.tags import MAX_TAG_BYTES, MAX_TAGS, TAG_PATTERN
+from vqueues.state.tokens import TOKEN_PATTERN
 from vqueues.work.consumer_configs import MAX_ATTEMPTS_LIMIT
 from vqueues.work.work_service import MAX_REASON_CHARS
 

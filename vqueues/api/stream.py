@@ -26,7 +26,7 @@ from vqueues.api.keys import SERVICE, SETTINGS, WORK
 from vqueues.api.work import SETTLE_FIELDS, SETTLING, settle
 from vqueues.errors import BadRequest, Conflict, VQError
 from vqueues.names import validate_name
-from vqueues.state.leases import CURSOR, LEASE, MODES
+from vqueues.state.consumer_config import CURSOR, LEASE, MODES
 from vqueues.state.tags import check_tag
 
 log = logging.getLogger(__name__)

@@ -41,8 +41,8 @@ from vqueues.results import (
 )
 from vqueues.settings import Settings
 from vqueues.state.cache import RecordCache
+from vqueues.state.consumer_config import CURSOR, LEASE
 from vqueues.state.idempotency import key_of
-from vqueues.state.leases import CURSOR, LEASE
 from vqueues.state.partition_state import PartitionState
 from vqueues.state.schedule import CANCEL_HEADER
 from vqueues.storage import Delivered, Log, OffsetLog, RecordFetcher, runs

@@ -19,7 +19,8 @@ from vqueues.records import (
     WindowKeyCleared,
     now_ms,
 )
-from vqueues.state.leases import LEASE, ConsumerConfig, Delivery, WorkState
+from vqueues.state.consumer_config import LEASE, ConsumerConfig
+from vqueues.state.window import Delivery, WorkState
 
 # A snapshot's rows: (queue, consumer, mode, max_attempts, dead_letter_queue, visibility_ms,
 # max_in_flight, prefix); rows of snapshots before format 7 end after visibility_ms.

@@ -51,10 +51,10 @@ from vqueues.records import (
 from vqueues.state import committed_offsets
 from vqueues.state.cache import RecordCache
 from vqueues.state.committed_offsets import ConsumerWalk, QueueStats
+from vqueues.state.consumer_config import ConsumerConfig
 from vqueues.state.frontier import Frontier
 from vqueues.state.idempotency import IdempotencyWindow
 from vqueues.state.lease_windows import LeaseWindows
-from vqueues.state.leases import ConsumerConfig, WorkState
 from vqueues.state.partition_index import PartitionIndex
 from vqueues.state.prefix_consumers import PrefixConsumers
 from vqueues.state.queue_index import NO_CONSUMERS, QueueIndex, StatefulQueueIndex
@@ -64,6 +64,7 @@ from vqueues.state.record_indexing import RecordIndexer
 from vqueues.state.schedule import Schedule
 from vqueues.state.tag_index import TagIndex
 from vqueues.state.waiters import Waiters
+from vqueues.state.window import WorkState
 from vqueues.state.writes_in_flight import WritesInFlight
 
 # Imported from here before the parts had modules of their own.

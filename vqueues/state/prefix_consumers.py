@@ -23,7 +23,7 @@ from typing import Any
 
 from vqueues.errors import BadRequest
 from vqueues.names import MAX_NAME_BYTES, fitted_name, validate_name
-from vqueues.state.leases import LEASE, ConsumerConfig
+from vqueues.state.consumer_config import LEASE, ConsumerConfig
 
 # A dead-letter queue named with this placeholder is one per queue ("dead-{queue}").
 QUEUE_PLACEHOLDER = "{queue}"

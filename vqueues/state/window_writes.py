@@ -13,8 +13,8 @@ from __future__ import annotations
 from itertools import pairwise
 
 from vqueues.records import DeliveryGroup, OffsetEntry, WindowDelta, WindowKeyCleared, now_ms
-from vqueues.state.leases import WorkState
 from vqueues.state.partition_state import PartitionState
+from vqueues.state.window import WorkState
 
 # Window writes between checkpoints (at least; a large window's checkpoint comes after more
 # writes, one per `CHECKPOINT_RECORDS` of its deliveries, so its cost per write stays small).

@@ -17,9 +17,10 @@ from vqueues.queues.service import QueueService
 from vqueues.records import ConsumerAcked, ConsumerConfigured, OffsetEntry, now_ms
 from vqueues.results import ConsumerSettings
 from vqueues.settings import MIN_VISIBILITY_MS, Settings
-from vqueues.state.leases import ANY_PREFIX, CURSOR, LEASE, ConsumerConfig, WorkState
+from vqueues.state.consumer_config import ANY_PREFIX, CURSOR, LEASE, ConsumerConfig
 from vqueues.state.partition_state import PartitionState
 from vqueues.state.prefix_consumers import PrefixConsumer
+from vqueues.state.window import WorkState
 
 MAX_ATTEMPTS_LIMIT = 1000
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from vqueues.names import fitted_name
 from vqueues.queues.service import QueueService
 from vqueues.records import now_ms
-from vqueues.state.leases import ConsumerConfig
+from vqueues.state.consumer_config import ConsumerConfig
 from vqueues.state.partition_state import PartitionState
 from vqueues.state.window_writes import WindowWrite
 

@@ -10,9 +10,10 @@ from array import array
 from vqueues.queues.service import QueueService
 from vqueues.records import Record, now_ms
 from vqueues.settings import Settings
-from vqueues.state.leases import ORDER_KEY_HEADER, ConsumerConfig, Delivery, WorkState
+from vqueues.state.consumer_config import ORDER_KEY_HEADER, ConsumerConfig
 from vqueues.state.partition_state import PartitionState
 from vqueues.state.tags import tags_of
+from vqueues.state.window import Delivery, WorkState
 
 
 def order_key(rec: Record) -> str | None:

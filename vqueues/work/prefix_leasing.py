@@ -29,9 +29,10 @@ from vqueues.results import (
     SettleResult,
 )
 from vqueues.state import prefix_consumers
-from vqueues.state.leases import LEASE, new_grant
+from vqueues.state.consumer_config import LEASE
 from vqueues.state.partition_state import PartitionState
 from vqueues.state.prefix_consumers import MAX_PREFIX_CONSUMERS, PrefixConsumer, PrefixConsumers
+from vqueues.state.tokens import new_grant
 from vqueues.work import settlement
 from vqueues.work.work_service import LeaseDecision, Settle, SettleDecision, WorkService
 

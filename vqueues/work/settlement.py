@@ -7,8 +7,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from vqueues.errors import BadRequest, Conflict
-from vqueues.state.leases import LEASE, WorkState, parse_token
+from vqueues.state.consumer_config import LEASE
 from vqueues.state.partition_state import PartitionState
+from vqueues.state.tokens import parse_token
+from vqueues.state.window import WorkState
 
 
 def parse_tokens(tokens: object) -> list[str]:

@@ -20,8 +20,10 @@ from vqueues.queues.service import QueueService
 from vqueues.records import OffsetEntry, Record, now_ms
 from vqueues.results import ConsumerSettings, LeasedRecord, LeaseResult, SettleResult
 from vqueues.settings import Settings
-from vqueues.state.leases import LEASE, ConsumerConfig, WorkState, new_grant, token
+from vqueues.state.consumer_config import LEASE, ConsumerConfig
 from vqueues.state.partition_state import PartitionState
+from vqueues.state.tokens import new_grant, token
+from vqueues.state.window import WorkState
 from vqueues.state.window_writes import WindowWrite
 from vqueues.work import settlement
 from vqueues.work.consumer_configs import MAX_ATTEMPTS_LIMIT, ConsumerConfigs

@@ -11,44 +11,12 @@ most the consumer's window limit of records; beyond it, leasing waits. Pure stat
 
 from __future__ import annotations
 
-import random
-import secrets
 from array import array
-from bisect import bisect_left, bisect_right, insort
-from collections.abc import Iterator
-from dataclasses import dataclass
+from bisect import bisect_left, insort
 from heapq import heapify, heappop, heappush
 
+from vqueues.state.done_ranges import DoneRanges
 from vqueues.state.queue_index import seek
-
-CURSOR = "cursor"
-LEASE = "lease"
-MODES = (CURSOR, LEASE)
-ORDER_KEY_HEADER = "vq-ordering-key"
-# The headers a dead-lettered record carries (beside its own).
-DLQ_HEADERS = ("vq-dlq-source-queue", "vq-dlq-source-offset", "vq-dlq-consumer",
-               "vq-dlq-attempts", "vq-dlq-reason")
-
-
-# The `prefix` of a consumer made by a per-queue lease while no prefix consumer of its name
-# covered the queue: it follows one once one does (a consumer set with PUT has None).
-ANY_PREFIX = ""
-
-
-@dataclass(slots=True, frozen=True)
-class ConsumerConfig:
-    """A consumer's settings (PUT /v1/queues/{queue}/consumers/{consumer}): `max_in_flight`
-    caps the records leased at once (None: the window's limit); `prefix` says the settings
-    were copied from the prefix consumer over that prefix (ADR 13), or is `ANY_PREFIX` for a
-    consumer a lease made with the defaults; either way the consumer follows the prefix
-    consumer by its name that covers the queue. None: set on its own (PUT)."""
-
-    mode: str
-    max_attempts: int
-    dead_letter_queue: str | None
-    visibility_ms: int
-    max_in_flight: int | None = None
-    prefix: str | None = None
 
 
 class Delivery:
@@ -71,116 +39,6 @@ class Delivery:
     def in_flight(self, now: int) -> bool:
         return self.leased and self.until > now
 
-
-class DoneRanges:
-    """Done offsets above the low-water mark as [start, end) ranges of partition offsets. Two
-    ranges merge when no record of the queue lies between them, so a run of completions costs
-    one range whatever other queues wrote in between."""
-
-    __slots__ = ("ends", "starts")
-
-    def __init__(self) -> None:
-        self.starts: list[int] = []
-        self.ends: list[int] = []
-
-    def __len__(self) -> int:
-        return len(self.starts)
-
-    def __contains__(self, offset: int) -> bool:
-        i = bisect_right(self.starts, offset) - 1
-        return i >= 0 and offset < self.ends[i]
-
-    def add(self, offset: int, queue_offsets: array[int]) -> None:
-        """Mark `offset` done; `queue_offsets` (the queue's records) tell what is adjacent."""
-        if offset in self:
-            return
-        pos = bisect_left(queue_offsets, offset)
-        i = bisect_right(self.starts, offset)  # ranges before i start at or below offset
-        if pos >= len(queue_offsets) or queue_offsets[pos] != offset:  # not a record: alone
-            self.starts.insert(i, offset)
-            self.ends.insert(i, offset + 1)
-            return
-        prev_rec = queue_offsets[pos - 1] if pos > 0 else None
-        next_rec = queue_offsets[pos + 1] if pos + 1 < len(queue_offsets) else None
-        merge_left = i > 0 and prev_rec is not None and self.ends[i - 1] == prev_rec + 1
-        merge_right = (i < len(self.starts) and next_rec is not None
-                       and self.starts[i] == next_rec)
-        if merge_left and merge_right:
-            self.ends[i - 1] = self.ends[i]
-            del self.starts[i], self.ends[i]
-        elif merge_left:
-            self.ends[i - 1] = offset + 1
-        elif merge_right:
-            self.starts[i] = offset
-        else:
-            self.starts.insert(i, offset)
-            self.ends.insert(i, offset + 1)
-
-    def add_many(self, offsets: list[int], queue_offsets: array[int]) -> None:
-        """Mark ascending `offsets` done: each run of adjacent records of the queue as one
-        range (a lease's records, completed together, are usually one run)."""
-        n = len(queue_offsets)
-        i = 0
-        while i < len(offsets):
-            first = offsets[i]
-            pos = bisect_left(queue_offsets, first)
-            if pos >= n or queue_offsets[pos] != first or first in self:
-                self.add(first, queue_offsets)
-                i += 1
-                continue
-            j = i + 1
-            while (j < len(offsets) and pos + j - i < n
-                   and queue_offsets[pos + j - i] == offsets[j] and offsets[j] not in self):
-                j += 1
-            if j == i + 1:
-                self.add(first, queue_offsets)
-            else:
-                self._add_run(first, offsets[j - 1], pos, pos + j - i - 1, queue_offsets)
-            i = j
-
-    def _add_run(self, first: int, last: int, pos_first: int, pos_last: int,
-                 queue_offsets: array[int]) -> None:
-        """Records `first`..`last` (adjacent in the queue, none done yet) are done."""
-        i = bisect_right(self.starts, first)
-        if i < len(self.starts) and self.starts[i] <= last:  # overlaps a range: one by one
-            for k in range(pos_first, pos_last + 1):
-                self.add(queue_offsets[k], queue_offsets)
-            return
-        starts, ends = self.starts, self.ends
-        merge_left = i > 0 and pos_first > 0 and ends[i - 1] == queue_offsets[pos_first - 1] + 1
-        merge_right = (i < len(starts) and pos_last + 1 < len(queue_offsets)
-                       and starts[i] == queue_offsets[pos_last + 1])
-        if merge_left and merge_right:
-            ends[i - 1] = ends[i]
-            del starts[i], ends[i]
-        elif merge_left:
-            ends[i - 1] = last + 1
-        elif merge_right:
-            starts[i] = first
-        else:
-            starts.insert(i, first)
-            ends.insert(i, last + 1)
-
-    def drop_below(self, offset: int) -> None:
-        """Forget everything below `offset` (the low-water mark moved there)."""
-        i = bisect_right(self.starts, offset)
-        if i and self.ends[i - 1] > offset:
-            self.starts[i - 1] = offset
-            i -= 1
-        del self.starts[:i], self.ends[:i]
-
-    def ranges(self) -> Iterator[tuple[int, int]]:
-        return zip(self.starts, self.ends, strict=True)
-
-    def end_of_run(self, offset: int) -> int:
-        """The end of the done range holding `offset`, or `offset` if it is not done."""
-        i = bisect_right(self.starts, offset) - 1
-        return self.ends[i] if i >= 0 and offset < self.ends[i] else offset
-
-    def count(self, queue_offsets: array[int]) -> int:
-        """How many of the queue's records are done."""
-        return sum(bisect_left(queue_offsets, e) - bisect_left(queue_offsets, s)
-                   for s, e in self.ranges())
 
 
 class WorkState:
@@ -527,48 +385,3 @@ _NO_READY: list[int] = []
 _NO_MEMBERS: set[int] = set()
 _NO_KEYS: dict[str, list[int]] = {}
 _NO_TIMERS: list[tuple[int, int]] = []
-
-
-def new_grant() -> int:
-    """A lease call's number: random, so a token names one delivery whoever granted it (a
-    grant a replay never saw cannot be granted again under the same token). Drawn from a
-    generator seeded from the OS once per process: unique, not secret (`secrets` read the OS
-    on every call)."""
-    return _GRANTS.getrandbits(48) | 1
-
-
-_GRANTS = random.Random(secrets.randbits(128))
-
-
-def token(offset: int, attempt: int, grant: int = 0) -> str:
-    """A lease token: names the record, the attempt and the lease call that granted it
-    (ADR 8's tokens, without the call, name a delivery replayed from that format)."""
-    return f"{offset}.{attempt}.{grant:x}" if grant else f"{offset}.{attempt}"
-
-
-# What `parse_token` takes, as a JSON Schema pattern for the OpenAPI document (tokens are
-# opaque to clients; a schema-driven client must still be able to tell one from a typo).
-TOKEN_PATTERN = "^[0-9]{1,19}\\.[0-9]{1,9}(\\.[0-9a-f]{1,16})?$"
-
-
-def parse_token(text: object) -> tuple[int, int, int] | None:
-    """(offset, attempt, grant) of a token, or None if it is not one."""
-    if not isinstance(text, str) or not 3 <= len(text) <= 64 or not text.isascii():
-        return None
-    parts = text.split(".")
-    n = len(parts)
-    if n == 3:
-        head, attempt, grant = parts
-        if not grant or len(grant) > 16 or grant.strip(_HEX):
-            return None
-    elif n == 2:
-        head, attempt = parts
-        grant = "0"
-    else:
-        return None
-    if not head.isdigit() or not attempt.isdigit() or len(head) > 19 or len(attempt) > 9:
-        return None
-    return int(head), int(attempt), int(grant, 16)
-
-
-_HEX = "0123456789abcdef"
