@@ -5,7 +5,8 @@ from typing import Any
 
 import pytest
 
-from vqueues.api.codec import decode_records, encode_record
+from vqueues.api.answers import encode_record
+from vqueues.api.enqueue_body import decode_records
 from vqueues.errors import VQError
 from vqueues.ownership.cluster_map import ClusterMap, Owner, encode_claim, encode_release
 from vqueues.records import (
@@ -98,7 +99,7 @@ def test_a_record_that_is_not_utf8_is_returned_base64_and_says_so():
     (b'{"records": [{"value": "***", "encoding": "base64"}]}', "invalid_record"),
 ])
 def test_the_fast_enqueue_decoder_gives_the_same_codes(body, code):
-    from vqueues.api.codec import decode_enqueue
+    from vqueues.api.enqueue_body import decode_enqueue
 
     with pytest.raises(VQError) as err:
         decode_enqueue(body, SETTINGS)
@@ -108,7 +109,7 @@ def test_the_fast_enqueue_decoder_gives_the_same_codes(body, code):
 def test_the_fast_enqueue_decoder_agrees_with_the_checked_one():
     import json
 
-    from vqueues.api.codec import decode_enqueue
+    from vqueues.api.enqueue_body import decode_enqueue
 
     body: dict[str, Any] = {"records": [{"value": "hé", "headers": {"k": "v"}}, {"value": None},
                         {"value": base64.b64encode(b"\xff").decode(), "encoding": "base64"}]}

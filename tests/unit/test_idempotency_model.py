@@ -17,8 +17,8 @@ import pytest
 
 from tests.narrow import known
 from tests.unit.fakes import MemoryFetcher, MemoryLog
-from vqueues.api import codec
-from vqueues.api.codec import decode_enqueue
+from vqueues.api import enqueue_body
+from vqueues.api.enqueue_body import decode_enqueue
 from vqueues.errors import VQError
 from vqueues.hashing import partition_for
 from vqueues.ownership.ownership import Ownership
@@ -200,7 +200,7 @@ class Owner:
 async def run_model(seed: int, steps: int, monkeypatch) -> dict[str, int]:
     rng = random.Random(seed)
     clock = [int(time.time() * 1000)]
-    monkeypatch.setattr(codec, "now_ms", lambda: clock[0])  # due times pass between retries
+    monkeypatch.setattr(enqueue_body, "now_ms", lambda: clock[0])  # due times pass between retries
     logs = (MemoryLog(), MemoryLog(), MemoryLog())
     logs[0].timestamp = clock[0]  # records written now, inside the window
     settings = Settings(write_visible_timeout_ms=1000)

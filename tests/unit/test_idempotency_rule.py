@@ -7,7 +7,7 @@ import pytest
 
 from tests.unit.fakes import MemoryLog
 from tests.unit.test_idempotency_model import Owner
-from vqueues.api import codec
+from vqueues.api import enqueue_body
 from vqueues.settings import Settings
 from vqueues.state.idempotency import KEY_HEADER, PAYLOAD_HEADER
 from vqueues.state.schedule import DELIVER_AT_HEADER
@@ -18,7 +18,7 @@ pytestmark = pytest.mark.unit
 @pytest.fixture
 async def owner(monkeypatch):
     clock = [int(time.time() * 1000)]
-    monkeypatch.setattr(codec, "now_ms", lambda: clock[0])
+    monkeypatch.setattr(enqueue_body, "now_ms", lambda: clock[0])
     logs = (MemoryLog(), MemoryLog(), MemoryLog())
     logs[0].timestamp = clock[0]
     node = await Owner(logs, Settings(write_visible_timeout_ms=1000)).start()
@@ -90,7 +90,7 @@ async def test_a_keyed_record_a_kafka_producer_wrote_is_compared_by_what_it_hold
 
 
 async def test_a_payload_header_sent_by_the_user_is_replaced():
-    from vqueues.api.codec import decode_enqueue
+    from vqueues.api.enqueue_body import decode_enqueue
 
     settings = Settings()
     body = (b'{"records": [{"value": "v", "idempotency_key": "k", '

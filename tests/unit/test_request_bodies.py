@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from vqueues.api.body import MAX_JSON_DEPTH, decode_object, refuse_unknown, shape
-from vqueues.api.codec import decode_enqueue
+from vqueues.api.enqueue_body import decode_enqueue
 from vqueues.errors import VQError
 from vqueues.settings import Settings
 

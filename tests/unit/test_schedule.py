@@ -96,7 +96,7 @@ async def test_a_scheduled_record_can_be_cancelled_before_it_is_due(node):
 
 
 async def test_the_api_turns_delays_into_due_times_and_refuses_too_long_ones():
-    from vqueues.api.codec import decode_records
+    from vqueues.api.enqueue_body import decode_records
 
     settings = Settings(max_schedule_delay_ms=10_000)
     before = now_ms()

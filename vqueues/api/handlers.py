@@ -7,14 +7,9 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from vqueues.api import params
+from vqueues.api.answers import ENCODINGS, ReadPage, encode_record, respond
 from vqueues.api.body import read_object, read_raw
-from vqueues.api.codec import (
-    ENCODINGS,
-    ReadPage,
-    decode_enqueue,
-    encode_record,
-    respond,
-)
+from vqueues.api.enqueue_body import decode_enqueue
 from vqueues.api.keys import SERVICE, SETTINGS
 from vqueues.api.multi import quota_refusal
 from vqueues.api.openapi import openapi_document

@@ -10,9 +10,9 @@ from urllib.parse import unquote_to_bytes
 
 from aiohttp import web
 
+from vqueues.api.answers import respond
 from vqueues.api.auth import required_scope
 from vqueues.api.body import UnreadableBody
-from vqueues.api.codec import respond
 from vqueues.api.keys import AUTH, IDENTITY, PREFIX, QUERY_PARAMETERS, SERVICE, SETTINGS
 from vqueues.errors import Unavailable, VQError
 

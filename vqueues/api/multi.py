@@ -17,8 +17,9 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
+from vqueues.api.answers import respond
 from vqueues.api.body import decode_object, read_raw, refuse_unknown
-from vqueues.api.codec import decode_records, respond
+from vqueues.api.enqueue_body import decode_records
 from vqueues.api.keys import AUTH, IDENTITY, PROXY, QUOTAS, SERVICE, SETTINGS
 from vqueues.api.proxy import FORWARDED
 from vqueues.errors import BadRequest, Unavailable, VQError, WrongNode

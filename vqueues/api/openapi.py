@@ -13,8 +13,8 @@ import msgspec
 
 from vqueues import __version__
 from vqueues.api import params
+from vqueues.api.answers import LeasePage, PrefixLeasePage, ReadPage
 from vqueues.api.auth import required_scope
-from vqueues.api.codec import LeasePage, PrefixLeasePage, ReadPage
 from vqueues.errors import REGISTRY
 from vqueues.names import MAX_NAME_BYTES, NAME_PATTERN
 from vqueues.results import (

@@ -8,8 +8,8 @@ from typing import Any
 from aiohttp import web
 
 from vqueues.api import params
+from vqueues.api.answers import PrefixLeasePage, encode_prefix_leased, respond
 from vqueues.api.body import read_object, refuse_unknown
-from vqueues.api.codec import PrefixLeasePage, encode_prefix_leased, respond
 from vqueues.api.keys import AUTH, IDENTITY, PREFIX, SETTINGS, WORK
 from vqueues.api.work import LEASE_FIELDS, SETTLE_FIELDS, lease_request
 from vqueues.errors import BadRequest, VQError

@@ -20,8 +20,8 @@ import msgspec
 from aiohttp import WSMsgType, web
 
 from vqueues.api import params
+from vqueues.api.answers import ENCODINGS, encode_leased, encode_record
 from vqueues.api.body import decode_object, refuse_unknown
-from vqueues.api.codec import ENCODINGS, encode_leased, encode_record
 from vqueues.api.keys import SERVICE, SETTINGS, WORK
 from vqueues.api.work import SETTLE_FIELDS, SETTLING, settle
 from vqueues.errors import BadRequest, Conflict, VQError

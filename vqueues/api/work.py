@@ -8,8 +8,8 @@ from typing import Any
 from aiohttp import web
 
 from vqueues.api import params
+from vqueues.api.answers import ENCODINGS, LeasePage, encode_leased, respond
 from vqueues.api.body import read_object
-from vqueues.api.codec import ENCODINGS, LeasePage, encode_leased, respond
 from vqueues.api.keys import SETTINGS, WORK
 from vqueues.errors import BadRequest
 from vqueues.names import validate_name
