@@ -11,7 +11,8 @@ from typing import Any
 
 from aiohttp import web
 
-from vqueues import api, memory
+from vqueues import memory
+from vqueues.api.app import create_app
 from vqueues.api.keys import WORK
 from vqueues.kafka import client_config, topics
 from vqueues.kafka.admin import Admin
@@ -142,7 +143,7 @@ class Node:
         self._maintenance = self._upkeep.start()
         self._maintenance.append(asyncio.create_task(
             Scheduler(self.service, self.ownership, s.scheduler_tick_ms).run_forever()))
-        app = api.create_app(self.service, s)
+        app = create_app(self.service, s)
         self._maintenance.append(asyncio.create_task(
             LeaseExpiry(app[WORK], self.ownership, s.scheduler_tick_ms).run_forever()))
         # auto_decompress off: request bodies are decoded by the handlers (api/body.py), so that

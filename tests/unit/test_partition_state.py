@@ -10,7 +10,9 @@ from vqueues.locks import KeyedLocks
 from vqueues.records import ConsumerAcked, ConsumerDeleted, QueueDeleted, Record, now_ms
 from vqueues.state.cache import ENTRY_OVERHEAD_BYTES, RecordCache
 from vqueues.state.idempotency import Seen
-from vqueues.state.partition_state import QUEUE_SHARDS, PartitionState, QueueIndex
+from vqueues.state.partition_state import PartitionState
+from vqueues.state.queue_index import QueueIndex
+from vqueues.state.queue_map import QUEUE_SHARDS
 
 
 def rec(offset, value=b"v"):
@@ -171,7 +173,7 @@ async def test_the_tail_may_deliver_own_writes_before_their_delivery_report():
     s = state_with([])
     s.apply_records([("a", rec(0)), ("a", rec(1))], None)
     s.apply_own("a", [rec(0), rec(1)])  # late reports change nothing
-    assert s.select("a", 0, 10) == [0, 1] and not s._own and not s.own_indexed
+    assert s.select("a", 0, 10) == [0, 1] and not s.frontier.waiting and not s.own_indexed
 
 
 async def test_an_own_write_above_an_unknown_offset_waits_for_the_tail_to_fill_the_gap():
@@ -203,7 +205,7 @@ async def test_own_writes_wake_a_waiting_reader_once_per_batch():
 
 
 def test_the_queue_map_behaves_as_a_dict_of_queues():
-    from vqueues.state.partition_state import QUEUE_SHARDS, QueueMap
+    from vqueues.state.queue_map import QUEUE_SHARDS, QueueMap
 
     m, d = QueueMap(), {}
     for i in range(3 * QUEUE_SHARDS):
@@ -222,7 +224,7 @@ def test_a_queue_is_a_bare_array_until_it_gets_a_consumer_or_a_deletion_floor():
     import sys
     from array import array
 
-    from vqueues.state.partition_state import StatefulQueueIndex
+    from vqueues.state.queue_index import StatefulQueueIndex
 
     s = PartitionState(0, RecordCache(1 << 20))
     s.apply_records([("a", Record(0, 1, b"x", ())), ("b", Record(1, 1, b"y", ())),
@@ -342,7 +344,7 @@ async def test_own_writes_indexed_as_a_run_leave_the_state_indexing_them_one_by_
         assert list(runs.names) == list(ones.names)
         assert (runs.next_offset, runs.tail_offset) == (ones.next_offset, ones.tail_offset)
         assert runs.own_indexed == ones.own_indexed
-        assert list(runs._own_order) == list(ones._own_order)
+        assert list(runs.frontier.own_order) == list(ones.frontier.own_order)
         assert runs.cache.bytes == ones.cache.bytes
         assert list(runs.cache._order) == list(ones.cache._order)
         assert runs.tags == ones.tags

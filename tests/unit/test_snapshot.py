@@ -105,7 +105,8 @@ async def test_a_loaded_map_builds_a_queue_on_first_lookup_and_acts_as_a_dict(mo
     """Every QueueMap method on a map whose queues are still the snapshot's columns answers as
     the built map does: a lookup builds the one queue, a walk of a shard the shard."""
     from vqueues.records import ConsumerAcked, QueueDeleted
-    from vqueues.state.partition_state import QUEUE_SHARDS, QueueIndex, QueueMap, StatefulQueueIndex
+    from vqueues.state.queue_index import QueueIndex, StatefulQueueIndex
+    from vqueues.state.queue_map import QUEUE_SHARDS, QueueMap
 
     monkeypatch.setattr(build_module, "LONG_QUEUE", 3)  # some queues decoded into their own arrays
     s = PartitionState(0, RecordCache(1 << 20))
@@ -211,7 +212,7 @@ async def test_a_partial_or_corrupt_snapshot_is_refused_and_the_newest_complete_
 
 async def test_queues_without_consumers_share_one_empty_dict_that_nobody_writes_to():
     from vqueues.records import ConsumerAcked, QueueDeleted
-    from vqueues.state.partition_state import NO_CONSUMERS
+    from vqueues.state.queue_index import NO_CONSUMERS
 
     s = PartitionState(0, RecordCache(1 << 20))
     s.apply_records([("a", rec(0)), ("b", rec(1))], None)

@@ -27,7 +27,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from array import array
-from collections import deque
 from collections.abc import Coroutine, Iterable, Iterator, Sequence
 from typing import Any
 
@@ -57,8 +56,8 @@ from vqueues.state.idempotency import IdempotencyWindow
 from vqueues.state.lease_windows import LeaseWindows
 from vqueues.state.partition_index import PartitionIndex
 from vqueues.state.prefix_consumers import PrefixConsumers
-from vqueues.state.queue_index import NO_CONSUMERS, QueueIndex, StatefulQueueIndex
-from vqueues.state.queue_map import QUEUE_SHARDS, ColdShards, QueueMap
+from vqueues.state.queue_index import QueueIndex
+from vqueues.state.queue_map import QUEUE_SHARDS, QueueMap
 from vqueues.state.ready_queues import ReadyQueues
 from vqueues.state.record_indexing import RecordIndexer
 from vqueues.state.schedule import Schedule
@@ -66,10 +65,6 @@ from vqueues.state.tag_index import TagIndex
 from vqueues.state.waiters import Waiters
 from vqueues.state.window import WorkState
 from vqueues.state.writes_in_flight import WritesInFlight
-
-# Imported from here before the parts had modules of their own.
-__all__ = ["NO_CONSUMERS", "QUEUE_SHARDS", "ColdShards", "PartitionState", "QueueIndex",
-           "QueueMap", "QueueStats", "StatefulQueueIndex"]
 
 DISMANTLE_STEP = 4096  # entries freed per loop turn when a revoked partition's state is freed
 
@@ -135,16 +130,6 @@ class PartitionState:
     def own_indexed(self) -> set[int]:
         """Own writes indexed ahead of the tail (the group thread reads it: `Frontier`)."""
         return self.frontier.own_indexed
-
-    # The frontier's own writes, waiting and in indexing order, by their names from before it
-    # had a class (the tests of the two indexing paths compare them).
-    @property
-    def _own(self) -> dict[int, tuple[str, Record]]:
-        return self.frontier.waiting
-
-    @property
-    def _own_order(self) -> deque[int]:
-        return self.frontier.own_order
 
     @property
     def configs(self) -> dict[tuple[str, str], ConsumerConfig]:

@@ -20,7 +20,8 @@ from vqueues.settings import Settings
 from vqueues.snapshot.capture import capture
 from vqueues.snapshot.format import chunk_key, manifest_key
 from vqueues.snapshot.wire import encode
-from vqueues.state.partition_state import QUEUE_SHARDS, PartitionState
+from vqueues.state.partition_state import PartitionState
+from vqueues.state.queue_map import QUEUE_SHARDS
 from vqueues.storage import Log
 
 log = logging.getLogger(__name__)

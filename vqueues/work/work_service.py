@@ -26,12 +26,12 @@ from vqueues.state.tokens import new_grant, token
 from vqueues.state.window import WorkState
 from vqueues.state.window_writes import WindowWrite
 from vqueues.work import settlement
-from vqueues.work.consumer_configs import MAX_ATTEMPTS_LIMIT, ConsumerConfigs
+from vqueues.work.consumer_configs import ConsumerConfigs
 from vqueues.work.dead_letters import DeadLetters
 from vqueues.work.lease_choice import LeaseChoice
 
-__all__ = ["COMPLETE", "EXTEND", "MAX_ATTEMPTS_LIMIT", "MAX_REASON_CHARS", "RETRY",
-           "LeaseDecision", "Settle", "SettleDecision", "WorkService"]
+__all__ = ["COMPLETE", "EXTEND", "MAX_REASON_CHARS", "RETRY", "LeaseDecision", "Settle",
+           "SettleDecision", "WorkService"]
 
 MAX_REASON_CHARS = 1000
 
