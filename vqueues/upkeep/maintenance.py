@@ -168,16 +168,7 @@ class Maintenance:
                 self._kept[p] = _Kept(
                     state, log_start, tail,
                     oldest if expire else kept.oldest_ack if kept is not None else None)
-            gone = 0
-            for start in range(0, len(expired), EXPIRE_AT_ONCE):
-                done = await asyncio.gather(*(
-                    self.service.expire_consumer(state, queue, consumer, acked_before)
-                    for queue, consumer in expired[start:start + EXPIRE_AT_ONCE]),
-                    return_exceptions=True)  # none left running when one fails
-                for result in done:
-                    if isinstance(result, BaseException):
-                        raise result
-                    gone += result
+            gone = await self._expire(state, expired, acked_before)
             if dropped or gone:
                 log.info("partition_maintained", extra={
                     "partition": p, "log_start": log_start, "queues_dropped": dropped,
@@ -185,6 +176,22 @@ class Maintenance:
         self.top_lags = lags
         for p in [p for p in self._kept if p not in self.ownership.states]:
             del self._kept[p]
+
+    async def _expire(self, state: PartitionState, expired: list[tuple[str, str]],
+                      acked_before: int) -> int:
+        """Tombstone the `expired` (queue, consumer) pairs still idle since `acked_before`,
+        `EXPIRE_AT_ONCE` at a time; how many were."""
+        gone = 0
+        for start in range(0, len(expired), EXPIRE_AT_ONCE):
+            done = await asyncio.gather(*(
+                self.service.expire_consumer(state, queue, consumer, acked_before)
+                for queue, consumer in expired[start:start + EXPIRE_AT_ONCE]),
+                return_exceptions=True)  # none left running when one fails
+            for result in done:
+                if isinstance(result, BaseException):
+                    raise result
+                gone += result
+        return gone
 
     # Snapshots ---------------------------------------------------------------------------------
 
