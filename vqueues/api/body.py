@@ -110,8 +110,8 @@ def colon_escaped(raw: bytes) -> bool:
 def shape(body: dict[str, Any]) -> tuple[int, int] | None:
     """A decoded body's keys (in all its objects) and the colons its keys and strings hold,
     for `refuse_duplicate_keys`; None if it nests deeper than MAX_JSON_DEPTH (the body itself
-    is the first level). One walk of what the decoder built: a regular expression over the
-    raw bytes to find the brackets outside strings cost 10x more for 100 small objects."""
+    is the first level). One walk of what the decoder built, far cheaper than a regular
+    expression over the raw bytes finding the brackets outside strings."""
     keys = colons = 0
     level: list[Any] = [body]
     depth = 1

@@ -92,8 +92,7 @@ class KeyedEnqueue:
                 except Unavailable:
                     # A failed write may be stored all the same (the broker took it, then its
                     # answer was lost or came too late): find out before the keys are free,
-                    # or the retry that follows stores them twice (a broker stopped 10 s,
-                    # on the local Kafka cluster).
+                    # or the retry that follows stores them twice.
                     keyed = [(i, fps[k]) for i in todo if (k := keys[i]) is not None]
                     if not keyed:
                         raise  # no key: a retry may store them twice, as documented
@@ -108,8 +107,7 @@ class KeyedEnqueue:
                     # Stored, offsets unreported (a batch resent after a lost connection):
                     # the keys stay claimed until the tail has indexed them, so a retry
                     # finds them instead of writing them again, also when that takes
-                    # longer than this request waits (the tail reconnecting after the
-                    # same fault: the retry stored five keys twice, in the fault tier).
+                    # longer than this request waits (the tail may be reconnecting too).
                     keyed = [(i, fps[k]) for i in todo if (k := keys[i]) is not None]
                     if not await self._until_known(state, keyed, offsets):
                         release = False

@@ -257,8 +257,8 @@ class PrefixLeasing:
                 held.append(key)
                 turn = owed or pc.records_per_turn * pc.weight_of(queue)
                 turns.append((queue, turn))
-                # what it may give: a queue of a few records gives no more (the first
-                # lease of 100,000 one-record queues took 10 of them per write)
+                # what it may give: a queue of a few records gives no more, so a lease over
+                # many small queues takes enough of them per write
                 q = state.queues.get(queue)
                 need -= min(turn, len(q.offsets)) if q is not None else 0
             else:
