@@ -903,12 +903,11 @@ async def run(args: argparse.Namespace) -> None:
     print("\n".join(lines))
 
 
-async def measure_broker(args: argparse.Namespace, bootstrap: str, label: str,
-                         pids: list[int], warm_s: float = 0.0) -> list[str]:
-    """Every measure on one broker (`pids`: its processes, for their CPU): raw client, one
-    node, the cluster, many queues. `warm_s`: the enqueue runs first this long, unmeasured."""
+async def measure_nodes(args: argparse.Namespace, bootstrap: str, pids: list[int],
+                        warm_s: float) -> tuple[dict[str, dict[str, float]],
+                                                dict[str, dict[str, float]]]:
+    """The node measures by mode ("1 node", the cluster, "before"), and the many-queues ones."""
     many: dict[str, dict[str, float]] = {}
-    raw = await measure_raw(args, bootstrap, pids, warm_s)
     if args.baseline:
         # Before and after in one run: old and new nodes alternate, medians reported.
         rounds: dict[str, list[dict[str, float]]] = {"before": [], "1 node": []}
@@ -929,6 +928,15 @@ async def measure_broker(args: argparse.Namespace, bootstrap: str, label: str,
                 args, bootstrap, args.cluster, None, pids, warm_s)
         if args.many_queues:
             many["1 node"] = await measure_many_queues(args, bootstrap, pids)
+    return modes, many
+
+
+async def measure_broker(args: argparse.Namespace, bootstrap: str, label: str,
+                         pids: list[int], warm_s: float = 0.0) -> list[str]:
+    """Every measure on one broker (`pids`: its processes, for their CPU): raw client, one
+    node, the cluster, many queues. `warm_s`: the enqueue runs first this long, unmeasured."""
+    raw = await measure_raw(args, bootstrap, pids, warm_s)
+    modes, many = await measure_nodes(args, bootstrap, pids, warm_s)
     prefix = await measure_prefix(args, bootstrap) if args.prefix_queues else None
     head = " | ".join(f"vqueues {m} | ratio" for m in modes)
     lines = [f"# vqueues bench, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: "

@@ -369,10 +369,9 @@ async def test_the_batch_producer_keeps_each_queues_order_over_many_queues(clust
     queues = [f"bp-{run}-{i}" for i in range(200)]
     async with AsyncClient([n.url for n in cluster[:2]]) as vq:
         async with BatchProducer(vq, linger_ms=5, max_batch=500) as producer:
-            sent = []
+            sent: list[asyncio.Future[int | None]] = []
             for k in range(5):
-                for q in queues:
-                    sent.append(producer.send_nowait(q, f"{q}:{k}"))
+                sent.extend(producer.send_nowait(q, f"{q}:{k}") for q in queues)
                 await asyncio.sleep(0.001)
             offsets = cast(list[int], await asyncio.gather(*sent))  # acks is not 0: all known
         # 1,000 records to 200 queues over 3 owners: a few multi-queue calls, not one per

@@ -16,9 +16,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 # numpy asks the kernel for transparent huge pages for every array of 4 MB or more; in a node
-# that is a snapshot's short-lived temporaries, and a huge page the kernel must first compact
-# memory for cost a takeover of 8M offsets 100 ms (build 212-315 -> 137-149 ms, measured).
-# Databases (Redis, MongoDB) advise against THP for the same reason. Read at numpy's import:
+# those are a snapshot's short-lived temporaries, and a huge page the kernel must first compact
+# memory for slows a takeover down (ADR 7). Databases (Redis, MongoDB) advise against THP for
+# the same reason. Read at numpy's import:
 # set before it; NUMPY_MADVISE_HUGEPAGE=1 in the environment keeps numpy's default.
 os.environ.setdefault("NUMPY_MADVISE_HUGEPAGE", "0")
 

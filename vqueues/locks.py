@@ -11,7 +11,7 @@ class KeyedLocks:
     """`async with locks.hold(key):` serialises work on one key and nothing else.
 
     A key's entry is the queue of the holds waiting for it: a hold nobody contends makes no
-    lock and no future (asyncio.Lock per hold cost 5 us of a lease call's CPU, measured), and
+    lock and no future (an asyncio.Lock per hold is a large part of a lease call's CPU), and
     a release hands the key to the first waiter in order."""
 
     def __init__(self) -> None:
@@ -53,8 +53,7 @@ class KeyedLocks:
 
 
 class _Held:
-    """One `hold`: a plain class, where a generator-based context manager cost a tenth of a
-    lease call's own CPU (measured)."""
+    """One `hold`: a plain class, cheaper per call than a generator-based context manager."""
 
     __slots__ = ("_key", "_locks")
 
@@ -86,8 +85,7 @@ class _Held:
 class Claims:
     """Keys being written, each by the one call that claimed it. Unlike a lock per key, a call
     claims all its keys at once, without waiting, or learns which write to wait for: 100
-    keyed records cost 100 dict entries, not 100 locks (the locks took a fifth of the node's
-    CPU under keyed enqueue, measured)."""
+    keyed records cost 100 dict entries, not 100 locks."""
 
     def __init__(self) -> None:
         self._held: dict[Hashable, asyncio.Future[None]] = {}

@@ -1,7 +1,7 @@
 """The C allocator: fewer glibc malloc arenas, and freed memory handed back after a replay.
 
 glibc gives each thread that allocates its own arena (up to 8 per core) and keeps freed memory
-in them: after a replay a node measured 680 MB resident for 400 MB live (issue 8). Capping the
+in them, so after a replay resident memory stays well above live (ADR 15). Capping the
 arenas (`mallopt(M_ARENA_MAX)`, what the MALLOC_ARENA_MAX variable does, but settable once the
 process runs) and calling `malloc_trim` after a replay keep resident close to live. Both are
 glibc-only and do nothing elsewhere. A different allocator (jemalloc) would need LD_PRELOAD and
@@ -58,9 +58,9 @@ def release_free_memory() -> bool:
 @contextlib.contextmanager
 def long_lived() -> Iterator[None]:
     """Keep what the block builds (an index: many objects, no cycles) out of the collector's
-    scans: no collection runs during it (scanning a million new queues a dozen times cost a
-    third of building them), and everything tracked is frozen after it (else the next full
-    collection scans them all: 176 ms for a million, measured). Like every freeze without a
+    scans: no collection runs during it (each would scan the new queues again), and
+    everything tracked is frozen after it (else the next full collection scans them all;
+    ADR 15). Like every freeze without a
     collection, it also keeps whatever cyclic garbage was pending then (bounded by the block's
     length). Nested and concurrent blocks leave the collector on if it was on."""
     collecting = gc.isenabled()
@@ -93,11 +93,10 @@ def heap_in_use() -> int:
 class Freezer:
     """Freezes long-lived objects out of the collector's scans once `limit` more of them are
     tracked than the fewest seen since the last freeze. A node's index grows among the tracked
-    objects as queues are created after its start (a replay's is frozen as it is built), and the
-    collections scanned them again and again: 150 ms for the middle generation's 200,000 in a
-    node creating queues, and a full collection scans them all (measured). Requests in flight
-    are tracked too but come and go: counted from that floor, 3,000 long polls do not set off a
-    freeze (a collection of them all, 60-74 ms) every check, as a bare count did (measured).
+    objects as queues are created after its start (a replay's is frozen as it is built), and
+    the collections would scan them again and again (ADR 7). Requests in flight are tracked
+    too but come and go: counted from that floor, many long polls do not set off a freeze (a
+    collection of them all) at every check.
     Frozen objects are still freed by reference counting; only a cycle among them that dies
     later stays (the index holds no cycles; requests in flight at that moment may)."""
 

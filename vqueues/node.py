@@ -35,7 +35,7 @@ from vqueues.upkeep.scheduler import Scheduler
 log = logging.getLogger(__name__)
 
 # The embedded broker's cluster id: its group coordinator does not give a static member that
-# restarts its partitions back (measured: none assigned 12 s after), so "auto" stays dynamic.
+# restarts its partitions back (ADR 15), so "auto" stays dynamic.
 EMBEDDED_CLUSTER_ID = "tansu_cluster"
 # A stopping node snapshots the partitions that changed this much since their last snapshot,
 # within this time (settings.snapshot_on_stop).
@@ -60,9 +60,8 @@ class Node:
         self.ownership: Ownership | None = None
         # On the embedded broker, one broker: any dropped connection loses every broker at once,
         # and librdkafka's default re-bootstrap then forgets it and learns it again, which
-        # stalled every write 1.7 s per drop (scripts/bench_drop.py; 0.12 s without). On a
-        # cluster the default stays: with it, a node served again after all three brokers
-        # restarted, and without it did not (tests/test_kafka_faults.py).
+        # stalls every write (ADR 15). On a cluster the default stays: it lets a node serve
+        # again after all the brokers restarted (tests/test_kafka_faults.py).
         self._single_broker: dict[str, str] = {}
 
     def _conf(self, **conf: Any) -> dict[str, Any]:

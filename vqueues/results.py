@@ -1,6 +1,6 @@
 """What the service answers: typed results. Only the HTTP layer turns them into JSON (and the
 OpenAPI document takes their schemas from these same types). Those made on every request are
-msgspec Structs: a frozen dataclass took 0.63 us to make, a Struct 0.05 (measured)."""
+msgspec Structs, made many times faster than frozen dataclasses (ADR 15)."""
 
 from __future__ import annotations
 

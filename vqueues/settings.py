@@ -16,16 +16,14 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 MIN_VISIBILITY_MS = 100  # shortest lease: anything shorter expires before a worker can act
-# producer_busy_linger_ms "auto". On the local Kafka cluster, 5 ms against 2 raised enqueue
-# (16 requests in flight) 1.4x and halved the brokers' CPU per record: librdkafka sends a
-# produce request per partition, and the brokers pay per request. On tansu (a 0.5 ms round
-# trip) it gained nothing at 16 in flight and cost a quarter at 4 (measured, 2026-11-26).
+# producer_busy_linger_ms "auto": librdkafka sends a produce request per partition and Kafka's
+# brokers pay per request, so a longer linger pays there; on tansu, whose round trip is short,
+# it gains nothing and slows few requests in flight (ADR 6 has the figures).
 BUSY_LINGER_EMBEDDED_MS = 2
 BUSY_LINGER_KAFKA_MS = 5
-# tail_pace_ms "auto". tansu's fetch costs it 16-18 ms at 100,000 records over 16 partitions,
-# whatever it returns, so a tail fetching back to back behind the node's own single writes kept
-# it at a full core: pausing 20 ms after a batch of own writes took 100,000 single enqueues
-# from 954 to 2,113 rec/s (measured, 2026-11-27). Kafka's fetches are cheap: no pause.
+# tail_pace_ms "auto": a tansu fetch costs it the same whatever it returns, so a tail fetching
+# back to back behind the node's own single writes keeps it busy; pausing after a batch of own
+# writes frees it (ADR 6). Kafka's fetches are cheap: no pause.
 TAIL_PACE_EMBEDDED_MS = 20
 TAIL_PACE_KAFKA_MS = 0
 

@@ -112,6 +112,29 @@ def _row_label(key: str, entry: dict[str, Any], fig_key: str) -> str:
     return label
 
 
+def _systems_as_run(systems: dict[str, Any], sz: dict[str, Any]) -> list[str]:
+    """The section that says how each system was run."""
+    lines = ["### The systems as run", ""]
+    for e in systems.values():
+        if "settings" not in e:
+            continue
+        lines.append(f"**{e['label']}**")
+        lines.append("")
+        lines += [f"- {s}" for s in e["settings"]]
+        lines.append(f"- an acknowledged write: {e['durability']}")
+        if e["few_queues"] == e["many_queues"]:
+            lines.append(f"- queues: {e['few_queues']}")
+        else:
+            lines.append(f"- queues: {e['few_queues']}; with {sz['many_queues']:,}: "
+                         f"{e['many_queues']}")
+        lines.append(f"- work queue: {e['work']}")
+        if e["batching_client"]:
+            lines.append(f"- small writes batched by: {e['batching_client']}")
+        lines.append(f"- restart: {e['restart']}")
+        lines.append("")
+    return lines
+
+
 def tables(report: dict[str, Any]) -> str:
     m = report["machine"]
     lines = [f"Run {report['date']} on {m['cpu']}, {m['cores']} cores, {m['memory_gib']} GiB, "
@@ -176,24 +199,7 @@ def tables(report: dict[str, Any]) -> str:
                              f"{_n(f.get('all_ready_s'), 2)} | {e['restart']}"
                              + (f"; {f['note']}" if f.get("note") else "") + " |")
         lines.append("")
-    lines += ["### The systems as run", ""]
-    for e in systems.values():
-        if "settings" not in e:
-            continue
-        lines.append(f"**{e['label']}**")
-        lines.append("")
-        lines += [f"- {s}" for s in e["settings"]]
-        lines.append(f"- an acknowledged write: {e['durability']}")
-        if e["few_queues"] == e["many_queues"]:
-            lines.append(f"- queues: {e['few_queues']}")
-        else:
-            lines.append(f"- queues: {e['few_queues']}; with {sz['many_queues']:,}: "
-                         f"{e['many_queues']}")
-        lines.append(f"- work queue: {e['work']}")
-        if e["batching_client"]:
-            lines.append(f"- small writes batched by: {e['batching_client']}")
-        lines.append(f"- restart: {e['restart']}")
-        lines.append("")
+    lines += _systems_as_run(systems, sz)
     v = report["machine"]
     lines.append("Versions: " + ", ".join(f"{k} {x}" for k, x in {**v["servers"],
                                                                  **v["clients"]}.items()) + ".")

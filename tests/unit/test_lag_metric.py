@@ -37,7 +37,7 @@ async def test_a_blocked_loop_shows_in_the_loop_lag_metric():
     m.metrics = Metrics()
     task = asyncio.create_task(m.loop_lag_forever(every_s=0.01))
     await asyncio.sleep(0.03)
-    time.sleep(0.12)  # a loop blocked for 120 ms runs its 10 ms timer at least 100 ms late
+    time.sleep(0.12)  # a loop blocked for 120 ms runs its 10 ms timer at least 100 ms late  # noqa: ASYNC251
     await asyncio.sleep(0.03)
     task.cancel()
     worst = m.metrics.registry.get_sample_value("vq_event_loop_lag_max_seconds")

@@ -241,7 +241,7 @@ def test_a_queue_is_a_bare_array_until_it_gets_a_consumer_or_a_deletion_floor():
 
 
 @pytest.mark.parametrize("seed", range(6))
-async def test_own_writes_indexed_as_a_run_leave_the_state_indexing_them_one_by_one_leaves(
+async def test_own_writes_indexed_as_a_run_leave_the_state_indexing_them_one_by_one_leaves(  # noqa: C901
         seed, monkeypatch):
     """Own writes (consecutive, at the frontier) and the tail's records (a queue's
     consecutive ones) are indexed as runs, scheduled records and cancellations set aside;

@@ -2,7 +2,7 @@
 once across a change of owner (a move written before a crash is not repeated), cancellable,
 carried by snapshots."""
 
-import time
+import asyncio
 
 import pytest
 
@@ -48,7 +48,7 @@ async def test_a_scheduled_record_is_invisible_until_due_then_moved_in_due_order
     assert (info.scheduled, info.next_due) == (2, now + 100)
     state = svc.ownership.require(svc.partition_of("s"))
     assert await scheduler.move_due(state) == 0  # nothing due yet
-    time.sleep(0.21)
+    await asyncio.sleep(0.21)
     assert await scheduler.move_due(state) == 2
     page = await svc.read("s", None, 0, 10, 0)
     assert [r.value for r in page.records] == [b"now", b"first", b"second"]
@@ -63,14 +63,14 @@ async def test_a_new_owner_delivers_each_scheduled_record_exactly_once(node):
     now = now_ms()
     await svc.enqueue("f", [later(f"r{i}".encode(), now + 50) for i in range(4)])
     state = svc.ownership.require(svc.partition_of("f"))
-    time.sleep(0.06)
+    await asyncio.sleep(0.06)
     assert await scheduler.move_due(state) == 4
     await svc.enqueue("f", [later(b"pending", now + 100)])
     # The node dies; another replays the partition from the log.
     svc2, _ = await _node(data_log, offset_log, Settings(write_visible_timeout_ms=1000))
     state2 = svc2.ownership.require(svc.partition_of("f"))
     assert svc2.queue_info("f").scheduled == 1
-    time.sleep(0.1)
+    await asyncio.sleep(0.1)
     assert await Scheduler(svc2, svc2.ownership, 10).move_due(state2) == 1
     page = await svc2.read("f", None, 0, 100, 0)
     assert sorted(r.value for r in page.records) == [b"pending", b"r0", b"r1", b"r2", b"r3"]
@@ -205,7 +205,7 @@ async def test_the_due_records_of_a_partitions_queues_are_moved_together(node, m
 
     monkeypatch.setattr(data_log, "append", counted)
     state = svc.ownership.require(p)
-    time.sleep(0.08)
+    await asyncio.sleep(0.08)
     assert await scheduler.move_due(state) == 3 * len(queues)
     assert writes == [min(batch, 180 - i) for i in range(0, 180, batch)]
     for q in queues:

@@ -295,9 +295,7 @@ async def test_deleting_a_lease_consumer_leaves_only_tombstones_for_its_keys(nod
     await work.lease("d", "w", 2, 60_000, 0)
     p = svc.partition_of("d")
     await svc.delete_consumer("d", "w")
-    latest = {}
-    for key, value, _ in offset_log.partitions[p]:
-        latest[key] = value
+    latest = {key: value for key, value, _ in offset_log.partitions[p]}
     assert [k for k, v in latest.items() if v is not None and b'"d"' in k] == []
     state = svc.ownership.require(p)
     assert ("d", "w") not in state.work and ("d", "w") not in state.configs

@@ -114,7 +114,7 @@ class Authenticator:
         # PyJWT checks `exp` only when present; a token without one would never expire.
         self.jwt_options: Options = {"require": [] if jwt_allow_no_exp else ["exp"]}
         if self.jwt_secret or self.jwt_key:
-            import jwt  # noqa: F401  PyJWT (and cryptography) cost 30 ms at start: only when used
+            import jwt  # noqa: F401  PyJWT (and cryptography) are slow to import: only when used
         if not (self.tokens or self.jwt_secret or self.jwt_key):
             raise ValueError("auth is on but no token file, JWT secret or JWT public key is set")
 

@@ -19,7 +19,7 @@ import asyncio
 import json
 import math
 import zlib
-from collections.abc import Collection
+from collections.abc import Collection, Iterable
 from decimal import Decimal
 from typing import Any
 
@@ -110,8 +110,8 @@ def colon_escaped(raw: bytes) -> bool:
 def shape(body: dict[str, Any]) -> tuple[int, int] | None:
     """A decoded body's keys (in all its objects) and the colons its keys and strings hold,
     for `refuse_duplicate_keys`; None if it nests deeper than MAX_JSON_DEPTH (the body itself
-    is the first level). One walk of what the decoder built: a regular expression over the
-    raw bytes to find the brackets outside strings cost 10x more for 100 small objects."""
+    is the first level). One walk of what the decoder built, far cheaper than a regular
+    expression over the raw bytes finding the brackets outside strings."""
     keys = colons = 0
     level: list[Any] = [body]
     depth = 1
@@ -122,28 +122,30 @@ def shape(body: dict[str, Any]) -> tuple[int, int] | None:
         for value in level:
             if type(value) is dict:
                 keys += len(value)
-                for key, item in value.items():
+                for key in value:
                     if ":" in key:
                         colons += key.count(":")
-                    if type(item) is str:
-                        if ":" in item:
-                            colons += item.count(":")
-                    elif type(item) is dict or type(item) is list:
-                        below.append(item)
-                    elif type(item) is int and not _INT_MIN <= item < _INT_END:
-                        _refuse_integer(item)
+                colons += _walk(value.values(), below)
             else:
-                for item in value:
-                    if type(item) is str:
-                        if ":" in item:
-                            colons += item.count(":")
-                    elif type(item) is dict or type(item) is list:
-                        below.append(item)
-                    elif type(item) is int and not _INT_MIN <= item < _INT_END:
-                        _refuse_integer(item)
+                colons += _walk(value, below)
         level = below
         depth += 1
     return keys, colons
+
+
+def _walk(items: Iterable[Any], below: list[Any]) -> int:
+    """The colons `items`' strings hold; their objects and arrays go to `below`, an integer
+    beyond 64 bits is refused."""
+    colons = 0
+    for item in items:
+        if type(item) is str:
+            if ":" in item:
+                colons += item.count(":")
+        elif type(item) is dict or type(item) is list:
+            below.append(item)
+        elif type(item) is int and not _INT_MIN <= item < _INT_END:
+            _refuse_integer(item)
+    return colons
 
 
 def _unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:

@@ -32,12 +32,11 @@ class Fetcher:
             "enable.partition.eof": True,
             "auto.offset.reset": "earliest",
             # Every read assigns anew; librdkafka's default 1 s backoff after a fetch queue
-            # threshold made about one read in five wait a whole second (issue 8).
+            # threshold would make many reads wait a whole second.
             "fetch.queue.backoff.ms": 10,
             # Prefetch little: a read stops where its page ends and the next one assigns
             # elsewhere, but librdkafka's default (100,000 messages) keeps fetching ahead, and
-            # the next read's fetch waits behind that one (100-record pages older than the
-            # cache: p50 40 -> 30 ms, p99 131-157 -> 71-84 ms, measured on the embedded broker).
+            # the next read's fetch waits behind that one (ADR 15).
             "queued.min.messages": 2000,
         }
         self._topic = topic

@@ -59,7 +59,7 @@ def read_to_end(conf: dict[str, Any], topic: str, partitions: Sequence[int],
         with kafka_errors(f"replaying {topic}"):
             # From offset 0, not OFFSET_BEGINNING: librdkafka looks a logical offset up only
             # once it knows the partition's leader, and a fresh consumer does not yet, so it
-            # retries 500 ms later (measured on every takeover's reads). Below the log start,
+            # retries 500 ms later (ADR 7). Below the log start,
             # auto.offset.reset moves 0 to the earliest record.
             consumer.assign([TopicPartition(topic, p, (starts or {}).get(p, 0))
                              for p in partitions])

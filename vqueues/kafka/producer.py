@@ -27,14 +27,14 @@ class AsyncProducer:
     """Writes batches to explicit partitions; `send` resolves once the broker acknowledged.
 
     A write that the broker has not acknowledged after `message.timeout.ms` fails with
-    `broker_timeout`: librdkafka times each record (30 s unless the conf says otherwise), where
-    a timer per write cost 5-6 us of the loop's CPU (measured).
+    `broker_timeout`: librdkafka times each record (30 s unless the conf says otherwise), so
+    the loop keeps no timer per write.
 
     With `busy_linger_ms` above the conf's linger.ms, a second librdkafka producer lingers
     that long: a `send` made while another is in flight goes through it, so writes under load
     share produce requests, and a send to an idle producer still goes out at once. librdkafka's
-    linger is fixed per producer, and with none every send became a produce request of its
-    own (measured: the producer's broker thread and the broker spent twice the CPU per record).
+    linger is fixed per producer, and with none every send is a produce request of its own,
+    which costs the producer's broker thread and the broker more CPU per record.
     """
 
     def __init__(self, conf: dict[str, Any], name: str, busy_linger_ms: int = 0) -> None:
@@ -137,8 +137,7 @@ class AsyncProducer:
         self._in_flight += 1
         try:
             # Runs of records without headers go in one call each; a record with headers on
-            # its own, in its place (10% scheduled records sent every record alone: 16% of the
-            # node's CPU, measured).
+            # its own, in its place, so a few scheduled records do not send every record alone.
             start = 0
             for i, (key, value, headers) in enumerate(records):
                 if headers:

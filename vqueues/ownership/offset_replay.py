@@ -65,9 +65,8 @@ class OffsetReplay:
                      replayed: Callable[[PartitionState], None]) -> None:
         """Apply the entries read, in chunks (no long stall); then fence each partition with
         at least this owner's `generation()` as it is then, and tell `replayed`. A partition's
-        fence is written as soon as its entries are applied, beside the other partitions'
-        (one after another, 16 fences on the local Kafka cluster held the last partition
-        about a second after a rebalance)."""
+        fence is written as soon as its entries are applied, beside the other partitions',
+        so the last partition does not wait for every fence before it."""
         fencing: list[asyncio.Task[None]] = []
         try:
             for p, state in states.items():

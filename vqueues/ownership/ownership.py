@@ -305,7 +305,7 @@ class Ownership:
             if not was_ready:
                 # A replay builds a long-lived index: keep it out of the collector's scans as
                 # it grows (gc.freeze is O(1); the objects hold no cycles, refcounting frees
-                # them), or full collections stall the loop for up to a second (measured).
+                # them), or full collections stall the loop (ADR 15).
                 gc.freeze()
                 self._log_if_ready(state)
 

@@ -21,6 +21,11 @@ from vqueues.state.partition_state import PartitionState
 # ready state here).
 HOLD_POLL_S = 0.2
 
+# `KeyedEnqueue._check`: offsets found, key -> (first index, payload), records to write, a
+# claim held elsewhere.
+_Checked = tuple[list[int | None], dict[bytes, tuple[int, int]], list[int],
+                 asyncio.Future[None] | None]
+
 class Writer(Protocol):
     """What the keyed enqueue needs of the queue service (`service.QueueService`)."""
 
@@ -61,39 +66,8 @@ class KeyedEnqueue:
         fps = fingerprints(queue, [k for k in keys if k is not None])
         while True:
             state = service.ownership.require(p)
-            now = now_ms()
-            window = state.idempotency
-            window.expire(now)
-            offsets: list[int | None] = [None] * len(records)
-            first_in_batch: dict[bytes, tuple[int, int]] = {}  # key -> (index, payload)
-            todo: list[int] = []
-            busy: asyncio.Future[None] | None = None
-            for i, (key, (value, headers)) in enumerate(zip(keys, records, strict=True)):
-                if key is None:
-                    todo.append(i)
-                    continue
-                payload = payload_of(value, headers)
-                seen = window.lookup(fps[key])
-                if seen is not None:
-                    if seen.payload != payload:
-                        raise Conflict("idempotency_key_reused",
-                                       f"records[{at[i]}]: idempotency key seen at offset "
-                                       f"{seen.offset} with another payload",
-                                       first_offset=seen.offset, index=at[i])
-                    offsets[i] = seen.offset
-                elif key in first_in_batch:
-                    first, first_payload = first_in_batch[key]
-                    if payload != first_payload:
-                        raise Conflict("idempotency_key_reused",
-                                       f"records[{at[i]}]: idempotency key already given to "
-                                       f"records[{at[first]}] of this request with another "
-                                       "payload", first_offset=None, first_index=at[first],
-                                       index=at[i])
-                    # the same as an earlier record of this request: filled below
-                else:
-                    busy = busy or self._claims.holder((p, fps[key]))
-                    first_in_batch[key] = (i, payload)
-                    todo.append(i)
+            offsets, first_in_batch, todo, busy = self._check(state, p, fps, keys, records,
+                                                                at)
             if busy is None:
                 break
             # Another call is writing one of these keys: once it is done, look again (its
@@ -118,8 +92,7 @@ class KeyedEnqueue:
                 except Unavailable:
                     # A failed write may be stored all the same (the broker took it, then its
                     # answer was lost or came too late): find out before the keys are free,
-                    # or the retry that follows stores them twice (a broker stopped 10 s,
-                    # on the local Kafka cluster).
+                    # or the retry that follows stores them twice.
                     keyed = [(i, fps[k]) for i in todo if (k := keys[i]) is not None]
                     if not keyed:
                         raise  # no key: a retry may store them twice, as documented
@@ -134,8 +107,7 @@ class KeyedEnqueue:
                     # Stored, offsets unreported (a batch resent after a lost connection):
                     # the keys stay claimed until the tail has indexed them, so a retry
                     # finds them instead of writing them again, also when that takes
-                    # longer than this request waits (the tail reconnecting after the
-                    # same fault: the retry stored five keys twice, in the fault tier).
+                    # longer than this request waits (the tail may be reconnecting too).
                     keyed = [(i, fps[k]) for i in todo if (k := keys[i]) is not None]
                     if not await self._until_known(state, keyed, offsets):
                         release = False
@@ -148,12 +120,47 @@ class KeyedEnqueue:
         finally:
             if release:
                 self._claims.release(claimed, done)
-        for i, key in enumerate(keys):
-            if offsets[i] is None and key is not None:
-                offsets[i] = offsets[first_in_batch[key][0]]
-        if any(o is None for o in offsets):  # records without keys whose offsets are unknown
-            return EnqueueResult(p, None)
-        return EnqueueResult(p, [int(o) for o in offsets if o is not None])
+        return _answer(p, keys, offsets, first_in_batch)
+
+    def _check(self, state: PartitionState, p: int, fps: dict[bytes, int],
+               keys: list[bytes | None], records: Sequence[NewRecord], at: Sequence[int]
+               ) -> _Checked:
+        """The keys against the window and each other: the offsets of the keys already
+        stored, each new key's first record (index, payload), the records to write, and a
+        claim another call holds on one of the new keys (None if none)."""
+        window = state.idempotency
+        window.expire(now_ms())
+        offsets: list[int | None] = [None] * len(records)
+        first_in_batch: dict[bytes, tuple[int, int]] = {}  # key -> (index, payload)
+        todo: list[int] = []
+        busy: asyncio.Future[None] | None = None
+        for i, (key, (value, headers)) in enumerate(zip(keys, records, strict=True)):
+            if key is None:
+                todo.append(i)
+                continue
+            payload = payload_of(value, headers)
+            seen = window.lookup(fps[key])
+            if seen is not None:
+                if seen.payload != payload:
+                    raise Conflict("idempotency_key_reused",
+                                   f"records[{at[i]}]: idempotency key seen at offset "
+                                   f"{seen.offset} with another payload",
+                                   first_offset=seen.offset, index=at[i])
+                offsets[i] = seen.offset
+            elif key in first_in_batch:
+                first, first_payload = first_in_batch[key]
+                if payload != first_payload:
+                    raise Conflict("idempotency_key_reused",
+                                   f"records[{at[i]}]: idempotency key already given to "
+                                   f"records[{at[first]}] of this request with another "
+                                   "payload", first_offset=None, first_index=at[first],
+                                   index=at[i])
+                # the same as an earlier record of this request: filled below
+            else:
+                busy = busy or self._claims.holder((p, fps[key]))
+                first_in_batch[key] = (i, payload)
+                todo.append(i)
+        return offsets, first_in_batch, todo, busy
 
     def _in_background(self, settling: Coroutine[None, None, None]) -> None:
         """Run a task that holds keys and releases them when it ends."""
@@ -259,3 +266,14 @@ def _from_window(window: IdempotencyWindow, keyed: list[tuple[int, int]],
         else:
             offsets[i] = seen.offset
     return found
+
+
+def _answer(p: int, keys: list[bytes | None], offsets: list[int | None],
+            first_in_batch: dict[bytes, tuple[int, int]]) -> EnqueueResult:
+    """The result: a key repeated in the request answers its first record's offset."""
+    for i, key in enumerate(keys):
+        if offsets[i] is None and key is not None:
+            offsets[i] = offsets[first_in_batch[key][0]]
+    if any(o is None for o in offsets):  # records without keys whose offsets are unknown
+        return EnqueueResult(p, None)
+    return EnqueueResult(p, [int(o) for o in offsets if o is not None])

@@ -1,8 +1,8 @@
 """Group commit for the offset topic: at most one write in flight per offset partition; the
 writes made meanwhile go out together, in the order they were made, as the next one (ADR 12).
 
-Concurrent lease and settle calls on one partition then share a produce request, where each
-used to wait for its own; the broker and the producer's thread handle one request per round
+Concurrent lease and settle calls on one partition then share a produce request rather than
+each waiting for its own; the broker and the producer's thread handle one request per round
 trip, not one per call.
 """
 

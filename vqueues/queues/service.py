@@ -433,8 +433,8 @@ def _index_own(state: PartitionState, queue: str, acked: Sequence[Delivered],
                records: Sequence[NewRecord], known: Sequence[tuple[int, int] | None] | None
                ) -> None:
     """Index records this node wrote, from their delivery reports: readable now, as the tail
-    would make them (ADR 6). Under load the tail often got there first (about half the
-    records, measured): those are not made again. `known`: each keyed record's fingerprints."""
+    would make them (ADR 6). Under load the tail often gets there first: those are not made
+    again. `known`: each keyed record's fingerprints."""
     indexed_below = state.next_offset
     if acked[-1][0] < indexed_below:
         return

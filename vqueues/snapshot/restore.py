@@ -38,8 +38,8 @@ class SnapshotRestore:
     def read(self, partitions: Sequence[int]
              ) -> dict[int, Snapshot | SnapshotError | None]:
         """The partitions' latest complete snapshots (blocking: off the loop), read together:
-        one client for all of them (a client per partition, one after another, took 0.5 s for
-        16 partitions on the local Kafka cluster before the first could serve). A partition
+        one client for all of them, so the first partition does not wait for the others'
+        clients to connect one after another. A partition
         whose snapshot is unusable gets its error."""
         assert self._snapshot_log is not None
         read = self._snapshot_log.read_to_end(partitions)
@@ -112,13 +112,14 @@ class SnapshotRestore:
         """Once a restored partition serves, build its queues still in the snapshot's columns
         a shard per loop turn (`QueueMap.warm_next`), so the columns are freed; the replay
         and requests meanwhile build the queues they touch. Not before it serves: the turns
-        slowed the replay of the records after the snapshot (100,000 of them: by 0.8 s,
-        measured)."""
-        while not state.ready.is_set() and not state.revoked:
+        would slow the replay of the records after the snapshot (ADR 7)."""
+        # Polled: a revocation is a flag, not an event, and ends the wait as well.
+        while not state.ready.is_set() and not state.revoked:  # noqa: ASYNC110
             await asyncio.sleep(WARM_WAIT_S)
         started, queues = time.monotonic(), state.queues
         cold = queues.cold
-        while not state.revoked and queues is state.queues and queues.warm_next():
+        # A yield, not a wait: one shard per loop turn.
+        while not state.revoked and queues is state.queues and queues.warm_next():  # noqa: ASYNC110
             await asyncio.sleep(0)
         log.info("snapshot_warmed", extra={
             "partition": state.partition, "queues": cold, "revoked": state.revoked,

@@ -9,20 +9,15 @@ BLOCK records in offset order, the oldest cleared from the head of the first blo
 dropped once all of it is. A record is found by its offset's distance from the ring's first
 (exact unless offsets were skipped: records not cached, such as control records, a deleted
 queue's or those over the budget) and by bisection otherwise. The order of eviction across
-partitions is a deque of runs (partition, how many): one per batch, not one per record. This
-replaced 256 hash-sharded dicts keyed by `offset << 32 | partition` plus a deque of every key:
-their hashing, key ints and dict slots cost 1.21-1.36 us per record put and 0.80-0.83 us per
-get, the rings 0.44-0.46 and 0.44-0.45 us, an entry takes 76 bytes less, and the longest put of
-100 records fell from 1.3-1.5 ms to 0.1-0.2 ms (one run, 3M records of 100 B in runs of 100 over
-16 partitions and over one, 256 MiB; `docs/benchmarks.md`).
+partitions is a deque of runs (partition, how many): one per batch, not one per record. Rings
+rather than dicts keyed by offset: no hashing, no key ints, no dict slots, so a put and a get
+cost less and an entry takes fewer bytes (ADR 15).
 
 No entry of the cache is tracked by CPython's cyclic garbage collector: the entries are the
-Records themselves (msgspec Structs made untracked), and with (partition, offset) tuple keys
-every full collection under load walked the whole cache (110-190 ms at 750,000 records). A full
-collection still visits the blocks' slots (lists are always tracked), as it visited the old
-order deque's: 17 ms at a million records, the same as the old cache at 800,000. No list the
-cache holds grows past a block: one list of 2M records took 10 ms to grow and 4 ms to drop its
-evicted half (loop stalls, measured); a dict of half a million, 190 ms to resize.
+Records themselves (msgspec Structs made untracked), so a full collection under load does not
+walk the whole cache; it still visits the blocks' slots (lists are always tracked). No list
+the cache holds grows past a block, and it holds no large dict: growing or dropping either
+stalls the loop.
 `size` is calibrated with tracemalloc against what an entry really holds (tested within 20%).
 """
 
@@ -36,8 +31,7 @@ from operator import attrgetter
 from vqueues.records import Record
 
 # Measured per entry (tracemalloc, CPython 3.11): the Record, its two ints, the ring's slot and
-# the value's bytes object header (the hash-sharded cache took 232 with its key int, dict slot
-# and order deque slot).
+# the value's bytes object header.
 ENTRY_OVERHEAD_BYTES = 156
 HEADERS_OVERHEAD_BYTES = 40  # the headers tuple, when there are headers
 HEADER_OVERHEAD_BYTES = 142  # per header: its pair tuple, str and bytes objects

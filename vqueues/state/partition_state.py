@@ -154,8 +154,8 @@ class PartitionState:
         if high_watermark is not None and self.replay_target is None:
             self.replay_target = high_watermark  # the end seen at assignment
             # While replaying, a record more than a cache's worth below that end would be
-            # evicted before the replay ends: not caching it saves two thirds of the indexing
-            # work (1.27 -> 0.40 s per million records, measured). Reset once ready.
+            # evicted before the replay ends: not caching it saves most of the indexing work
+            # (ADR 15). Reset once ready.
             self.indexer.uncached_below = max(0, high_watermark - self.cache.capacity)
         woken: set[str] = set()
         self.frontier.tail(records, woken)
@@ -171,8 +171,8 @@ class PartitionState:
 
     def _index_run(self, queue: str, records: Sequence[Record], woken: set[str]) -> bool:
         """The common own write (`Frontier.at_run`) at once, as one run: what indexing each
-        record on its own does, done per run (0.5 us less of the loop's CPU per enqueued
-        record under load, measured). False, touching nothing, for any other write."""
+        record on its own does, done per run, which costs the loop less per record. False,
+        touching nothing, for any other write."""
         if not self.frontier.at_run(records):
             return False
         self.indexer.index_records(queue, records, woken)  # below a deletion floor: dropped
@@ -252,8 +252,8 @@ class PartitionState:
         """`queue` takes its turn for prefix consumer `consumer` if a lease may find a record
         of it now; if not, it is timed for when one of its leases runs out or a retry falls
         due. A queue whose records are all in flight or done stays out of the turns: a turn
-        that finds nothing costs a lease decision (40 us and more), and a pool that emptied
-        100,000 queues left each in turn, to be found empty by the next leases (measured)."""
+        that finds nothing still costs a lease decision, and a pool that emptied many queues
+        would leave each in turn, to be found empty by the next leases."""
         if self.may_lease(consumer, queue):
             self.ready_queues.add(consumer, queue)
             return
@@ -301,15 +301,14 @@ class PartitionState:
 
     def dismantle(self) -> Iterator[None]:
         """Free a revoked partition's index a step at a time; the caller yields the loop
-        between steps. A million queues dropped at once held the loop for 245 ms (measured);
-        a step here frees one shard of the queue map (1-2 ms at a million queues, 15 ms at
-        worst) or DISMANTLE_STEP entries of the tag index or the idempotency window."""
+        between steps, since a million queues dropped at once would hold the loop (ADR 15).
+        A step frees one shard of the queue map or DISMANTLE_STEP entries of the tag index or
+        the idempotency window."""
         queues, tags, window = self.queues, self.tags, self.idempotency
         self.index, self.tags = PartitionIndex(), TagIndex()
         self.idempotency = IdempotencyWindow(window.window_ms)
         # The sorted list of names goes first, whole: the map still holds every name, so that
-        # frees only the list (7 ms at a million). After the map, it freed the names' strings
-        # too: 29 ms in one step (measured).
+        # frees only the list; after the map it would free the names' strings too, in one step.
         yield
         for shard in range(QUEUE_SHARDS):
             queues.clear_shard(shard)

@@ -39,11 +39,11 @@ SEEK_SPAN = 256
 
 class QueueIndex(_OffsetArray):
     """One queue in one partition: its retained record offsets (ascending; the object is that
-    array, so a queue costs one object, not two: 40 B less per queue, measured) and its
+    array, so a queue costs one object, not two) and its
     consumers (name -> (committed offset, last ack at, UTC epoch ms)).
 
     Most queues have no consumer and were never deleted: they are this bare array, with no
-    slots (16 B less per queue than with two: 80 B instead of 96, measured). `consumers` and
+    slots (ADR 15 has the bytes per queue). `consumers` and
     `deleted_before` then read the class's defaults; a queue that gets a consumer or a
     deletion floor is replaced in its map by a `StatefulQueueIndex`
     (`QueueMap.stateful`). Nothing holds a queue's index across an await, so the

@@ -36,10 +36,9 @@ class ColdShards(Protocol):
 
 
 class QueueMap(MutableMapping[str, QueueIndex]):
-    """Queue name -> QueueIndex, spread over QUEUE_SHARDS dicts. One dict of a million queues
-    stalled the loop for 100-150 ms each time it grew (a resize copies the whole table, in
-    one C call that holds the GIL; measured during a replay of 1M queues); a shard's resize
-    copies a 256th of that.
+    """Queue name -> QueueIndex, spread over QUEUE_SHARDS dicts. A dict's resize copies the
+    whole table in one C call that holds the GIL, so one dict of a million queues would stall
+    the loop each time it grew (ADR 15); a shard's resize copies a 256th of that.
 
     A map loaded from a snapshot starts with its queues `cold`: a lookup builds the queue it
     finds there, a walk of a shard (`shard_names`, iteration) builds that shard, and
@@ -60,7 +59,7 @@ class QueueMap(MutableMapping[str, QueueIndex]):
     def _warm(self, shard: int) -> None:
         cold = self._cold
         if cold is not None and cold.pending(shard):
-            with memory.long_lived():  # 4,000 queues of a million: 3 ms, then frozen (O(1))
+            with memory.long_lived():  # a shard's queues, then frozen (O(1))
                 cold.take(shard, self._shards[shard])
             self._forget_if_done(cold)
 

@@ -57,8 +57,7 @@ class ReadyQueues:
 
     def untime(self, consumer: str, queue: str) -> None:
         """`queue` has nothing to wait for (its leases were all settled): its timer, if any,
-        comes due as nothing (a pool that leased once from 100,000 queues and completed
-        every record rechecked each of them 30 s later, at its lease's old expiry)."""
+        comes due as nothing, so a settled queue is not rechecked at its lease's old expiry."""
         self._timed.pop((consumer, queue), None)
 
     def due(self, consumer: str, now_ms: int) -> list[str]:

@@ -39,9 +39,9 @@ EXPIRE_AT_ONCE = 256
 
 @dataclass(frozen=True, slots=True)
 class _Kept:
-    """What a whole retention pass over a partition found. With 100,000 queues leased from
-    by a prefix consumer, the walks for retention and idle consumers cost 440 ms of the
-    loop every pass (measured), to find nothing: the next pass walks for retention only if
+    """What a whole retention pass over a partition found, so a pass that would find nothing
+    is not made: with many queues the walks hold the loop (ADR 15). The next pass walks for
+    retention only if
     the log start moved (or the tail was below it), and for idle consumers only once the
     oldest last ack seen can have passed the retention."""
 
@@ -152,7 +152,7 @@ class Maintenance:
             tail = state.tail_offset
             whole = True
             # Shard by shard (a few thousand names at a time at a million queues): list() of
-            # a million names is one C call of 60-70 ms on the loop (measured).
+            # a million names is one long C call on the loop.
             for shard in range(QUEUE_SHARDS):
                 if trim:
                     dropped += state.trim(log_start, state.queues.shard_names(shard))
@@ -171,16 +171,7 @@ class Maintenance:
                 self._kept[p] = _Kept(
                     state, log_start, tail,
                     oldest if expire else kept.oldest_ack if kept is not None else None)
-            gone = 0
-            for start in range(0, len(expired), EXPIRE_AT_ONCE):
-                done = await asyncio.gather(*(
-                    self.service.expire_consumer(state, queue, consumer, acked_before)
-                    for queue, consumer in expired[start:start + EXPIRE_AT_ONCE]),
-                    return_exceptions=True)  # none left running when one fails
-                for result in done:
-                    if isinstance(result, BaseException):
-                        raise result
-                    gone += result
+            gone = await self._expire(state, expired, acked_before)
             if dropped or gone:
                 log.info("partition_maintained", extra={
                     "partition": p, "log_start": log_start, "queues_dropped": dropped,
@@ -188,6 +179,22 @@ class Maintenance:
         self.top_lags = lags
         for p in [p for p in self._kept if p not in self.ownership.states]:
             del self._kept[p]
+
+    async def _expire(self, state: PartitionState, expired: list[tuple[str, str]],
+                      acked_before: int) -> int:
+        """Tombstone the `expired` (queue, consumer) pairs still idle since `acked_before`,
+        `EXPIRE_AT_ONCE` at a time; how many were."""
+        gone = 0
+        for start in range(0, len(expired), EXPIRE_AT_ONCE):
+            done = await asyncio.gather(*(
+                self.service.expire_consumer(state, queue, consumer, acked_before)
+                for queue, consumer in expired[start:start + EXPIRE_AT_ONCE]),
+                return_exceptions=True)  # none left running when one fails
+            for result in done:
+                if isinstance(result, BaseException):
+                    raise result
+                gone += result
+        return gone
 
     # Snapshots ---------------------------------------------------------------------------------
 

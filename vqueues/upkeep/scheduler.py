@@ -19,8 +19,7 @@ from vqueues.state.schedule import CANCEL_HEADER, DELIVER_AT_HEADER, FROM_HEADER
 log = logging.getLogger(__name__)
 
 # A partition's moves are at least this far apart: under load each then writes the records of a
-# few milliseconds at once, where a move per due millisecond cost a tenth of the enqueue rate
-# with 10% of the records scheduled (measured).
+# few milliseconds at once, not a write per due millisecond (ADR 15).
 MOVE_REST_MS = 5
 # Records moved per write (one produce request): a partition's due records are written
 # together, queue after queue, in writes of up to this many.
@@ -30,8 +29,7 @@ MOVE_BATCH = 1000
 class Scheduler:
     """Wakes at the earliest due time of any owned partition (at least once a tick, for records
     scheduled meanwhile) and moves each partition's due records in a task of its own, so one
-    partition's write does not hold back another's (a fixed tick and one partition after the
-    other made a move up to 74 ms late at p99, measured)."""
+    partition's write does not hold back another's."""
 
     def __init__(self, service: QueueService, ownership: Ownership, tick_ms: int) -> None:
         self.service = service
@@ -107,8 +105,8 @@ class Scheduler:
     async def move_due(self, state: PartitionState) -> int:
         """Write every due record of `state` to its queue (as of its due time, in due order);
         returns how many were moved. The partition's queues are moved together, in writes of
-        up to MOVE_BATCH records (one produce each): a write per queue, one after the other,
-        made records due at once in 5,000 queues 3.7 s late at p99 (`scripts/bench.py`)."""
+        up to MOVE_BATCH records (one produce each), not a write per queue one after the
+        other, which makes records due at once in many queues late (ADR 9)."""
         due = state.schedule.take_due(now_ms())
         if not due:
             return 0

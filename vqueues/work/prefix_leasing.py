@@ -198,7 +198,7 @@ class PrefixLeasing:
                                out: list[PrefixLeased]) -> None:
         """Lease up to `wanted` records from `state`'s queues in turn, while the round has
         turns of it left (`left`, by partition); the records go to `out`."""
-        consumer, rq, p = pc.consumer, state.ready_queues, state.partition
+        consumer, p = pc.consumer, state.partition
         held: list[tuple[str, str, str]] = []
         decisions: list[LeaseDecision] = []
         entries: list[OffsetEntry] = []
@@ -206,27 +206,7 @@ class PrefixLeasing:
         taken = 0
         try:
             while taken < wanted and left.get(p, 0) > 0:
-                # The queues of the next turns, as many as the records still wanted need.
-                turns: list[tuple[str, int]] = []  # (queue, records its turn may take)
-                need = wanted - taken
-                while need > 0 and left.get(p, 0) > 0:
-                    found = rq.take(consumer)
-                    if found is None:
-                        left[p] = 0
-                        break
-                    queue, owed = found
-                    left[p] -= 1
-                    key = ("c", queue, consumer)
-                    if self._locks.try_hold(key):
-                        held.append(key)
-                        turn = owed or pc.records_per_turn * pc.weight_of(queue)
-                        turns.append((queue, turn))
-                        # what it may give: a queue of a few records gives no more (the first
-                        # lease of 100,000 one-record queues took 10 of them per write)
-                        q = state.queues.get(queue)
-                        need -= min(turn, len(q.offsets)) if q is not None else 0
-                    else:
-                        rq.add(consumer, queue)  # another call is at it: its turn comes again
+                turns = self._next_turns(state, pc, wanted - taken, left, held)
                 if not turns:
                     break
                 await self._make_consumers(state, pc, [q for q, _ in turns])
@@ -241,17 +221,7 @@ class PrefixLeasing:
                         decisions.append(decision)
                         entries += decision.entries
                         taken += got
-                    work = state.work.get((queue, consumer))
-                    if got >= share and share < turn and state.may_lease(consumer, queue):
-                        # The call's end cut its turn short.
-                        rq.resume(consumer, queue, turn - share)
-                        left[p] = left.get(p, 0) + 1  # its turn goes on, in this round
-                    elif got >= share:
-                        state.recheck_queue(consumer, queue)  # its next turn, if it has more
-                    elif work is not None:  # nothing more now: back when a lease runs out
-                        change = work.next_change(now_ms())
-                        if change is not None:
-                            rq.later(consumer, queue, change)
+                    _after_turn(state, consumer, queue, turn, share, got, left)
             durable = (self.queues.submit_entries(state, entries, applied=True)
                        if entries and not state.revoked else None)
         finally:
@@ -266,8 +236,35 @@ class PrefixLeasing:
                 decision.undo()
             raise
         for decision in decisions:
-            for leased in await self.work.leased(state, decision):
-                out.append(PrefixLeased(decision.queue, state.partition, leased))
+            leased = await self.work.leased(state, decision)
+            out.extend(PrefixLeased(decision.queue, state.partition, one) for one in leased)
+
+    def _next_turns(self, state: PartitionState, pc: PrefixConsumer, need: int,
+                    left: dict[int, int], held: list[tuple[str, str, str]]
+                    ) -> list[tuple[str, int]]:
+        """The queues of the next turns, as many as the `need` records still wanted need:
+        (queue, records its turn may take), each queue's lock taken (added to `held`)."""
+        consumer, rq, p = pc.consumer, state.ready_queues, state.partition
+        turns: list[tuple[str, int]] = []
+        while need > 0 and left.get(p, 0) > 0:
+            found = rq.take(consumer)
+            if found is None:
+                left[p] = 0
+                break
+            queue, owed = found
+            left[p] -= 1
+            key = ("c", queue, consumer)
+            if self._locks.try_hold(key):
+                held.append(key)
+                turn = owed or pc.records_per_turn * pc.weight_of(queue)
+                turns.append((queue, turn))
+                # what it may give: a queue of a few records gives no more, so a lease over
+                # many small queues takes enough of them per write
+                q = state.queues.get(queue)
+                need -= min(turn, len(q.offsets)) if q is not None else 0
+            else:
+                rq.add(consumer, queue)  # another call is at it: its turn comes again
+        return turns
 
     async def _make_consumers(self, state: PartitionState, pc: PrefixConsumer,
                               queues: list[str]) -> None:
@@ -411,3 +408,21 @@ class PrefixLeasing:
                 stale += [{"queue": queue, "token": str(t)}
                           for t in exc.details.get("stale") or toks]
         return found, stale
+
+
+def _after_turn(state: PartitionState, consumer: str, queue: str, turn: int, share: int,
+                got: int, left: dict[int, int]) -> None:
+    """Where `queue` goes once its share of a turn (`got` of `share`, of a `turn`) is
+    leased: on in this round, back for its next turn, or back when a lease runs out."""
+    rq, p = state.ready_queues, state.partition
+    work = state.work.get((queue, consumer))
+    if got >= share and share < turn and state.may_lease(consumer, queue):
+        # The call's end cut its turn short.
+        rq.resume(consumer, queue, turn - share)
+        left[p] = left.get(p, 0) + 1  # its turn goes on, in this round
+    elif got >= share:
+        state.recheck_queue(consumer, queue)  # its next turn, if it has more
+    elif work is not None:  # nothing more now: back when a lease runs out
+        change = work.next_change(now_ms())
+        if change is not None:
+            rq.later(consumer, queue, change)

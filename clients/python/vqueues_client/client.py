@@ -683,13 +683,11 @@ class AsyncClient:
                                         ) -> dict[str, Any]:
         """Define (or redefine) `consumer` over every queue whose name starts with `prefix`
         (docs/work-queues.md); `dead_letter_queue` may hold `{queue}`: one per queue."""
+        options = (("max_attempts", max_attempts), ("visibility_ms", visibility_ms),
+                   ("dead_letter_queue", dead_letter_queue), ("max_in_flight", max_in_flight),
+                   ("weights", weights), ("records_per_turn", records_per_turn))
         body: dict[str, Any] = {"prefix": prefix}
-        for name, value in (("max_attempts", max_attempts), ("visibility_ms", visibility_ms),
-                            ("dead_letter_queue", dead_letter_queue),
-                            ("max_in_flight", max_in_flight), ("weights", weights),
-                            ("records_per_turn", records_per_turn)):
-            if value is not None:
-                body[name] = value
+        body.update((name, value) for name, value in options if value is not None)
         out = await self._call_obj("PUT", None, self._p(consumer), json=body)
         assert out is not None
         return out

@@ -139,7 +139,8 @@ class Client:
         async def go() -> None:
             worker = Worker(self._async, queues, consumer, handler, **options)
             runner = asyncio.create_task(worker.run())
-            while not stop.is_set() and not runner.done():
+            # Polled: `stop` is a threading.Event, set from another thread.
+            while not stop.is_set() and not runner.done():  # noqa: ASYNC110
                 await asyncio.sleep(0.05)
             await worker.stop()
             await runner
