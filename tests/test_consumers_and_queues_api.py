@@ -3,8 +3,7 @@
 import uuid
 from urllib.parse import quote
 
-from tests.support import cursor_counts
-from tests.test_records_api import enqueue, qname, read
+from tests.support import cursor_counts, enqueue, qname, read
 
 
 async def ack(client, node, q, c, offset, **extra):

@@ -11,8 +11,7 @@ from typing import Any
 import pytest
 
 from tests.narrow import known
-from tests.support import LOGS, NodeProcess
-from tests.test_records_api import enqueue, qname, read
+from tests.support import LOGS, NodeProcess, enqueue, qname, read
 
 
 @pytest.fixture(scope="module")

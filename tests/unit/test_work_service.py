@@ -7,55 +7,18 @@ from array import array
 
 import pytest
 
-from tests.narrow import known
-from tests.unit.fakes import MemoryFetcher, MemoryLog
+from tests.unit.fakes import MemoryLog
+from tests.unit.nodes import fill, snapshot_round_trip, work_node
 from vqueues.errors import VQError
-from vqueues.ownership.ownership import Ownership
-from vqueues.queues.service import QueueService
 from vqueues.records import (
     DeliveryUpdated,
     encode_offset_entry,
     generation_header,
 )
 from vqueues.settings import Settings
-from vqueues.state.cache import RecordCache
-from vqueues.state.leases import ORDER_KEY_HEADER, DoneRanges, parse_token, token
-from vqueues.work.work_service import WorkService
+from vqueues.state.leases import DoneRanges, parse_token, token
 
 pytestmark = pytest.mark.unit
-PARTITIONS = 2
-
-
-async def _node(data_log, offset_log, settings, assignment_log=None, partitions=PARTITIONS,
-                cache_bytes=1 << 20):
-    """A node owning every partition, replayed from the logs (`assignment_log`: the prefix
-    consumers' definitions too)."""
-    loop = asyncio.get_running_loop()
-    cache = RecordCache(cache_bytes)
-    own = Ownership(loop, partitions, cache, offset_log, node_id="n", url="http://n",
-                    assignment_log=assignment_log)
-    data_log.tail = own
-    svc = QueueService(settings, own, cache, data_log, offset_log, MemoryFetcher(data_log))
-    if assignment_log is not None:
-        own.prefixes.apply([(k, v) for k, v, _ in assignment_log.partitions.get(0, [])])
-    await asyncio.to_thread(own.assigned, list(range(partitions)))
-    for p in range(partitions):
-        batch = [(p, k, rec) for k, rec in _records(data_log, p)]
-        if batch:
-            await asyncio.to_thread(own.consumed, batch, {p: len(batch)}, {p: len(batch)})
-        await asyncio.to_thread(own.reached_end, p, data_log.end(p))
-    for _ in range(400):
-        if own.ready:
-            break
-        await asyncio.sleep(0.005)
-    assert own.ready
-    return svc, WorkService(settings, svc)
-
-
-def _records(data_log, p):
-    from vqueues.records import Record
-    for off, (k, v, h) in enumerate(data_log.partitions.get(p, [])):
-        yield k, Record(off, data_log.timestamp, v, tuple(h or ()))
 
 
 @pytest.fixture
@@ -66,19 +29,14 @@ def settings():
 @pytest.fixture
 async def node(settings):
     data_log, offset_log = MemoryLog(), MemoryLog()
-    svc, work = await _node(data_log, offset_log, settings)
+    svc, work = await work_node(data_log, offset_log, settings)
     yield svc, work, data_log, offset_log
     svc.close()
 
 
-async def _fill(svc, queue, n, key=None):
-    headers = [(ORDER_KEY_HEADER, key.encode())] if key else []
-    return (await svc.enqueue(queue, [(f"r{i}".encode(), headers) for i in range(n)])).offsets
-
-
 async def test_leases_hand_each_record_to_one_worker_and_complete_moves_the_mark(node):
     svc, work, *_ = node
-    offsets = await _fill(svc, "jobs", 6)
+    offsets = await fill(svc, "jobs", 6)
     a = await work.lease("jobs", "w", 3, 1000, 0)
     b = await work.lease("jobs", "w", 3, 1000, 0)
     assert [r.record.offset for r in a.records] == offsets[:3]
@@ -99,7 +57,7 @@ async def test_leases_hand_each_record_to_one_worker_and_complete_moves_the_mark
 
 async def test_concurrent_leases_never_share_a_record(node):
     svc, work, *_ = node
-    await _fill(svc, "many", 40)
+    await fill(svc, "many", 40)
     got = await asyncio.gather(*(work.lease("many", "w", 7, 1000, 0) for _ in range(8)))
     offsets = [r.record.offset for page in got for r in page.records]
     assert len(offsets) == len(set(offsets)) == 40
@@ -107,7 +65,7 @@ async def test_concurrent_leases_never_share_a_record(node):
 
 async def test_an_expired_lease_is_delivered_again_and_the_old_token_is_stale(node):
     svc, work, *_ = node
-    await _fill(svc, "slow", 1)
+    await fill(svc, "slow", 1)
     first = (await work.lease("slow", "w", 1, 100, 0)).records[0]
     assert (await work.lease("slow", "w", 1, 100, 0)).records == []
     again = (await work.lease("slow", "w", 1, 1000, 500)).records[0]  # waits for the expiry
@@ -121,7 +79,7 @@ async def test_an_expired_lease_is_delivered_again_and_the_old_token_is_stale(no
 
 async def test_an_expired_lease_not_yet_leased_again_can_still_be_completed(node):
     svc, work, *_ = node
-    await _fill(svc, "late", 1)
+    await fill(svc, "late", 1)
     first = (await work.lease("late", "w", 1, 100, 0)).records[0]
     await asyncio.sleep(0.15)
     assert (await work.complete("late", "w", [first.token])).done == [first.token]
@@ -130,7 +88,7 @@ async def test_an_expired_lease_not_yet_leased_again_can_still_be_completed(node
 
 async def test_retry_with_a_delay_is_not_delivered_early(node):
     svc, work, *_ = node
-    await _fill(svc, "later", 1)
+    await fill(svc, "later", 1)
     rec = (await work.lease("later", "w", 1, 1000, 0)).records[0]
     await work.retry("later", "w", [rec.token], 300, "busy")
     info = svc.queue_info("later").consumers[0]
@@ -144,7 +102,7 @@ async def test_retry_with_a_delay_is_not_delivered_early(node):
 
 async def test_extend_moves_the_deadline(node):
     svc, work, *_ = node
-    await _fill(svc, "long", 1)
+    await fill(svc, "long", 1)
     rec = (await work.lease("long", "w", 1, 200, 0)).records[0]
     res = await work.extend("long", "w", [rec.token], 5000)
     assert res.deadline is not None and res.deadline > rec.deadline
@@ -155,7 +113,7 @@ async def test_extend_moves_the_deadline(node):
 async def test_a_poison_record_goes_to_the_dead_letter_queue_after_max_attempts(node):
     svc, work, *_ = node
     await work.configure("src", "w", "lease", 3, "src-dlq", None)
-    await _fill(svc, "src", 1)
+    await fill(svc, "src", 1)
     for attempt in (1, 2, 3):
         rec = (await work.lease("src", "w", 1, 1000, 0)).records[0]
         assert rec.attempt == attempt
@@ -176,7 +134,7 @@ async def test_a_poison_record_goes_to_the_dead_letter_queue_after_max_attempts(
 async def test_an_expired_last_attempt_is_dead_lettered_at_the_next_lease(node):
     svc, work, *_ = node
     await work.configure("exp", "w", "lease", 1, None, None)  # no DLQ: counted and skipped
-    await _fill(svc, "exp", 2)
+    await fill(svc, "exp", 2)
     first = (await work.lease("exp", "w", 1, 100, 0)).records[0]
     await asyncio.sleep(0.15)
     nxt = (await work.lease("exp", "w", 1, 1000, 0)).records[0]
@@ -186,9 +144,9 @@ async def test_an_expired_last_attempt_is_dead_lettered_at_the_next_lease(node):
 
 async def test_records_with_one_ordering_key_go_one_at_a_time_in_order(node):
     svc, work, *_ = node
-    a = await _fill(svc, "ordered", 3, key="a")
-    b = await _fill(svc, "ordered", 2, key="b")
-    free = await _fill(svc, "ordered", 2)
+    a = await fill(svc, "ordered", 3, key="a")
+    b = await fill(svc, "ordered", 2, key="b")
+    free = await fill(svc, "ordered", 2)
     got = await work.lease("ordered", "w", 10, 1000, 0)
     assert [r.record.offset for r in got.records] == [a[0], b[0], *free]
     assert (await work.lease("ordered", "w", 10, 1000, 0)).records == []
@@ -203,7 +161,7 @@ async def test_records_with_one_ordering_key_go_one_at_a_time_in_order(node):
 
 async def test_leasing_waits_while_the_window_is_full(node, settings):
     svc, work, *_ = node
-    await _fill(svc, "big", settings.max_lease_window + 10)
+    await fill(svc, "big", settings.max_lease_window + 10)
     first = await work.lease("big", "w", 1000, 1000, 0)
     assert len(first.records) == settings.max_lease_window
     assert (await work.lease("big", "w", 10, 1000, 0)).records == []
@@ -213,7 +171,7 @@ async def test_leasing_waits_while_the_window_is_full(node, settings):
 
 async def test_modes_do_not_mix_and_bad_input_gets_registry_errors(node):
     svc, work, *_ = node
-    await _fill(svc, "m", 2)
+    await fill(svc, "m", 2)
     await work.lease("m", "leaser", 1, 1000, 0)
     with pytest.raises(VQError) as err:
         await svc.ack("m", "leaser", 1, allow_rewind=False)
@@ -241,14 +199,14 @@ async def test_modes_do_not_mix_and_bad_input_gets_registry_errors(node):
 async def test_a_new_owner_rebuilds_the_same_lease_state_from_the_offset_log(node, settings):
     svc, work, data_log, offset_log = node
     await work.configure("f", "w", "lease", 4, None, None)
-    offsets = await _fill(svc, "f", 8)
+    offsets = await fill(svc, "f", 8)
     first = await work.lease("f", "w", 3, 60_000, 0)
     second = await work.lease("f", "w", 2, 60_000, 0)
     await work.complete("f", "w", [second.records[0].token])  # out of order
     await work.retry("f", "w", [first.records[1].token], 60_000, "later")
     await work.complete("f", "w", [first.records[0].token])
     before = svc.ownership.require(svc.partition_of("f"))
-    svc2, work2 = await _node(data_log, offset_log, settings)
+    svc2, work2 = await work_node(data_log, offset_log, settings)
     after = svc2.ownership.require(svc.partition_of("f"))
     assert after.committed("f", "w") == before.committed("f", "w") == offsets[1]
     key = ("f", "w")
@@ -269,15 +227,15 @@ async def test_a_new_owner_rebuilds_the_same_lease_state_from_the_offset_log(nod
 
 async def test_writes_of_a_fenced_off_owner_are_ignored_by_replay(node, settings):
     svc, work, data_log, offset_log = node
-    offsets = await _fill(svc, "z", 2)
+    offsets = await fill(svc, "z", 2)
     rec = (await work.lease("z", "w", 1, 60_000, 0)).records[0]
     old = svc.ownership.require(svc.partition_of("z"))
-    svc2, _ = await _node(data_log, offset_log, settings)  # takes over, writes its fence
+    svc2, _ = await work_node(data_log, offset_log, settings)  # takes over, writes its fence
     # The old owner, not knowing, writes a state that would hand the record out again.
     stale = DeliveryUpdated("z", "w", rec.record.offset, 0, 0, False)
     await offset_log.append(old.partition, [(*encode_offset_entry(stale),
                                              generation_header(old.generation))])
-    svc3, work3 = await _node(data_log, offset_log, settings)
+    svc3, work3 = await work_node(data_log, offset_log, settings)
     state = svc3.ownership.require(old.partition)
     assert state.fenced_entries == 1
     assert state.work[("z", "w")].deliveries[rec.record.offset].attempts == 1
@@ -289,7 +247,7 @@ async def test_writes_of_a_fenced_off_owner_are_ignored_by_replay(node, settings
 
 async def test_deleting_a_lease_consumer_leaves_only_tombstones_for_its_keys(node):
     svc, work, _, offset_log = node
-    await _fill(svc, "d", 3)
+    await fill(svc, "d", 3)
     await work.lease("d", "w", 2, 60_000, 0)
     p = svc.partition_of("d")
     await svc.delete_consumer("d", "w")
@@ -334,7 +292,7 @@ async def test_random_histories_rebuild_to_the_same_state(node, settings, seed):
     for _ in itertools.repeat(None, 120):
         action = rnd.random()
         if action < 0.3:
-            await _fill(svc, "h", rnd.randint(1, 4), key=rnd.choice([None, "x", "y"]))
+            await fill(svc, "h", rnd.randint(1, 4), key=rnd.choice([None, "x", "y"]))
         elif action < 0.55:
             held += (await work.lease("h", "w", rnd.randint(1, 5), 60_000, 0)).records
         elif held and action < 0.8:
@@ -344,7 +302,7 @@ async def test_random_histories_rebuild_to_the_same_state(node, settings, seed):
             rec = held.pop(rnd.randrange(len(held)))
             await work.retry("h", "w", [rec.token], 0, "r")
     before = svc.ownership.require(svc.partition_of("h"))
-    svc2, _ = await _node(data_log, offset_log, settings)
+    svc2, _ = await work_node(data_log, offset_log, settings)
     after = svc2.ownership.require(svc.partition_of("h"))
     key = ("h", "w")
     assert after.committed(*key) == before.committed(*key)
@@ -360,26 +318,11 @@ async def test_random_histories_rebuild_to_the_same_state(node, settings, seed):
     svc2.close()
 
 
-async def snapshot_round_trip(state):
-    """A snapshot of `state` captured, encoded, decoded and restored into a fresh partition:
-    (the fresh partition, the loaded snapshot)."""
-    from vqueues.snapshot import codec as snap
-    from vqueues.state.partition_state import PartitionState
-
-    image = await snap.capture(state, state.offsets_position)
-    chunks, manifest = snap.encode(image, 1)
-    loaded = known(snap.latest(state.partition, [*chunks, (snap.manifest_key(state.partition),
-                                                           manifest)]))
-    fresh = PartitionState(state.partition, RecordCache(1 << 20))
-    snap.restore(fresh, loaded, snap.build(loaded))
-    return fresh, loaded
-
-
 async def test_a_snapshot_carries_the_lease_state_and_the_fence(node):
     svc, work, *_ = node
     await work.configure("s", "w", "lease", 2, "s-dlq", 5000)
-    await _fill(svc, "s", 6, key="k")
-    await _fill(svc, "s", 3)
+    await fill(svc, "s", 6, key="k")
+    await fill(svc, "s", 3)
     leased = (await work.lease("s", "w", 3, 60_000, 0)).records
     await work.complete("s", "w", [leased[-1].token])
     await work.retry("s", "w", [leased[1].token], 1000, "why")
@@ -400,10 +343,10 @@ async def test_one_slow_record_does_not_hold_back_the_queue():
     """The default window (100,000 records in flight or done out of order): one record held
     for long, thousands of others leased and completed past it."""
     data_log, offset_log = MemoryLog(), MemoryLog()
-    svc, work = await _node(data_log, offset_log, Settings(write_visible_timeout_ms=1000))
+    svc, work = await work_node(data_log, offset_log, Settings(write_visible_timeout_ms=1000))
     try:
         assert Settings().max_lease_window >= 100_000
-        offsets = await _fill(svc, "slow", 5000)
+        offsets = await fill(svc, "slow", 5000)
         held = (await work.lease("slow", "w", 1, 600_000, 0)).records
         assert [r.record.offset for r in held] == offsets[:1]
         done = 0
@@ -426,7 +369,7 @@ async def test_an_expired_last_attempt_is_dead_lettered_when_it_expires(node):
     from vqueues.upkeep.lease_expiry import LeaseExpiry
     svc, work, *_ = node
     await work.configure("late", "w", "lease", 1, "late-dlq", None)
-    await _fill(svc, "late", 2)
+    await fill(svc, "late", 2)
     leased = (await work.lease("late", "w", 1, 100, 0)).records
     expiry = asyncio.create_task(LeaseExpiry(work, svc.ownership, 20).run_forever())
     try:
@@ -451,7 +394,7 @@ async def test_consumers_whose_leases_expire_together_are_dead_lettered_together
     queues = [f"expiring-{i}" for i in range(20)]
     for q in queues:
         await work.configure(q, "w", "lease", 1, "expiring-dlq", None)
-        await _fill(svc, q, 1)
+        await fill(svc, q, 1)
     for q in queues:
         assert (await work.lease(q, "w", 1, 100, 0)).records
     writing = most = 0
@@ -486,7 +429,7 @@ async def test_consumers_whose_leases_expire_together_are_dead_lettered_together
 
 async def test_an_in_flight_cap_holds_exactly_under_concurrent_leases(node):
     svc, work, *_ = node
-    await _fill(svc, "capped", 30)
+    await fill(svc, "capped", 30)
     settings = await work.configure("capped", "w", "lease", None, False, None, 4)
     assert settings.max_in_flight == 4
     pages = await asyncio.gather(*(work.lease("capped", "w", 3, 150, 0) for _ in range(6)))
@@ -506,7 +449,7 @@ async def test_an_in_flight_cap_holds_exactly_under_concurrent_leases(node):
 
 async def test_a_long_poll_on_a_capped_consumer_wakes_when_a_lease_is_completed(node):
     svc, work, *_ = node
-    await _fill(svc, "capwait", 5)
+    await fill(svc, "capwait", 5)
     await work.configure("capwait", "w", "lease", None, False, None, 1)
     first = (await work.lease("capwait", "w", 5, 30_000, 0)).records
     waiting = asyncio.ensure_future(work.lease("capwait", "w", 5, 30_000, 5000))
@@ -527,7 +470,7 @@ async def test_a_consumers_cap_and_prefix_survive_replay_and_a_snapshot(node):
     assert value is not None
     assert b"max_in_flight" not in value and b"prefix" not in value
     assert decode_offset_entry(key, value) == plain
-    await _fill(svc, "snapcap", 2)
+    await fill(svc, "snapcap", 2)
     await work.configure("snapcap", "w", "lease", 2, None, 1000, 9)
     state = svc.ownership.require(svc.partition_of("snapcap"))
     fresh, _ = await snapshot_round_trip(state)
