@@ -317,11 +317,6 @@ def kafka_records(bootstrap: str, topic: str) -> dict[tuple[int, int], Any]:
 
 # Helpers shared by the real-broker tests: requests, the command line, a node's log.
 
-def qname(prefix: str = "q") -> str:
-    """A queue name no other test uses."""
-    return f"{prefix}-{uuid.uuid4().hex[:8]}"
-
-
 async def enqueue(client, node, queue, *values, headers=None):
     """Enqueue `values` to `queue` over HTTP; the 200 answer's body."""
     records = [{"value": v, **({"headers": headers} if headers else {})} for v in values]

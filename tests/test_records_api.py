@@ -7,7 +7,8 @@ import uuid
 
 import pytest
 
-from tests.support import enqueue, qname, read
+from tests.http_calls import qname
+from tests.support import enqueue, read
 from vqueues.hashing import partition_for
 
 

@@ -6,8 +6,12 @@ plain helpers they use are in tests/unit/nodes.py.
 """
 
 import pytest
+from aiohttp.test_utils import TestClient, TestServer
 
 from tests.unit.nodes import queue_service
+from vqueues.api.app import create_app
+from vqueues.ownership import node_status
+from vqueues.settings import Settings
 
 
 @pytest.fixture
@@ -15,4 +19,25 @@ async def service():
     """A queue service over in-memory logs, owning both partitions (tests/unit/nodes.py)."""
     svc = await queue_service()
     yield svc
+    svc.close()
+
+
+@pytest.fixture
+def app_settings():
+    """The settings of the `api` fixture's app; a module overrides this fixture to change them."""
+    return Settings(write_visible_timeout_ms=1000)
+
+
+@pytest.fixture
+async def api(app_settings):
+    """An aiohttp TestClient on the node's HTTP app (`create_app`) over an in-memory queue
+    service owning every partition: real routes, middlewares and codecs, no broker. Requests
+    take paths (`await api.get("/v1/queues")`)."""
+    svc = await queue_service(app_settings)
+    node_status.register_gauges(svc.ownership)  # as the node does: /metrics shows them
+    server = TestServer(create_app(svc, app_settings))
+    # As the node runs it (vqueues/node.py): bodies are decoded by the handlers, not aiohttp.
+    await server.start_server(auto_decompress=False, access_log=None)
+    async with TestClient(server) as client:
+        yield client
     svc.close()
