@@ -8,7 +8,8 @@ plain helpers they use are in tests/unit/nodes.py.
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from tests.unit.nodes import queue_service
+from tests.unit.fakes import MemoryLog
+from tests.unit.nodes import queue_service, work_node
 from vqueues.api.app import create_app
 from vqueues.ownership import node_status
 from vqueues.settings import Settings
@@ -20,6 +21,28 @@ async def service():
     svc = await queue_service()
     yield svc
     svc.close()
+
+
+@pytest.fixture
+def settings():
+    """The settings of the `node` fixture (a module overrides this fixture to change them)."""
+    return Settings(write_visible_timeout_ms=1000, max_lease_window=50)
+
+
+@pytest.fixture
+async def node(settings):
+    """A node over in-memory logs owning both partitions: (queue service, work service, data
+    log, offset log); a new node over the same logs replays them (`nodes.work_node`)."""
+    data_log, offset_log = MemoryLog(), MemoryLog()
+    svc, work = await work_node(data_log, offset_log, settings)
+    yield svc, work, data_log, offset_log
+    svc.close()
+
+
+@pytest.fixture
+def logs():
+    """The offset and assignment logs of an Ownership (`nodes.ownership_of`)."""
+    return MemoryLog(), MemoryLog()
 
 
 @pytest.fixture

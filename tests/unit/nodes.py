@@ -12,6 +12,7 @@ from tests.narrow import known
 from tests.unit.fakes import MemoryFetcher, MemoryLog
 from vqueues.api.codec import decode_enqueue
 from vqueues.errors import VQError
+from vqueues.hashing import partition_for
 from vqueues.ownership.ownership import Ownership
 from vqueues.queues.service import QueueService
 from vqueues.records import Record
@@ -145,3 +146,42 @@ class Owner:
 
     def close(self) -> None:
         self.svc.close()
+
+
+# Ownership alone (its lifecycle, offset replay, snapshot restore): the group's thread side
+# is called from a thread, as in a node.
+OWNER_PARTITIONS = 4
+
+
+def queue_in(p, prefix="q"):
+    """A queue name in partition `p` of OWNER_PARTITIONS."""
+    return next(f"{prefix}{i}" for i in range(10**5)
+                if partition_for(f"{prefix}{i}", OWNER_PARTITIONS) == p)
+
+
+async def until(cond, timeout_s=2.0):
+    """Wait on the loop until `cond()` holds; fail after `timeout_s`."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not cond():
+        assert asyncio.get_running_loop().time() < deadline, "condition not reached"
+        await asyncio.sleep(0.005)
+
+
+def ownership_of(logs, snapshot_log=None):
+    """An Ownership of OWNER_OWNER_PARTITIONS partitions over `logs` (the offset and assignment
+    logs), not yet assigned any."""
+    offset_log, assignment_log = logs
+    return Ownership(asyncio.get_running_loop(), OWNER_PARTITIONS, RecordCache(1 << 20), offset_log,
+                     node_id="n1", url="http://n1", assignment_log=assignment_log,
+                     snapshot_log=snapshot_log)
+
+
+async def snapshot_log_of(partition, queue, records):
+    """A snapshot log holding one snapshot of `partition`: `records` records of `queue`."""
+    source = PartitionState(partition, RecordCache(1 << 20))
+    source.apply_records([(queue, Record(i, 1, b"x", ())) for i in range(records)], None)
+    chunks, manifest = snap.encode(await snap.capture(source, 0), 1)
+    log = MemoryLog()
+    await log.append(partition, [(k, v, None) for k, v in
+                                 [*chunks, (snap.manifest_key(partition), manifest)]])
+    return log

@@ -8,7 +8,7 @@ from array import array
 import pytest
 
 from tests.narrow import known
-from tests.unit.histories import history, observe, rec
+from tests.unit.partitions import history, observe, rec
 from vqueues.snapshot import codec as snap
 from vqueues.state.cache import RecordCache
 from vqueues.state.partition_state import PartitionState

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from tests.narrow import known
-from tests.unit.histories import history, observe, rec
+from tests.unit.partitions import history, observe, rec
 from vqueues.records import ConsumerAcked, ConsumerDeleted, QueueDeleted, now_ms
 from vqueues.state import committed_offsets
 from vqueues.state.cache import RecordCache

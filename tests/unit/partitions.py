@@ -1,15 +1,24 @@
-"""Random partition histories for the unit tier's replay checks (retention, snapshots), and
-what a reader can observe of a partition's state. Plain helpers."""
+"""A partition's state for the unit tier: records and states made in a line, random histories
+for the replay checks (retention, snapshots), and what a reader can observe. Plain helpers."""
 
 import random
 from typing import Any
 
 from vqueues.records import ConsumerAcked, ConsumerDeleted, QueueDeleted, Record
+from vqueues.state.cache import RecordCache
 from vqueues.state.partition_state import PartitionState
 
 
-def rec(offset):
-    return Record(offset, 1, b"v", ())
+def rec(offset, value=b"v"):
+    """A data record at `offset`."""
+    return Record(offset, 1, value, ())
+
+
+def state_with(records):
+    """Partition 0's state with `records` ((queue, record) pairs) indexed."""
+    s = PartitionState(0, RecordCache(1 << 20))
+    s.apply_records(records, high_watermark=None)
+    return s
 
 
 def observe(s: PartitionState):
