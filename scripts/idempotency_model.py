@@ -39,7 +39,7 @@ def main() -> int:
            "VQ_IDEMPOTENCY_MODEL_UNIT_STEPS": str(args.unit_steps)}
     tests = []
     if args.tier in ("both", "unit"):
-        tests.append("tests/unit/test_idempotency_model.py")
+        tests.append("tests/unit/queues/test_idempotency_model.py")
     if args.tier in ("both", "nodes"):
         tests.append("tests/test_idempotency_model.py")
     return subprocess.call([sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider",

@@ -313,3 +313,71 @@ def kafka_records(bootstrap: str, topic: str) -> dict[tuple[int, int], Any]:
             known(m.key()).decode(), m.value(), m.timestamp()[1], tuple(m.headers() or ()))
     c.close()
     return out
+
+
+# Helpers shared by the real-broker tests: requests, the command line, a node's log.
+
+async def enqueue(client, node, queue, *values, headers=None):
+    """Enqueue `values` to `queue` over HTTP; the 200 answer's body."""
+    records = [{"value": v, **({"headers": headers} if headers else {})} for v in values]
+    async with client.post(f"{node.url}/v1/queues/{queue}/records",
+                           json={"records": records}) as r:
+        assert r.status == 200, await r.text()
+        return await r.json()
+
+
+async def read(client, node, queue, **params):
+    """Read `queue` over HTTP; the 200 answer's body."""
+    async with client.get(f"{node.url}/v1/queues/{queue}/records", params=params) as r:
+        assert r.status == 200, await r.text()
+        return await r.json()
+
+
+def post(node, path, body):
+    """POST `body` as JSON to the node; the 200 answer's body."""
+    status, out = http("POST", f"{node.url}{path}", body)
+    assert status == 200, out
+    return out
+
+
+def vqueues_cli(*args, env=None, timeout=60):
+    """`python -m vqueues ARGS`, run to its end."""
+    return subprocess.run([sys.executable, "-m", "vqueues", *args], capture_output=True,
+                          text=True, timeout=timeout, env={**os.environ, **(env or {})})
+
+
+# Snapshots every second once five records are new.
+SNAPSHOT_FAST = {"VQ_SNAPSHOT_INTERVAL_S": "1", "VQ_SNAPSHOT_MIN_RECORDS": "5"}
+
+
+def events(node, name):
+    """The node's log events named `name`, in order."""
+    path = LOGS / f"{node.topics.prefix}-{node.node_id}.log"
+    out = []
+    for line in path.read_text().splitlines():
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue
+        if entry.get("event") == name:
+            out.append(entry)
+    return out
+
+
+def wait_for(cond, timeout_s=30.0):
+    """Poll `cond` until it holds; fail after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.1)
+
+
+def observe(node, queues):
+    """What readers see: each queue's info and records."""
+    out = {}
+    for q in queues:
+        status, info = http("GET", f"{node.url}/v1/queues/{q}")
+        _, page = http("GET", f"{node.url}/v1/queues/{q}/records?offset=0&limit=1000")
+        out[q] = (status, info if status == 200 else None,
+                  [(r["offset"], r["value"]) for r in page["records"]])
+    return out

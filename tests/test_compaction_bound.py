@@ -25,8 +25,7 @@ from typing import cast
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 
-from tests.support import NodeProcess, Topics, http
-from tests.test_topics_cli import vqueues
+from tests.support import NodeProcess, Topics, http, vqueues_cli
 from vqueues.kafka.local_cluster import LocalKafkaCluster
 
 SEGMENT_MS, DELETE_RETENTION_MS = 1000, 2000
@@ -84,7 +83,7 @@ def test_the_offset_topic_stays_within_its_bound_under_lease_and_complete(
         pytest.skip("reads the partition's files on the local cluster's disks; "
                     "VQ_TEST_KAFKA_BOOTSTRAP names an external cluster")
     t = Topics(kafka_bootstrap, f"bound{uuid.uuid4().hex[:6]}", 1)
-    out = vqueues("topics", "create", "--bootstrap", kafka_bootstrap, "--partitions", "1",
+    out = vqueues_cli("topics", "create", "--bootstrap", kafka_bootstrap, "--partitions", "1",
                   "--data-topic", t.data, "--offset-topic", t.offsets, "--assignment-topic",
                   t.assignments, "--snapshot-topic", t.snapshots,
                   "--compacted-segment-ms", str(SEGMENT_MS),

@@ -3,8 +3,8 @@
 import uuid
 from urllib.parse import quote
 
-from tests.support import cursor_counts
-from tests.test_records_api import enqueue, qname, read
+from tests.http_calls import qname
+from tests.support import cursor_counts, enqueue, read
 
 
 async def ack(client, node, q, c, offset, **extra):

@@ -1,5 +1,5 @@
 """Idempotent enqueue against the model of the documented rule, on real node processes and the
-real broker: random keyed requests (tests/unit/test_idempotency_model.py makes them) sent to
+real broker: random keyed requests (tests/keyed_model.py makes them) sent to
 two nodes that write snapshots every second, with SIGTERM restarts and takeovers between the
 nodes at random points. Each request is sent until it gets an answer that settles it (a
 transport error, 503 or wrong_node leave it open: it is sent again, unchanged, as a client
@@ -15,6 +15,7 @@ from typing import Any, cast
 
 import pytest
 
+from tests.keyed_model import KeyModel, Requests
 from tests.support import (
     NodeProcess,
     create_topics,
@@ -23,7 +24,6 @@ from tests.support import (
     start_cluster,
     wait_settled,
 )
-from tests.unit.test_idempotency_model import KeyModel, Requests
 from vqueues.hashing import partition_for
 from vqueues.state.idempotency import KEY_HEADER
 from vqueues.state.schedule import FROM_HEADER

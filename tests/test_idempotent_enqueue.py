@@ -86,7 +86,7 @@ SNAPSHOT_EVERY_S = {"VQ_SNAPSHOT_INTERVAL_S": "1", "VQ_SNAPSHOT_MIN_RECORDS": "1
 def test_a_key_survives_a_restart_that_loads_a_snapshot_taken_after_it(bootstrap):
     """The reproduction of issue 32: a key written, a snapshot taken, the node restarted in
     place (SIGTERM, start again): the same key and payload answer the first offset."""
-    from tests.test_snapshots import events, wait_for
+    from tests.support import events, wait_for
 
     t = create_topics(bootstrap, partitions=1)
     q = qname("snap-key")

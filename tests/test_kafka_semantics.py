@@ -12,8 +12,15 @@ import uuid
 
 from confluent_kafka import Producer
 
-from tests.support import NodeProcess, create_topics, http, kafka_records
-from tests.test_snapshots import SNAPSHOT_FAST, events, observe
+from tests.support import (
+    SNAPSHOT_FAST,
+    NodeProcess,
+    create_topics,
+    events,
+    http,
+    kafka_records,
+    observe,
+)
 from vqueues.state.window_writes import CHECKPOINT_EVERY
 
 # Roll a segment every 200 ms and clean it at once; drop tombstones 1 s after cleaning.

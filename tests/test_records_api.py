@@ -7,25 +7,9 @@ import uuid
 
 import pytest
 
+from tests.http_calls import qname
+from tests.support import enqueue, read
 from vqueues.hashing import partition_for
-
-
-def qname(prefix: str = "q") -> str:
-    return f"{prefix}-{uuid.uuid4().hex[:8]}"
-
-
-async def enqueue(client, node, queue, *values, headers=None):
-    records = [{"value": v, **({"headers": headers} if headers else {})} for v in values]
-    async with client.post(f"{node.url}/v1/queues/{queue}/records",
-                           json={"records": records}) as r:
-        assert r.status == 200, await r.text()
-        return await r.json()
-
-
-async def read(client, node, queue, **params):
-    async with client.get(f"{node.url}/v1/queues/{queue}/records", params=params) as r:
-        assert r.status == 200, await r.text()
-        return await r.json()
 
 
 @pytest.mark.both_brokers

@@ -1,12 +1,6 @@
 """State survives a node killed with SIGKILL: offsets, consumer and queue deletions."""
 
-from tests.support import NodeProcess, create_topics, cursor_counts, http
-
-
-def post(node, path, body):
-    status, out = http("POST", f"{node.url}{path}", body)
-    assert status == 200, out
-    return out
+from tests.support import NodeProcess, create_topics, cursor_counts, http, post
 
 
 def test_committed_offsets_and_deletions_survive_a_sigkill(bootstrap):

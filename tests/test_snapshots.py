@@ -3,48 +3,22 @@ replays only what came after; a corrupt one is ignored with a warning (full repl
 
 import itertools
 import json
-import time
 import uuid
 
 import pytest
 from confluent_kafka import Producer
 
-from tests.support import LOGS, NodeProcess, create_topics, http
-from tests.test_restart_recovery import post
+from tests.support import (
+    SNAPSHOT_FAST,
+    NodeProcess,
+    create_topics,
+    events,
+    http,
+    observe,
+    post,
+    wait_for,
+)
 from vqueues.hashing import partition_for
-
-SNAPSHOT_FAST = {"VQ_SNAPSHOT_INTERVAL_S": "1", "VQ_SNAPSHOT_MIN_RECORDS": "5"}
-
-
-def events(node, name):
-    path = LOGS / f"{node.topics.prefix}-{node.node_id}.log"
-    out = []
-    for line in path.read_text().splitlines():
-        try:
-            entry = json.loads(line)
-        except ValueError:
-            continue
-        if entry.get("event") == name:
-            out.append(entry)
-    return out
-
-
-def wait_for(cond, timeout_s=30.0):
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.1)
-
-
-def observe(node, queues):
-    """What readers see: each queue's info and records."""
-    out = {}
-    for q in queues:
-        status, info = http("GET", f"{node.url}/v1/queues/{q}")
-        _, page = http("GET", f"{node.url}/v1/queues/{q}/records?offset=0&limit=1000")
-        out[q] = (status, info if status == 200 else None,
-                  [(r["offset"], r["value"]) for r in page["records"]])
-    return out
 
 
 @pytest.mark.both_brokers

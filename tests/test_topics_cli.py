@@ -1,31 +1,23 @@
 """`vqueues topics create`, and the topic check a node runs at start."""
 
-import subprocess
-import sys
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 
-from tests.support import FAST_GROUP, Topics
+from tests.support import FAST_GROUP, Topics, vqueues_cli
 from vqueues.kafka.admin import Admin, TopicSpec
-
-
-def vqueues(*args, env=None, timeout=60):
-    import os
-    return subprocess.run([sys.executable, "-m", "vqueues", *args], capture_output=True,
-                          text=True, timeout=timeout, env={**os.environ, **(env or {})})
 
 
 def test_topics_create_makes_all_four_with_the_right_partition_counts(bootstrap):
     p = f"cli{uuid.uuid4().hex[:6]}"
     names = ("--data-topic", f"{p}-d", "--offset-topic", f"{p}-o", "--assignment-topic",
              f"{p}-a", "--snapshot-topic", f"{p}-s")
-    out = vqueues("topics", "create", "--bootstrap", bootstrap, "--partitions", "6", *names)
+    out = vqueues_cli("topics", "create", "--bootstrap", bootstrap, "--partitions", "6", *names)
     assert out.returncode == 0, out.stderr
     assert f"{p}-d: created" in out.stdout and f"{p}-s: created" in out.stdout
     counts = Admin({"bootstrap.servers": bootstrap}).partition_counts(
         [f"{p}-d", f"{p}-o", f"{p}-a", f"{p}-s"])
     assert counts == {f"{p}-d": 6, f"{p}-o": 6, f"{p}-a": 1, f"{p}-s": 6}
-    again = vqueues("topics", "create", "--bootstrap", bootstrap, "--partitions", "6", *names)
+    again = vqueues_cli("topics", "create", "--bootstrap", bootstrap, "--partitions", "6", *names)
     assert again.returncode == 0 and f"{p}-d: exists" in again.stdout
 
 
@@ -33,7 +25,7 @@ def test_a_node_refuses_to_start_on_mismatched_topics_naming_each(bootstrap):
     t = Topics(bootstrap, f"bad{uuid.uuid4().hex[:6]}", 4)
     Admin({"bootstrap.servers": bootstrap}).create([
         TopicSpec(t.data, 4), TopicSpec(t.offsets, 8), TopicSpec(t.assignments, 2)])
-    out = vqueues("serve", "--http-port", "0", env={**FAST_GROUP, **t.env()})
+    out = vqueues_cli("serve", "--http-port", "0", env={**FAST_GROUP, **t.env()})
     assert out.returncode == 3
     for text in (f"'{t.data}' has 4 partitions", f"'{t.offsets}' has 8",
                  f"'{t.assignments}' has 2 partitions; it must have 1"):
@@ -42,7 +34,7 @@ def test_a_node_refuses_to_start_on_mismatched_topics_naming_each(bootstrap):
 
 def test_a_node_refuses_to_start_without_its_topics(bootstrap):
     t = Topics(bootstrap, f"none{uuid.uuid4().hex[:6]}", 4)
-    out = vqueues("serve", "--http-port", "0", env={**FAST_GROUP, **t.env()})
+    out = vqueues_cli("serve", "--http-port", "0", env={**FAST_GROUP, **t.env()})
     assert out.returncode == 3
     assert f"topic '{t.data}' does not exist" in out.stderr
 
@@ -58,7 +50,7 @@ def test_topics_create_on_three_brokers_succeeds_every_time(kafka_bootstrap):
     prefixes = [f"tc{uuid.uuid4().hex[:6]}" for _ in range(16)]
 
     def run(p: str):
-        return vqueues("topics", "create", "--bootstrap", kafka_bootstrap, "--partitions", "4",
+        return vqueues_cli("topics", "create", "--bootstrap", kafka_bootstrap, "--partitions", "4",
                        *_topic_set(p))
 
     with ThreadPoolExecutor(4) as pool:
@@ -72,7 +64,7 @@ def test_topics_create_sets_the_compacted_segments_and_brings_existing_topics_in
         kafka_bootstrap):
     admin = Admin({"bootstrap.servers": kafka_bootstrap})
     p = f"seg{uuid.uuid4().hex[:6]}"
-    fresh = vqueues("topics", "create", "--bootstrap", kafka_bootstrap, "--partitions", "2",
+    fresh = vqueues_cli("topics", "create", "--bootstrap", kafka_bootstrap, "--partitions", "2",
                     *_topic_set(p))
     assert fresh.returncode == 0, fresh.stderr
     want = {"segment.bytes": "104857600", "segment.ms": "3600000",
@@ -87,7 +79,7 @@ def test_topics_create_sets_the_compacted_segments_and_brings_existing_topics_in
     admin.create([TopicSpec(f"{old}-d", 2, config={"cleanup.policy": "delete"}),
                   *(TopicSpec(f"{old}-{r}", 1 if r == "a" else 2,
                               config={"cleanup.policy": "compact"}) for r in "oas")])
-    out = vqueues("topics", "create", "--bootstrap", kafka_bootstrap, "--partitions", "2",
+    out = vqueues_cli("topics", "create", "--bootstrap", kafka_bootstrap, "--partitions", "2",
                   "--compacted-segment-ms", "7200000", *_topic_set(old))
     assert out.returncode == 0, out.stderr
     for r in "oas":
@@ -97,6 +89,6 @@ def test_topics_create_sets_the_compacted_segments_and_brings_existing_topics_in
     assert f"{old}-d: exists\n" in out.stdout
     assert admin.topic_configs([f"{old}-o"], keys)[f"{old}-o"] == {**want,
                                                                    "segment.ms": "7200000"}
-    again = vqueues("topics", "create", "--bootstrap", kafka_bootstrap, "--partitions", "2",
+    again = vqueues_cli("topics", "create", "--bootstrap", kafka_bootstrap, "--partitions", "2",
                     "--compacted-segment-ms", "7200000", *_topic_set(old))
     assert again.returncode == 0 and "set " not in again.stdout

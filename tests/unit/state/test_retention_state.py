@@ -9,22 +9,12 @@ from typing import Any
 import pytest
 
 from tests.narrow import known
-from tests.unit.test_service import service  # noqa: F401  (the fixture)
-from vqueues.records import ConsumerAcked, ConsumerDeleted, QueueDeleted, Record, now_ms
+from tests.unit.partitions import history, observe, rec
+from vqueues.records import ConsumerAcked, ConsumerDeleted, QueueDeleted, now_ms
 from vqueues.state import committed_offsets
 from vqueues.state.cache import RecordCache
 from vqueues.state.partition_state import PartitionState
 from vqueues.upkeep.maintenance import Maintenance
-
-
-def rec(offset):
-    return Record(offset, 1, b"v", ())
-
-
-def snapshot(s: PartitionState):
-    """Everything a reader can observe of a partition's state."""
-    return ({name: (q.offsets.tolist(), dict(q.consumers), q.deleted_before)
-             for name, q in s.queues.items()}, list(s.names))
 
 
 async def test_trimming_drops_records_below_the_log_start_and_empty_queues_leave():
@@ -52,31 +42,9 @@ async def test_a_deletion_marker_stays_while_it_still_hides_retained_records():
     assert "a" not in s.queues
 
 
-def _history(seed: int, queues: int = 12, steps: int = 600):
-    """A random interleaving of data records and offset-topic entries, in log order."""
-    rnd = random.Random(seed)
-    names = [f"q{i}" for i in range(queues)]
-    events: list[tuple[Any, ...]] = []
-    offset = 0
-    for _ in range(steps):
-        roll = rnd.random()
-        q = rnd.choice(names)
-        if roll < 0.7:
-            events.append(("data", q, offset))
-            offset += 1
-        elif roll < 0.85:
-            events.append(("entry", ConsumerAcked(q, rnd.choice("xyz"), rnd.randrange(offset + 1),
-                                                  rnd.randrange(1, 100))))
-        elif roll < 0.93:
-            events.append(("entry", ConsumerDeleted(q, rnd.choice("xyz"))))
-        else:
-            events.append(("entry", QueueDeleted(q, offset)))
-    return events, offset
-
-
 @pytest.mark.parametrize("seed", range(30))
 async def test_a_long_running_node_equals_a_fresh_replay_after_retention(seed):
-    events, end = _history(seed)
+    events, end = history(seed)
     log_start = random.Random(seed).randrange(end + 1)
     # A node that saw everything as it happened, then retention moved the log start.
     old = PartitionState(0, RecordCache(1 << 20))
@@ -92,10 +60,10 @@ async def test_a_long_running_node_equals_a_fresh_replay_after_retention(seed):
     fresh.apply_records([(e[1], rec(e[2])) for e in events
                          if e[0] == "data" and e[2] >= log_start], None)
     fresh.trim(log_start, list(fresh.queues))
-    assert snapshot(old) == snapshot(fresh)
+    assert observe(old) == observe(fresh)
 
 
-async def test_maintenance_follows_retention_and_expires_idle_consumers(service):  # noqa: F811
+async def test_maintenance_follows_retention_and_expires_idle_consumers(service):
     await service.enqueue("r", [(b"1", []), (b"2", []), (b"3", [])])
     await service.ack("r", "idle", 1, allow_rewind=False)
     p = service.partition_of("r")
@@ -116,7 +84,7 @@ async def test_maintenance_follows_retention_and_expires_idle_consumers(service)
     assert service.list_queues("r", None, 10).queues == []
 
 
-async def test_a_consumer_that_acks_after_the_pass_found_it_idle_is_kept(service):  # noqa: F811
+async def test_a_consumer_that_acks_after_the_pass_found_it_idle_is_kept(service):
     await service.enqueue("k", [(b"1", []), (b"2", [])])
     await service.ack("k", "late", 1, allow_rewind=False)
     state = service.ownership.states[service.partition_of("k")]
@@ -136,7 +104,7 @@ async def test_a_consumer_that_acks_after_the_pass_found_it_idle_is_kept(service
     assert len(service._offsets.partitions[service.partition_of("k")]) == entries + 1
 
 
-async def test_a_pass_walks_every_shard_of_the_queue_map(service):  # noqa: F811
+async def test_a_pass_walks_every_shard_of_the_queue_map(service):
     names = [f"many/{i}" for i in range(3000)]  # spread over the map's 256 shards
     for name in names:
         await service.ack(name, "c", 0, allow_rewind=False)
@@ -147,7 +115,7 @@ async def test_a_pass_walks_every_shard_of_the_queue_map(service):  # noqa: F811
     assert service.metrics.registry.get_sample_value("vq_consumers_expired_total") == 3000
 
 
-async def test_idle_consumers_expired_together_share_offset_topic_writes(service):  # noqa: F811
+async def test_idle_consumers_expired_together_share_offset_topic_writes(service):
     """One consumer after the other, each tombstone waited for a write of its own; expired
     together, a partition's tombstones share writes (`OffsetWriter`)."""
     p = service.partition_of("idle/0")
@@ -164,7 +132,7 @@ async def test_idle_consumers_expired_together_share_offset_topic_writes(service
     assert service._writer.writes - writes <= 2  # the first alone, the rest together
 
 
-async def test_listings_follow_deletions_and_page_across_partitions(service):  # noqa: F811
+async def test_listings_follow_deletions_and_page_across_partitions(service):
     names = [f"l/{i:03}" for i in range(40)]
     for n in names:
         await service.enqueue(n, [(b"x", [])])
@@ -181,7 +149,7 @@ async def test_listings_follow_deletions_and_page_across_partitions(service):  #
     assert "l/005" in service.list_queues("l/", "l/004", 1).queues
 
 
-async def test_a_pass_walks_only_for_what_can_have_changed(service, monkeypatch):  # noqa: F811
+async def test_a_pass_walks_only_for_what_can_have_changed(service, monkeypatch):
     """With the log start where it was and no consumer near the retention, a pass trims
     nothing and looks for no idle consumer (100,000 prefix-leased queues cost 440 ms of
     the loop a pass); each walk comes back once it can find something."""

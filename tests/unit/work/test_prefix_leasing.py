@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from tests.unit.fakes import MemoryLog
-from tests.unit.test_work_service import _node as work_node
+from tests.unit.nodes import work_node
 from vqueues.errors import VQError
 from vqueues.records import now_ms
 from vqueues.settings import Settings

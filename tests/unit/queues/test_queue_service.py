@@ -4,35 +4,10 @@ import asyncio
 
 import pytest
 
-from tests.unit.fakes import MemoryFetcher, MemoryLog
 from vqueues.errors import VQError
-from vqueues.ownership.ownership import Ownership
-from vqueues.queues.service import QueueService
 from vqueues.records import Record, now_ms
-from vqueues.settings import Settings
-from vqueues.state.cache import RecordCache
 
 PARTITIONS = 2
-
-
-@pytest.fixture
-async def service():
-    loop = asyncio.get_running_loop()
-    cache = RecordCache(1 << 20)
-    offset_log = MemoryLog()
-    own = Ownership(loop, PARTITIONS, cache, offset_log, node_id="n", url="http://n")
-    data_log = MemoryLog(tail=own)
-    svc = QueueService(Settings(write_visible_timeout_ms=1000), own, cache, data_log,
-                       offset_log, MemoryFetcher(data_log))
-    await asyncio.to_thread(own.assigned, list(range(PARTITIONS)))
-    for p in range(PARTITIONS):
-        await asyncio.to_thread(own.reached_end, p, 0)
-    for _ in range(200):
-        if own.ready:
-            break
-        await asyncio.sleep(0.005)
-    yield svc
-    svc.close()
 
 
 async def test_enqueued_records_are_read_back_and_acked(service):

@@ -6,7 +6,7 @@ import time
 import pytest
 
 from tests.unit.fakes import MemoryLog
-from tests.unit.test_idempotency_model import Owner
+from tests.unit.nodes import Owner
 from vqueues.api import enqueue_body
 from vqueues.settings import Settings
 from vqueues.state.idempotency import KEY_HEADER, PAYLOAD_HEADER

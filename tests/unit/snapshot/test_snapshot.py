@@ -8,8 +8,7 @@ from array import array
 import pytest
 
 from tests.narrow import known
-from tests.unit.test_retention_state import _history, rec
-from tests.unit.test_retention_state import snapshot as observe
+from tests.unit.partitions import history, observe, rec
 from vqueues.snapshot import build as build_module
 from vqueues.snapshot import capture as capture_module
 from vqueues.snapshot import columns, wire
@@ -57,7 +56,7 @@ async def test_a_snapshot_plus_the_tail_equals_a_full_replay(seed, long_queue, c
     monkeypatch.setattr(capture_module, "CAPTURE_OFFSETS", capture_offsets)
     monkeypatch.setattr(columns, "SUM_WINDOW", 5)  # queues' gap sums over many windows
     rnd = random.Random(seed)
-    events, end = _history(seed, queues=15, steps=500)
+    events, end = history(seed, queues=15, steps=500)
     cut = rnd.randrange(len(events) + 1)
     # The owner: the history up to the cut, then capture while the rest of it happens.
     owner = PartitionState(0, RecordCache(1 << 20))

@@ -7,7 +7,6 @@ import weakref
 
 import pytest
 
-from tests.unit.test_service import service  # noqa: F401  (the fixture)
 from vqueues import memory
 from vqueues.upkeep.maintenance import Maintenance
 
@@ -67,7 +66,7 @@ def test_a_limit_of_0_never_freezes(thawed):
 
 
 async def test_maintenance_freezes_unless_a_snapshot_build_has_the_collector_off(
-        service, thawed):  # noqa: F811
+        service, thawed):
     object.__setattr__(service.settings, "gc_freeze_objects", 1)
     upkeep = Maintenance(service.settings, service.ownership, service)
     gc.disable()

@@ -8,7 +8,7 @@ import pytest
 
 from tests.narrow import known
 from tests.unit.fakes import MemoryLog
-from tests.unit.test_work_service import _node
+from tests.unit.nodes import work_node
 from vqueues.errors import VQError
 from vqueues.records import Record, now_ms
 from vqueues.settings import Settings
@@ -32,7 +32,7 @@ def later(value: bytes, due: int):
 async def node():
     data_log, offset_log = MemoryLog(), MemoryLog()
     data_log.timestamp = now_ms()
-    svc, _ = await _node(data_log, offset_log, Settings(write_visible_timeout_ms=1000))
+    svc, _ = await work_node(data_log, offset_log, Settings(write_visible_timeout_ms=1000))
     yield svc, data_log, offset_log, Scheduler(svc, svc.ownership, 10)
     svc.close()
 
@@ -67,7 +67,7 @@ async def test_a_new_owner_delivers_each_scheduled_record_exactly_once(node):
     assert await scheduler.move_due(state) == 4
     await svc.enqueue("f", [later(b"pending", now + 100)])
     # The node dies; another replays the partition from the log.
-    svc2, _ = await _node(data_log, offset_log, Settings(write_visible_timeout_ms=1000))
+    svc2, _ = await work_node(data_log, offset_log, Settings(write_visible_timeout_ms=1000))
     state2 = svc2.ownership.require(svc.partition_of("f"))
     assert svc2.queue_info("f").scheduled == 1
     await asyncio.sleep(0.1)
@@ -89,7 +89,7 @@ async def test_a_scheduled_record_can_be_cancelled_before_it_is_due(node):
     with pytest.raises(VQError) as err:
         await svc.cancel_scheduled("c", record_id)
     assert (err.value.code, err.value.status) == ("scheduled_not_found", 404)
-    svc2, _ = await _node(data_log, offset_log, Settings(write_visible_timeout_ms=1000))
+    svc2, _ = await work_node(data_log, offset_log, Settings(write_visible_timeout_ms=1000))
     with pytest.raises(VQError):
         svc2.queue_info("c")  # the cancellation is in the log: nothing scheduled any more
     svc2.close()

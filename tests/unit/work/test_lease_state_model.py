@@ -14,7 +14,7 @@ import pytest
 
 from tests.narrow import known
 from tests.unit.fakes import MemoryLog
-from tests.unit.test_work_service import _fill, _node, snapshot_round_trip
+from tests.unit.nodes import fill, snapshot_round_trip, work_node
 from vqueues.errors import VQError
 from vqueues.records import (
     DeliveryUpdated,
@@ -87,7 +87,7 @@ async def replayed_view(data_log, offset_log, settings, partition):
     the owner it checks)."""
     copy = MemoryLog()
     copy.partitions = {p: list(entries) for p, entries in offset_log.partitions.items()}
-    svc, _ = await _node(data_log, copy, settings)
+    svc, _ = await work_node(data_log, copy, settings)
     try:
         return view(svc.ownership.require(partition))
     finally:
@@ -125,7 +125,7 @@ class History:
         try:
             if action < 0.2:
                 key = rnd.choice([None, None, "x", "y"])
-                for off in await _fill(svc, QUEUE, rnd.randint(1, 5), key=key):
+                for off in await fill(svc, QUEUE, rnd.randint(1, 5), key=key):
                     self.keys[off] = key
             elif action < 0.45:
                 got = (await work.lease(QUEUE, CONSUMER, rnd.randint(1, 6),
@@ -168,7 +168,7 @@ async def test_random_histories_replay_to_the_owners_state(clock, seed):
     rnd = random.Random(seed)
     settings = Settings(write_visible_timeout_ms=1000, max_lease_window=40)
     data_log, offset_log = MemoryLog(), MemoryLog()
-    svc, work = await _node(data_log, offset_log, settings)
+    svc, work = await work_node(data_log, offset_log, settings)
     await work.configure(QUEUE, CONSUMER, "lease", 3, "h-dlq", None)
     p = svc.partition_of(QUEUE)
     history = History(rnd, clock)
@@ -188,7 +188,7 @@ async def test_random_histories_replay_to_the_owners_state(clock, seed):
             log = compacted(offset_log, p, drop_tombstones=how == "no tombstones")
             assert await replayed_view(data_log, log, settings, p) == expected, how
         old_work = work
-        svc, work = await _node(data_log, offset_log, settings)
+        svc, work = await work_node(data_log, offset_log, settings)
         nodes.append(svc)
         failovers += 1
         got = view(svc.ownership.require(p))
@@ -228,8 +228,8 @@ async def test_an_offset_log_in_adr_8s_format_replays_and_is_taken_over(clock):
     their tokens stay current, and the first write checkpoints and clears their keys."""
     settings = Settings(write_visible_timeout_ms=1000)
     data_log, offset_log = MemoryLog(), MemoryLog()
-    svc, work = await _node(data_log, offset_log, settings)
-    offsets = await _fill(svc, QUEUE, 4, key=None)
+    svc, work = await work_node(data_log, offset_log, settings)
+    offsets = await fill(svc, QUEUE, 4, key=None)
     await work.configure(QUEUE, CONSUMER, "lease", 5, None, None)
     state = svc.ownership.require(svc.partition_of(QUEUE))
     p = state.partition
@@ -240,7 +240,7 @@ async def test_an_offset_log_in_adr_8s_format_replays_and_is_taken_over(clock):
     await offset_log.append(p, [(*encode_offset_entry(e), generation_header(state.generation))
                                 for e in old])
     svc.close()
-    svc, work = await _node(data_log, offset_log, settings)
+    svc, work = await work_node(data_log, offset_log, settings)
     state = svc.ownership.require(p)
     assert state.work[(QUEUE, CONSUMER)].legacy
     _, _, records = view(state)

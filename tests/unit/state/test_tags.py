@@ -5,7 +5,7 @@ import pytest
 
 from tests.narrow import known
 from tests.unit.fakes import MemoryLog
-from tests.unit.test_work_service import _node
+from tests.unit.nodes import work_node
 from vqueues.records import Record
 from vqueues.settings import Settings
 from vqueues.snapshot.build import build, restore
@@ -26,7 +26,7 @@ def tagged(value: bytes, *tags: str):
 @pytest.fixture
 async def node():
     data_log, offset_log = MemoryLog(), MemoryLog()
-    svc, work = await _node(data_log, offset_log, Settings(write_visible_timeout_ms=1000))
+    svc, work = await work_node(data_log, offset_log, Settings(write_visible_timeout_ms=1000))
     yield svc, work
     svc.close()
 

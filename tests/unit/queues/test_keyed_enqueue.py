@@ -9,7 +9,7 @@ import time
 import pytest
 
 from tests.unit.fakes import MemoryLog
-from tests.unit.test_work_service import _node
+from tests.unit.nodes import work_node
 from vqueues.errors import Unavailable, VQError
 from vqueues.records import Record
 from vqueues.settings import Settings
@@ -32,7 +32,7 @@ def keyed(value: bytes, key: str, **headers: str):
 async def node():
     data_log, offset_log = MemoryLog(), MemoryLog()
     data_log.timestamp = int(time.time() * 1000)  # records written now, inside the window
-    svc, _ = await _node(data_log, offset_log, Settings(write_visible_timeout_ms=1000))
+    svc, _ = await work_node(data_log, offset_log, Settings(write_visible_timeout_ms=1000))
     yield svc, data_log, offset_log
     svc.close()
 
@@ -119,7 +119,7 @@ async def test_a_retry_waiting_for_a_held_key_answers_503_after_broker_timeout_m
     retry is answered 503 broker_timeout (retriable) after `broker_timeout_ms`, not never."""
     data_log, offset_log = MemoryLog(), MemoryLog()
     data_log.timestamp = int(time.time() * 1000)
-    svc, _ = await _node(data_log, offset_log,
+    svc, _ = await work_node(data_log, offset_log,
                          Settings(write_visible_timeout_ms=200, broker_timeout_ms=300))
     try:
         data_log.store_unreported = True
@@ -172,7 +172,7 @@ async def test_a_key_reused_with_another_payload_is_a_conflict_naming_the_first(
 async def test_a_new_owner_rebuilds_the_window_from_the_records(node):
     svc, data_log, offset_log = node
     first = await svc.enqueue("f", [keyed(b"v", "key")])
-    svc2, _ = await _node(data_log, offset_log, Settings(write_visible_timeout_ms=1000))
+    svc2, _ = await work_node(data_log, offset_log, Settings(write_visible_timeout_ms=1000))
     assert (await svc2.enqueue("f", [keyed(b"v", "key")])).offsets == first.offsets
     assert data_log.end(svc.partition_of("f")) == 1
     svc2.close()

@@ -20,7 +20,7 @@ from vqueues.state.idempotency import KEY_HEADER, IdempotencyWindow, KeySection,
 from vqueues.state.partition_state import PartitionState
 
 pytestmark = pytest.mark.unit
-DATA = Path(__file__).resolve().parents[1] / "data"
+DATA = Path(__file__).resolve().parents[2] / "data"
 
 
 def keyed(offset, key, at, value=b"v"):
