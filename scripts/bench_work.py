@@ -383,9 +383,9 @@ def window_memory(n: int = 100_000) -> float:
     import tracemalloc
     from array import array
 
-    from vqueues.state.window import WorkState
+    from vqueues.state.window import LeaseWindow
     offsets = array("q", range(0, 2 * n, 2))
-    work = WorkState(0)
+    work = LeaseWindow(0)
     work.ensure_index(0, 5)
     gc.collect()
     tracemalloc.start()
@@ -431,7 +431,7 @@ def idle_queue_memory(n: int = 20_000) -> float:
             ConsumerAcked(q, "pool", i, 1),
             ConsumerConfigured(q, "pool", LEASE, 5, None, 30_000, None, "tenant-"),
             WindowDelta(q, "pool", 1, 1, [DeliveryGroup(True, 10**13, 1, 7, None, [i])])])
-        state.work[(q, "pool")].ensure_index(1, 5)  # the lease had it indexed
+        state.windows[(q, "pool")].ensure_index(1, 5)  # the lease had it indexed
         state.apply_offset_entries([WindowDelta(q, "pool", 1, 2, [], [i], i + 1)])
     gc.collect()
     used = tracemalloc.get_traced_memory()[0] - before

@@ -25,7 +25,7 @@ from vqueues.storage import OffsetLog
 
 log = logging.getLogger(__name__)
 
-# Offset-topic entries applied per loop turn during a replay.
+# Offset-topic entries applied per loop pass during a replay.
 REPLAY_CHUNK = 5000
 
 Entries = dict[int, tuple[list[tuple[int, OffsetEntry]], int]]

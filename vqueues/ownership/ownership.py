@@ -41,7 +41,7 @@ from vqueues.storage import Consumed, Log, OffsetLog
 
 log = logging.getLogger(__name__)
 
-# Data records applied per loop turn (batches of them waiting at most: `GroupInbox`).
+# Data records applied per loop pass (batches of them waiting at most: `GroupInbox`).
 APPLY_SLICE = 500
 # The group thread waits this long for snapshots to load before reading from the beginning.
 SNAPSHOT_LOAD_TIMEOUT_S = 120.0
@@ -275,7 +275,7 @@ class Ownership:
             self._spawn(self._dismantle(gone))
 
     async def _dismantle(self, states: list[PartitionState]) -> None:
-        """Free revoked partitions' indexes a step per loop turn, once the requests that still
+        """Free revoked partitions' indexes a step per loop pass, once the requests that still
         hold their states (they answer wrong_node) are done, then hand the memory back."""
         await asyncio.sleep(DISMANTLE_AFTER_S)
         for state in states:

@@ -97,8 +97,8 @@ class KeyedEnqueue:
                     if not keyed:
                         raise  # no key: a retry may store them twice, as documented
                     if not await self._look_again(state, keyed, offsets):
-                        release = False  # in doubt: held until told (`_settle`)
-                        self._in_background(self._settle(p, keyed, claimed, done))
+                        release = False  # in doubt: held until told (`_resolve_doubt`)
+                        self._in_background(self._resolve_doubt(p, keyed, claimed, done))
                         raise
                     if any(offsets[i] is None for i, _ in keyed):
                         raise  # not stored: a retry writes them
@@ -190,7 +190,7 @@ class KeyedEnqueue:
         _from_window(state.idempotency, keyed, offsets)
         return True
 
-    async def _settle(self, p: int, keyed: list[tuple[int, int]],
+    async def _resolve_doubt(self, p: int, keyed: list[tuple[int, int]],
                       claimed: list[tuple[int, int]], done: asyncio.Future[None]) -> None:
         """Keys of a failed write that may be stored stay claimed (a retry waits for them)
         until partition `p`'s end, indexed by its state on this node (a new one, if it was

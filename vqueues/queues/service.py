@@ -328,7 +328,7 @@ class QueueService:
         now = now_ms()
         offsets = state.queues[queue].offsets
         for name, (off, lag) in stats.consumers.items():
-            work = state.work.get((queue, name))
+            work = state.windows.get((queue, name))
             if work is None:
                 consumers.append(ConsumerInfo(name, off, lag, CURSOR, 0, 0, lag, 0))
                 continue

@@ -92,8 +92,8 @@ class _Columns:
         for i in range(0, ordered, NAMES_STEP):
             # A step at a time, so no one C call holds the GIL long. Masked in Python, not by
             # numpy: numpy gives the GIL up and takes it back within each call, and the loop's
-            # thread, which then never sees the holder wait out its switch interval, gets no
-            # turn.
+            # thread, which then never sees the holder wait out its switch interval, never
+            # runs.
             step = names[i:min(i + NAMES_STEP, ordered)]
             shard_of[i:i + len(step)] = [h & (QUEUE_SHARDS - 1) for h in map(hash, step)]
         self._order = np.argsort(shard_of, kind="stable")  # queue numbers, shard by shard
@@ -180,7 +180,7 @@ def restore(state: PartitionState, snapshot: Snapshot, built: tuple[QueueMap, So
     state.idempotency = window
     state.index = PartitionIndex(*built, snapshot.log_start)
     state.fence = snapshot.fence
-    state.leases.restore(snapshot.configs, snapshot.work)
+    state.lease_windows.restore(snapshot.configs, snapshot.windows)
     state.schedule.restore(snapshot.scheduled)
     state.tags = TagIndex.restore(snapshot.tags)
     state.frontier.start_at(snapshot.data_position)

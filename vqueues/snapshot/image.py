@@ -9,7 +9,7 @@ import numpy as np
 
 from vqueues.snapshot.columns import decode_offsets
 from vqueues.state.idempotency import KeySection
-from vqueues.state.lease_windows import ConfigRow, WorkRow
+from vqueues.state.lease_windows import ConfigRow, WindowRow
 
 
 @dataclass(slots=True)
@@ -29,7 +29,7 @@ class Snapshot:
     consumers: list[tuple[int, str, int, int]] = field(default_factory=list)
     fence: int = 0
     configs: list[ConfigRow] = field(default_factory=list)  # `LeaseWindows.capture`'s
-    work: list[WorkRow] = field(default_factory=list)
+    windows: list[WindowRow] = field(default_factory=list)
     # (queue, tag, offsets as raw int64): the tag index below the cut
     tags: list[tuple[str, str, bytes]] = field(default_factory=list)
     # (queue, id, due): records waiting for their due time, below the cut

@@ -1,6 +1,6 @@
 """Restoring an assigned partition from its latest snapshot (ADR 7): read it off the loop,
 build the index off the loop, hand it to the partition's state, and once the partition serves,
-build its remaining cold queues a shard per loop turn."""
+build its remaining cold queues a shard per loop pass."""
 
 from __future__ import annotations
 
@@ -110,7 +110,7 @@ class SnapshotRestore:
 
     async def warm(self, state: PartitionState) -> None:
         """Once a restored partition serves, build its queues still in the snapshot's columns
-        a shard per loop turn (`QueueMap.warm_next`), so the columns are freed; the replay
+        a shard per loop pass (`QueueMap.warm_next`), so the columns are freed; the replay
         and requests meanwhile build the queues they touch. Not before it serves: the turns
         would slow the replay of the records after the snapshot (ADR 7)."""
         # Polled: a revocation is a flag, not an event, and ends the wait as well.
@@ -118,7 +118,7 @@ class SnapshotRestore:
             await asyncio.sleep(WARM_WAIT_S)
         started, queues = time.monotonic(), state.queues
         cold = queues.cold
-        # A yield, not a wait: one shard per loop turn.
+        # A yield, not a wait: one shard per loop pass.
         while not state.revoked and queues is state.queues and queues.warm_next():  # noqa: ASYNC110
             await asyncio.sleep(0)
         log.info("snapshot_warmed", extra={

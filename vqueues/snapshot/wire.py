@@ -51,7 +51,7 @@ def encode(snapshot: Snapshot, snapshot_id: int) -> tuple[list[tuple[bytes, byte
     for column in (lengths, snapshot.counts, snapshot.deleted):
         meta += [_bin(len(column) * column.itemsize), column.tobytes()]
     meta += [msgspec.msgpack.encode(snapshot.consumers),
-             msgspec.msgpack.encode([snapshot.fence, snapshot.configs, snapshot.work,
+             msgspec.msgpack.encode([snapshot.fence, snapshot.configs, snapshot.windows,
                                      snapshot.tags, snapshot.scheduled, list(snapshot.keys)])]
     body = _deflate(chain(
         (sum(map(len, meta)).to_bytes(8, "little"), *meta),

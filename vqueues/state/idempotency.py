@@ -28,7 +28,7 @@ from vqueues.records import Record
 KEY_HEADER = "vq-idempotency-key"
 PAYLOAD_HEADER = "vq-idempotency-payload"  # a keyed scheduled record's payload, as sent
 MAX_KEY_BYTES = 256
-CAPTURE_STEP = 20_000  # keys copied into a snapshot per loop turn
+CAPTURE_STEP = 20_000  # keys copied into a snapshot per loop pass
 
 
 class Seen(msgspec.Struct, frozen=True, gc=False):

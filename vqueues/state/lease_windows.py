@@ -1,4 +1,4 @@
-"""A partition's consumer settings and lease windows: `ConsumerConfig` and `WorkState` by
+"""A partition's consumer settings and lease windows: `ConsumerConfig` and `LeaseWindow` by
 (queue, consumer), as the offset topic's entries make them (ADR 8, ADR 12). The rules that
 decide the entries are the work service's; this is what replay and the owner's own writes
 apply, and what a snapshot carries."""
@@ -20,7 +20,7 @@ from vqueues.records import (
     now_ms,
 )
 from vqueues.state.consumer_config import LEASE, ConsumerConfig
-from vqueues.state.window import Delivery, WorkState
+from vqueues.state.window import Delivery, LeaseWindow
 
 # A snapshot's rows: (queue, consumer, mode, max_attempts, dead_letter_queue, visibility_ms,
 # max_in_flight, prefix); rows of snapshots before format 7 end after visibility_ms.
@@ -29,7 +29,7 @@ ConfigRow = tuple[Any, ...]
 #  [(offset, attempts, until, leased, order_key, reason, grant)],
 #  seq, deltas_since, [(generation, seq; -1 for a checkpoint)], legacy, needs_keys).
 # Rows of snapshot formats before 6 end after the deliveries, which lack the grant.
-WorkRow = tuple[Any, ...]
+WindowRow = tuple[Any, ...]
 
 
 def _shared(config: ConsumerConfig) -> ConsumerConfig:
@@ -48,11 +48,11 @@ _CONFIGS: dict[ConsumerConfig, ConsumerConfig] = {}
 class LeaseWindows:
     """Consumers with settings (`configs`) and the lease consumers' windows (`work`)."""
 
-    __slots__ = ("configs", "last_attempts", "work")
+    __slots__ = ("configs", "last_attempts", "windows")
 
     def __init__(self) -> None:
         self.configs: dict[tuple[str, str], ConsumerConfig] = {}
-        self.work: dict[tuple[str, str], WorkState] = {}
+        self.windows: dict[tuple[str, str], LeaseWindow] = {}
         # (deadline, queue, consumer) of leases on a record's last attempt: when one expires,
         # the record goes to the dead letters then (`lease_expiry`), not at the next lease.
         self.last_attempts: list[tuple[int, str, str]] = []
@@ -71,7 +71,7 @@ class LeaseWindows:
     def acked(self, queue: str, consumer: str, offset: int, dead_lettered: int) -> None:
         """The consumer's committed offset moved (a `c` entry): for a lease consumer, its
         low-water mark."""
-        work = self.work.get((queue, consumer))
+        work = self.windows.get((queue, consumer))
         if work is not None:
             work.frontier = max(work.frontier, offset)
             work.settle_below(offset)
@@ -80,7 +80,7 @@ class LeaseWindows:
     def forget(self, queue: str, consumer: str) -> None:
         """The consumer was deleted, or its settings cleared."""
         self.configs.pop((queue, consumer), None)
-        self.work.pop((queue, consumer), None)
+        self.windows.pop((queue, consumer), None)
 
     def configured(self, e: ConsumerConfigured, committed: int | None) -> None:
         """New settings; a consumer that becomes a lease consumer starts its window at its
@@ -89,10 +89,10 @@ class LeaseWindows:
         self.configs[key] = _shared(ConsumerConfig(e.mode, e.max_attempts, e.dead_letter_queue,
                                                    e.visibility_ms, e.max_in_flight, e.prefix))
         if e.mode == LEASE:
-            if key not in self.work:
-                self.work[key] = WorkState(committed or 0)
+            if key not in self.windows:
+                self.windows[key] = LeaseWindow(committed or 0)
         else:
-            self.work.pop(key, None)
+            self.windows.pop(key, None)
 
     def window_written(self, e: WindowDelta, own: bool,
                        offsets_of: Callable[[str], array[int]]) -> None:
@@ -100,9 +100,9 @@ class LeaseWindows:
         records already, to find the mark). An own checkpoint repeats what the delta before
         it applied: only its bookkeeping is done."""
         key = (e.queue, e.consumer)
-        work = self.work.get(key)
+        work = self.windows.get(key)
         if work is None:
-            work = self.work[key] = WorkState(e.frontier)
+            work = self.windows[key] = LeaseWindow(e.frontier)
         now = now_ms()
         if e.checkpoint:
             work.log_keys.clear()
@@ -136,14 +136,14 @@ class LeaseWindows:
         work.release_index()  # if the window is empty now
 
     def key_cleared(self, e: WindowKeyCleared) -> None:
-        work = self.work.get((e.queue, e.consumer))
+        work = self.windows.get((e.queue, e.consumer))
         if work is not None:
             work.log_keys.pop((e.generation, e.seq), None)
 
     def fenced(self, e: OffsetEntry) -> None:
         """A fenced-off owner's window write (ignored): its key still needs a tombstone."""
         if isinstance(e, WindowDelta):
-            work = self.work.get((e.queue, e.consumer))
+            work = self.windows.get((e.queue, e.consumer))
             if work is not None:
                 work.log_keys[(e.generation, None if e.checkpoint else e.seq)] = None
 
@@ -152,9 +152,9 @@ class LeaseWindows:
         """ADR 8's entry: one record of a window was leased, retried, extended or completed.
         `offsets_of` gives the queue's offsets (asked only for a completion)."""
         key = (e.queue, e.consumer)
-        work = self.work.get(key)
+        work = self.windows.get(key)
         if work is None:
-            work = self.work[key] = WorkState(0)
+            work = self.windows[key] = LeaseWindow(0)
         work.legacy = True
         if e.offset < committed:
             return  # settled already (its tombstone may not have been written)
@@ -169,7 +169,7 @@ class LeaseWindows:
     def delivery_cleared(self, e: DeliveryCleared) -> None:
         """ADR 8's tombstone: the record is below the mark. Once a checkpoint replaced the
         window (not `legacy`), such tombstones only clear the old keys: nothing to apply."""
-        work = self.work.get((e.queue, e.consumer))
+        work = self.windows.get((e.queue, e.consumer))
         if work is not None and work.legacy:
             work.drop(e.offset)
 
@@ -177,15 +177,15 @@ class LeaseWindows:
         """The queue was deleted: its consumers' settings and windows go with it."""
         for key in [k for k in self.configs if k[0] == queue]:
             del self.configs[key]
-        for key in [k for k in self.work if k[0] == queue]:
-            del self.work[key]
+        for key in [k for k in self.windows if k[0] == queue]:
+            del self.windows[key]
 
     # Queries ---------------------------------------------------------------------------------
 
     def tombstones(self, queue: str, consumer: str, queue_offsets: array[int] | None,
                    committed: int) -> list[OffsetEntry]:
         """Tombstones for every window key the lease consumer may have live in the log."""
-        work = self.work.get((queue, consumer))
+        work = self.windows.get((queue, consumer))
         if work is None:
             return []
         out: list[OffsetEntry] = [WindowKeyCleared(queue, consumer, gen, seq)
@@ -193,7 +193,7 @@ class LeaseWindows:
         return out + self.legacy_tombstones(queue, consumer, work, queue_offsets, committed)
 
     @staticmethod
-    def legacy_tombstones(queue: str, consumer: str, work: WorkState,
+    def legacy_tombstones(queue: str, consumer: str, work: LeaseWindow,
                           queue_offsets: array[int] | None, committed: int
                           ) -> list[OffsetEntry]:
         """Tombstones for ADR 8's per-record keys the window may hold (none once a checkpoint
@@ -206,31 +206,31 @@ class LeaseWindows:
 
     # The snapshot's section ----------------------------------------------------------------
 
-    def capture(self) -> tuple[list[ConfigRow], list[WorkRow]]:
+    def capture(self) -> tuple[list[ConfigRow], list[WindowRow]]:
         """Every consumer's settings and every window, as rows."""
         configs: list[ConfigRow] = [
             (q, c, k.mode, k.max_attempts, k.dead_letter_queue, k.visibility_ms, k.max_in_flight,
              k.prefix) for (q, c), k in self.configs.items()]
-        work: list[WorkRow] = [
+        work: list[WindowRow] = [
             (q, c, w.frontier, w.dead_lettered, list(w.done.starts), list(w.done.ends),
              [(o, d.attempts, d.until, d.leased, d.order_key, d.reason, d.grant)
               for o, d in w.deliveries.items()],
              w.seq, w.deltas_since, [(g, -1 if s is None else s) for g, s in w.log_keys],
              w.legacy, w.needs_keys)
-            for (q, c), w in self.work.items()]
+            for (q, c), w in self.windows.items()]
         return configs, work
 
-    def restore(self, configs: Sequence[ConfigRow], work: Sequence[WorkRow]) -> None:
+    def restore(self, configs: Sequence[ConfigRow], work: Sequence[WindowRow]) -> None:
         """Replace everything with what `capture` described (or an older snapshot's rows)."""
         self.configs = {(str(row[0]), str(row[1])): _shared(ConsumerConfig(
             str(row[2]), int(row[3]), row[4], int(row[5]),
             int(row[6]) if len(row) > 6 and row[6] is not None else None,
             row[7] if len(row) > 7 else None)) for row in configs}
-        self.work = {}
+        self.windows = {}
         self.last_attempts = []
         for row in work:
             q, c, frontier, dead, starts, ends, deliveries = row[:7]
-            w = self.work[(str(q), str(c))] = WorkState(int(frontier))
+            w = self.windows[(str(q), str(c))] = LeaseWindow(int(frontier))
             w.dead_lettered = int(dead)
             w.done.starts, w.done.ends = list(starts), list(ends)
             w.deliveries = {int(d[0]): Delivery(int(d[1]), int(d[2]), bool(d[3]), d[4], d[5],

@@ -143,7 +143,7 @@ class PartitionIndex:
     def trim(self, log_start: int, names: Iterable[str],
              trimmed: Callable[[str, int], None]) -> int:
         """Retention: drop the offsets below `log_start` of the queues `names` (a chunk of
-        them, so a caller can spread a million queues over many loop turns), telling
+        them, so a caller can spread a million queues over many loop passes), telling
         `trimmed` of each queue trimmed; a queue left with no record and no consumer leaves the
         index. Returns how many queues were dropped."""
         self.log_start = max(self.log_start, log_start)

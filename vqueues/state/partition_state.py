@@ -63,10 +63,10 @@ from vqueues.state.record_indexing import RecordIndexer
 from vqueues.state.schedule import Schedule
 from vqueues.state.tag_index import TagIndex
 from vqueues.state.waiters import Waiters
-from vqueues.state.window import WorkState
+from vqueues.state.window import LeaseWindow
 from vqueues.state.writes_in_flight import WritesInFlight
 
-DISMANTLE_STEP = 4096  # entries freed per loop turn when a revoked partition's state is freed
+DISMANTLE_STEP = 4096  # entries freed per loop pass when a revoked partition's state is freed
 
 
 class PartitionState:
@@ -82,7 +82,7 @@ class PartitionState:
         self.tags = TagIndex()
         self.schedule = Schedule()  # records to deliver later
         self.idempotency = IdempotencyWindow(idempotency_window_ms)
-        self.leases = LeaseWindows()
+        self.lease_windows = LeaseWindows()
         self.waiters = Waiters()
         self.writes = WritesInFlight()
         self.prefixes = prefixes  # the cluster's prefix consumers (node-wide)
@@ -134,12 +134,12 @@ class PartitionState:
     @property
     def configs(self) -> dict[tuple[str, str], ConsumerConfig]:
         """Consumers with settings, by (queue, consumer)."""
-        return self.leases.configs
+        return self.lease_windows.configs
 
     @property
-    def work(self) -> dict[tuple[str, str], WorkState]:
+    def windows(self) -> dict[tuple[str, str], LeaseWindow]:
         """The lease consumers' windows, by (queue, consumer)."""
-        return self.leases.work
+        return self.lease_windows.windows
 
     # Indexing records at the frontier ----------------------------------------------------------
 
@@ -203,14 +203,14 @@ class PartitionState:
                 self.fence = max(self.fence, e.generation)
             elif generation < self.fence:
                 self.fenced_entries += 1
-                self.leases.fenced(e)
+                self.lease_windows.fenced(e)
             else:
                 self.apply_offset_entries((e,))
 
     def apply_offset_entries(self, entries: Iterable[OffsetEntry], own: bool = False) -> None:
         """Apply offset-topic entries in log order (replay, or our own writes: `own`, whose
         window writes were partly applied by their writer: `WindowWrite`)."""
-        leases = self.leases
+        leases = self.lease_windows
         for e in entries:
             if isinstance(e, WindowDelta):
                 if e.low_water is not None:
@@ -257,7 +257,7 @@ class PartitionState:
         if self.may_lease(consumer, queue):
             self.ready_queues.add(consumer, queue)
             return
-        work = self.leases.work.get((queue, consumer))
+        work = self.lease_windows.windows.get((queue, consumer))
         at = work.next_change(now_ms()) if work is not None else None
         if at is not None:
             self.ready_queues.later(consumer, queue, at)
@@ -270,7 +270,7 @@ class PartitionState:
         q = self.queues.get(queue)
         if q is None or not q.offsets:
             return False
-        work = self.leases.work.get((queue, consumer))
+        work = self.lease_windows.windows.get((queue, consumer))
         return work is None or q.offsets[-1] >= work.frontier or work.may_lease(now_ms())
 
     def _offsets_of(self, queue: str) -> array[int]:
@@ -358,14 +358,14 @@ class PartitionState:
     def window_tombstones(self, queue: str, consumer: str) -> list[OffsetEntry]:
         """Tombstones for every delivery-state key a lease consumer may have written."""
         q = self.queues.get(queue)
-        return list(self.leases.tombstones(queue, consumer, None if q is None else q.offsets,
+        return list(self.lease_windows.tombstones(queue, consumer, None if q is None else q.offsets,
                                            self.committed(queue, consumer) or 0))
 
     def consumer_tombstones(self, queue: str, consumer: str) -> list[OffsetEntry]:
         """Everything a deleted consumer leaves in the offset topic, as tombstones: its
         committed offset, its settings and its window."""
         entries: list[OffsetEntry] = [ConsumerDeleted(queue, consumer)]
-        if (queue, consumer) in self.leases.configs:
+        if (queue, consumer) in self.lease_windows.configs:
             entries.append(ConsumerConfigCleared(queue, consumer))
         return entries + self.window_tombstones(queue, consumer)
 
@@ -375,7 +375,7 @@ class PartitionState:
         floor = self.index.delete(queue, deleted_before)
         self.tags.trim(queue, floor)
         self.schedule.drop_below(queue, floor)
-        self.leases.drop_queue(queue)
+        self.lease_windows.drop_queue(queue)
 
     def trim_schedule(self, log_start: int) -> int:
         """Scheduled records retention removed before their time: they are gone (the longest

@@ -41,7 +41,7 @@ class Delivery:
 
 
 
-class WorkState:
+class LeaseWindow:
     """A lease consumer's window on one queue (its low-water mark lives with the queue's
     consumers, as any consumer's committed offset does), and what its window writes left in
     the offset topic (ADR 12).

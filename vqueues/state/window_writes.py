@@ -14,7 +14,7 @@ from itertools import pairwise
 
 from vqueues.records import DeliveryGroup, OffsetEntry, WindowDelta, WindowKeyCleared, now_ms
 from vqueues.state.partition_state import PartitionState
-from vqueues.state.window import WorkState
+from vqueues.state.window import LeaseWindow
 
 # Window writes between checkpoints (at least; a large window's checkpoint comes after more
 # writes, one per `CHECKPOINT_RECORDS` of its deliveries, so its cost per write stays small).
@@ -29,7 +29,7 @@ class WindowWrite:
 
     __slots__ = ("consumer", "dead", "done", "groups", "now", "queue", "state", "work")
 
-    def __init__(self, state: PartitionState, queue: str, consumer: str, work: WorkState
+    def __init__(self, state: PartitionState, queue: str, consumer: str, work: LeaseWindow
                  ) -> None:
         self.state = state
         self.queue = queue
@@ -89,7 +89,7 @@ def _ascending(offsets: list[int]) -> bool:
     return all(a < b for a, b in pairwise(offsets))
 
 
-def checkpoint(state: PartitionState, queue: str, consumer: str, work: WorkState
+def checkpoint(state: PartitionState, queue: str, consumer: str, work: LeaseWindow
                ) -> list[OffsetEntry]:
     """The window written whole, then tombstones for every window key it supersedes (and for
     ADR 8's per-record keys); applied to the state's bookkeeping."""
@@ -98,7 +98,7 @@ def checkpoint(state: PartitionState, queue: str, consumer: str, work: WorkState
     superseded: list[OffsetEntry] = [WindowKeyCleared(queue, consumer, gen, seq)
                                      for gen, seq in work.log_keys
                                      if (gen, seq) != (state.generation, None)]
-    superseded += state.leases.legacy_tombstones(queue, consumer, work,
+    superseded += state.lease_windows.legacy_tombstones(queue, consumer, work,
                                                  q.offsets if q is not None else None, committed)
     groups: dict[GroupKey, list[int]] = {}
     for off, d in work.deliveries.items():
@@ -124,7 +124,7 @@ def takeover_checkpoints(state: PartitionState) -> list[OffsetEntry]:
     format is left to its first write (its keys are tombstoned once the data is indexed)."""
     gen = state.generation
     out: list[OffsetEntry] = []
-    for (queue, consumer), work in state.work.items():
+    for (queue, consumer), work in state.windows.items():
         if not work.legacy and any(g != gen for g, _ in work.log_keys):
             out += checkpoint(state, queue, consumer, work)
     return out

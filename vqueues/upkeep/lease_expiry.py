@@ -35,9 +35,9 @@ class LeaseExpiry:
             now = now_ms()
             due = [(state, queue, consumer)
                    for state in list(self.ownership.states.values())
-                   if state.ready.is_set() and state.leases.last_attempts
-                   and state.leases.last_attempts[0][0] <= now
-                   for queue, consumer in state.leases.due_last_attempts(now)]
+                   if state.ready.is_set() and state.lease_windows.last_attempts
+                   and state.lease_windows.last_attempts[0][0] <= now
+                   for queue, consumer in state.lease_windows.due_last_attempts(now)]
             for start in range(0, len(due), DEAD_LETTERINGS_AT_ONCE):
                 await asyncio.gather(*(self._dead_letter(*d)
                                        for d in due[start:start + DEAD_LETTERINGS_AT_ONCE]))

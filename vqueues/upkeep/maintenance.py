@@ -1,6 +1,6 @@
 """Upkeep of the owned partitions, off the request path: the index follows retention, idle
 consumers expire, and partitions are snapshotted (ADR 7). Each pass works one shard of a
-partition's queue map per loop turn, so a million queues never stall the loop."""
+partition's queue map per loop pass, so a million queues never stall the loop."""
 
 from __future__ import annotations
 

@@ -20,7 +20,7 @@ from vqueues.settings import MIN_VISIBILITY_MS, Settings
 from vqueues.state.consumer_config import ANY_PREFIX, CURSOR, LEASE, ConsumerConfig
 from vqueues.state.partition_state import PartitionState
 from vqueues.state.prefix_consumers import PrefixConsumer
-from vqueues.state.window import WorkState
+from vqueues.state.window import LeaseWindow
 
 MAX_ATTEMPTS_LIMIT = 1000
 
@@ -163,7 +163,7 @@ class ConsumerConfigs:
         return state.configs[(queue, consumer)], change
 
     async def lease_consumer(self, state: PartitionState, queue: str, consumer: str
-                             ) -> tuple[WorkState, ConsumerConfig]:
+                             ) -> tuple[LeaseWindow, ConsumerConfig]:
         """The consumer's window and settings. A first lease makes a consumer that has never
         acked a lease consumer, with the settings of the prefix consumer by its name that covers
         the queue (or the defaults, following such a prefix consumer once one is defined),
@@ -187,7 +187,7 @@ class ConsumerConfigs:
                                    config.dead_letter_queue, config.visibility_ms,
                                    config.max_in_flight, config.prefix)]
             await self.queues.write_entries(state, entries)
-        work = state.work.get((queue, consumer))
+        work = state.windows.get((queue, consumer))
         if work is None:  # revoked meanwhile (the write was not applied)
             self.queues.ownership.require(state.partition)
             raise Conflict("consumer_mode_mismatch", "the consumer changed meanwhile; retry")

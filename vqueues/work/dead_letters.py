@@ -27,7 +27,7 @@ class DeadLetters:
         """Write the records to the dead-letter queue (through the producer, wherever its
         partition is owned), then complete them here, counted. Called under the consumer's
         lock."""
-        work = state.work[(queue, consumer)]
+        work = state.windows[(queue, consumer)]
         offsets = sorted(reasons)
         hold = now_ms() + DEAD_LETTER_HOLD_MS
         for off in offsets:  # nobody leases them meanwhile (in memory only)
@@ -52,7 +52,7 @@ class DeadLetters:
             target = ownership.states.get(self.queues.partition_of(dlq))
             await self.queues.append_records(
                 dlq, out, target if target is not None and target.ready.is_set() else None)
-        if state.revoked or state.work.get((queue, consumer)) is not work:
+        if state.revoked or state.windows.get((queue, consumer)) is not work:
             return  # the partition or the consumer went meanwhile
         write = WindowWrite(state, queue, consumer, work)
         write.finish(offsets, dead=len(offsets))

@@ -13,7 +13,7 @@ from vqueues.settings import Settings
 from vqueues.state.consumer_config import ORDER_KEY_HEADER, ConsumerConfig
 from vqueues.state.partition_state import PartitionState
 from vqueues.state.tags import tags_of
-from vqueues.state.window import Delivery, WorkState
+from vqueues.state.window import Delivery, LeaseWindow
 
 
 def order_key(rec: Record) -> str | None:
@@ -37,9 +37,9 @@ class LeaseChoice:
         self.settings = settings
         self.queues = queues
 
-    async def prepare(self, state: PartitionState, queue: str, consumer: str, work: WorkState,
+    async def prepare(self, state: PartitionState, queue: str, consumer: str, work: LeaseWindow,
                       config: ConsumerConfig) -> None:
-        """Index the window for leasing (`WorkState.ensure_index`). After replay, first read
+        """Index the window for leasing (`LeaseWindow.ensure_index`). After replay, first read
         back the ordering keys of the window's records from the records themselves (a
         replayed delivery, or a record skipped for its key, does not carry it)."""
         if work.needs_keys:
@@ -58,14 +58,14 @@ class LeaseChoice:
             work.indexed = False
         work.ensure_index(now_ms(), config.max_attempts, config.max_in_flight is not None)
 
-    async def choose(self, state: PartitionState, queue: str, consumer: str, work: WorkState,
+    async def choose(self, state: PartitionState, queue: str, consumer: str, work: LeaseWindow,
                      max_records: int, tag: str | None = None
                      ) -> tuple[list[int], list[int], dict[int, Record]]:
         """The offsets to lease, in offset order: first the window's available records, then
         new ones (each joins the window); a record waits while an earlier record with its
         ordering key is not done. Also the new records `tag` filters out (to complete), and
         the records read on the way (by offset). The chosen records are out of the window's
-        index: the caller leases them, or gives them back (`WorkState.give_back`)."""
+        index: the caller leases them, or gives them back (`LeaseWindow.give_back`)."""
         chosen = work.take_ready(max_records)
         seen: dict[int, Record] = {}
         if len(chosen) >= max_records:
@@ -79,7 +79,7 @@ class LeaseChoice:
         return chosen, skipped, seen
 
     async def _choose_new(self, state: PartitionState, queue: str, consumer: str,
-                          work: WorkState, max_records: int, tag: str | None,
+                          work: LeaseWindow, max_records: int, tag: str | None,
                           chosen: list[int], seen: dict[int, Record]) -> list[int]:
         """New records past the frontier join the window; those a lease may take now are
         added to `chosen` (up to `max_records`); returns the ones `tag` filters out."""

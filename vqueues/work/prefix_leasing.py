@@ -38,7 +38,7 @@ from vqueues.work.work_service import LeaseDecision, Settle, SettleDecision, Wor
 
 log = logging.getLogger(__name__)
 
-BUILD_STEP = 5000  # queue names looked at per loop turn when a partition's turns are built
+BUILD_STEP = 5000  # queue names looked at per loop pass when a partition's turns are built
 
 
 class Round:
@@ -112,9 +112,9 @@ class PrefixLeasing:
             ready += state.ready_queues.size(consumer)
             for queue in state.ready_queues.waiting(consumer):
                 q = state.queues.get(queue)
-                if q is not None and (queue, consumer) not in state.work:
+                if q is not None and (queue, consumer) not in state.windows:
                     backlog += len(q.offsets)
-            for (queue, c), work in state.work.items():
+            for (queue, c), work in state.windows.items():
                 if c == consumer and pc.covers(queue):
                     queues += 1
                     q = state.queues.get(queue)
@@ -298,7 +298,7 @@ class PrefixLeasing:
             return None  # gone, or nothing left to lease
         consumer = pc.consumer
         config = state.configs.get((queue, consumer))
-        work = state.work.get((queue, consumer))
+        work = state.windows.get((queue, consumer))
         if config is None or work is None or config.mode != LEASE:
             return None
         config, change = self.work.configs.follow_prefix(state, queue, consumer, config)
@@ -329,7 +329,7 @@ class PrefixLeasing:
     async def _build(self, state: PartitionState, pc: PrefixConsumer) -> None:
         """Every queue under the prefix with a record to lease takes a turn (one with its
         records all in flight is timed instead): the partition's sorted names, from the
-        prefix on, BUILD_STEP per loop turn."""
+        prefix on, BUILD_STEP per loop pass."""
         for count, name in enumerate(state.queue_names(pc.prefix, None), 1):
             if not name.startswith(pc.prefix):
                 break
@@ -415,7 +415,7 @@ def _after_turn(state: PartitionState, consumer: str, queue: str, turn: int, sha
     """Where `queue` goes once its share of a turn (`got` of `share`, of a `turn`) is
     leased: on in this round, back for its next turn, or back when a lease runs out."""
     rq, p = state.ready_queues, state.partition
-    work = state.work.get((queue, consumer))
+    work = state.windows.get((queue, consumer))
     if got >= share and share < turn and state.may_lease(consumer, queue):
         # The call's end cut its turn short.
         rq.resume(consumer, queue, turn - share)

@@ -10,7 +10,7 @@ from vqueues.errors import BadRequest, Conflict
 from vqueues.state.consumer_config import LEASE
 from vqueues.state.partition_state import PartitionState
 from vqueues.state.tokens import parse_token
-from vqueues.state.window import WorkState
+from vqueues.state.window import LeaseWindow
 
 
 def parse_tokens(tokens: object) -> list[str]:
@@ -39,7 +39,7 @@ class Tokens(list[str]):
 
 
 # A check's result: (window, [(token, offset)] to act on, tokens already done).
-Checked = tuple[WorkState, list[tuple[str, int]], list[str]]
+Checked = tuple[LeaseWindow, list[tuple[str, int]], list[str]]
 
 
 def check_tokens(state: PartitionState, queue: str, consumer: str, tokens: Sequence[str],
@@ -47,7 +47,7 @@ def check_tokens(state: PartitionState, queue: str, consumer: str, tokens: Seque
     """(window, [(token, offset)] to act on, tokens already done); 409 if any is stale.
     A done record's token counts as done only if the record's last delivery could have been
     that one; a record completed since is `already` for a complete (idempotent)."""
-    work = state.work.get((queue, consumer))
+    work = state.windows.get((queue, consumer))
     if work is None:
         config = state.configs.get((queue, consumer))
         if config is not None and config.mode != LEASE:

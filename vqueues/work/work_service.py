@@ -23,7 +23,7 @@ from vqueues.settings import Settings
 from vqueues.state.consumer_config import LEASE, ConsumerConfig
 from vqueues.state.partition_state import PartitionState
 from vqueues.state.tokens import new_grant, token
-from vqueues.state.window import WorkState
+from vqueues.state.window import LeaseWindow
 from vqueues.state.window_writes import WindowWrite
 from vqueues.work import settlement
 from vqueues.work.consumer_configs import ConsumerConfigs
@@ -71,7 +71,7 @@ class LeaseDecision:
     leased) as it was), and what each token will carry."""
 
     queue: str
-    work: WorkState
+    work: LeaseWindow
     entries: list[OffsetEntry]
     chosen: list[int]
     seen: dict[int, Record]
@@ -139,7 +139,7 @@ class WorkService:
             remaining = deadline - time.monotonic()
             if remaining <= 0 or self.ownership.draining:
                 return LeaseResult(p, [])
-            work = state.work.get((queue, consumer))
+            work = state.windows.get((queue, consumer))
             change = work.next_change(now_ms()) if work is not None else None
             if change is not None:  # a lease expires or a retry falls due before then
                 remaining = min(remaining, max(0.001, (change - now_ms()) / 1000 + 0.001))
@@ -150,7 +150,7 @@ class WorkService:
                           ) -> list[LeasedRecord]:
         async with self._locks.hold(("c", queue, consumer)):
             config = state.configs.get((queue, consumer))
-            work = state.work.get((queue, consumer))
+            work = state.windows.get((queue, consumer))
             if work is None or config is None or config.mode != LEASE:
                 work, config = await self.configs.lease_consumer(state, queue, consumer)
             config, change = self.configs.follow_prefix(state, queue, consumer, config)
@@ -170,7 +170,7 @@ class WorkService:
         return await self.leased(state, decision)
 
     async def decide_lease(self, state: PartitionState, queue: str, consumer: str,
-                           work: WorkState, config: ConsumerConfig, max_records: int,
+                           work: LeaseWindow, config: ConsumerConfig, max_records: int,
                            visibility_ms: int | None, tag: str | None, grant: int
                            ) -> LeaseDecision | None:
         """Under the consumer's lock: what a lease of up to `max_records` takes (never past
@@ -230,7 +230,7 @@ class WorkService:
         """Send the consumer's records whose last attempt expired to the dead letters now;
         returns how many went."""
         async with self._locks.hold(("c", queue, consumer)):
-            work = state.work.get((queue, consumer))
+            work = state.windows.get((queue, consumer))
             if work is None or state.revoked:
                 return 0
             config = self.configs.of(state, queue, consumer)

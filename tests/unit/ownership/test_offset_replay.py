@@ -30,11 +30,11 @@ async def test_a_new_owner_rebuilds_the_same_lease_state_from_the_offset_log(nod
     after = svc2.ownership.require(svc.partition_of("f"))
     assert after.committed("f", "w") == before.committed("f", "w") == offsets[1]
     key = ("f", "w")
-    assert list(after.work[key].done.ranges()) == list(before.work[key].done.ranges())
+    assert list(after.windows[key].done.ranges()) == list(before.windows[key].done.ranges())
     assert {o: (d.attempts, d.until, d.leased, d.reason)
-            for o, d in after.work[key].deliveries.items() if d.attempts} == \
+            for o, d in after.windows[key].deliveries.items() if d.attempts} == \
         {o: (d.attempts, d.until, d.leased, d.reason)
-         for o, d in before.work[key].deliveries.items() if d.attempts}
+         for o, d in before.windows[key].deliveries.items() if d.attempts}
     assert after.generation > before.generation
     # The leased records are not handed out again before their deadline, the retried one not
     # before its time: the new owner leases only the records never delivered.
@@ -58,7 +58,7 @@ async def test_writes_of_a_fenced_off_owner_are_ignored_by_replay(node, settings
     svc3, work3 = await work_node(data_log, offset_log, settings)
     state = svc3.ownership.require(old.partition)
     assert state.fenced_entries == 1
-    assert state.work[("z", "w")].deliveries[rec.record.offset].attempts == 1
+    assert state.windows[("z", "w")].deliveries[rec.record.offset].attempts == 1
     got = await work3.lease("z", "w", 10, 1000, 0)
     assert [r.record.offset for r in got.records] == offsets[1:]
     svc2.close()
@@ -89,15 +89,15 @@ async def test_random_histories_rebuild_to_the_same_state(node, settings, seed):
     after = svc2.ownership.require(svc.partition_of("h"))
     key = ("h", "w")
     assert after.committed(*key) == before.committed(*key)
-    assert after.work[key].dead_lettered == before.work[key].dead_lettered
+    assert after.windows[key].dead_lettered == before.windows[key].dead_lettered
     # The same records are done (the ranges may be cut differently: replay applies entries
     # before the data records they merge across are indexed).
     offsets = before.queues["h"].offsets
-    assert [o for o in offsets if o in after.work[key].done] == \
-        [o for o in offsets if o in before.work[key].done]
-    assert {o: (d.attempts, d.leased) for o, d in after.work[key].deliveries.items()
+    assert [o for o in offsets if o in after.windows[key].done] == \
+        [o for o in offsets if o in before.windows[key].done]
+    assert {o: (d.attempts, d.leased) for o, d in after.windows[key].deliveries.items()
             if d.attempts} == {o: (d.attempts, d.leased)
-                               for o, d in before.work[key].deliveries.items() if d.attempts}
+                               for o, d in before.windows[key].deliveries.items() if d.attempts}
     svc2.close()
 
 

@@ -95,7 +95,7 @@ async def test_a_format_4_snapshot_written_before_the_window_was_carried_still_l
     assert fresh.committed("a", "reader") == 2 and fresh.select_tagged("b", "red", 0, 10) == [1]
     assert fresh.schedule.by_queue == {"c": {3: 4102444800000}}
     assert fresh.configs[("b", "workers")].mode == LEASE
-    assert fresh.work[("b", "workers")].deliveries[1].attempts == 1
+    assert fresh.windows[("b", "workers")].deliveries[1].attempts == 1
     assert len(fresh.idempotency) == 0 and fresh.next_offset == 5
 
 

@@ -17,11 +17,11 @@ def configured(mode, queue="q", consumer="w"):
 def test_a_lease_consumer_starts_its_window_at_its_committed_offset():
     w = LeaseWindows()
     w.configured(configured(LEASE), committed=4)
-    assert w.configs[("q", "w")].mode == LEASE and w.work[("q", "w")].frontier == 4
+    assert w.configs[("q", "w")].mode == LEASE and w.windows[("q", "w")].frontier == 4
     w.configured(configured(LEASE), committed=8)  # settings again: the window stays
-    assert w.work[("q", "w")].frontier == 4
+    assert w.windows[("q", "w")].frontier == 4
     w.configured(configured(CURSOR), committed=4)
-    assert ("q", "w") not in w.work and w.configs[("q", "w")].mode == CURSOR
+    assert ("q", "w") not in w.windows and w.configs[("q", "w")].mode == CURSOR
 
 
 def test_deliveries_are_leased_completed_and_cleared():
@@ -29,7 +29,7 @@ def test_deliveries_are_leased_completed_and_cleared():
     w.configured(configured(LEASE), committed=2)
     w.delivery_updated(DeliveryUpdated("q", "w", 4, 1, 99, True, False, "k", None), 2,
                        lambda q: OFFSETS)
-    work = w.work[("q", "w")]
+    work = w.windows[("q", "w")]
     assert work.deliveries[4].attempts == 1 and work.deliveries[4].order_key == "k"
     assert work.frontier == 5
     w.delivery_updated(DeliveryUpdated("q", "w", 4, 0, 0, False, True), 2, lambda q: OFFSETS)
@@ -47,7 +47,7 @@ def test_an_update_below_the_committed_offset_is_settled_already():
         raise AssertionError("offsets asked for")
 
     w.delivery_updated(DeliveryUpdated("q", "w", 4, 0, 0, False, True), 6, never)
-    assert not w.work[("q", "w")].deliveries and 4 not in w.work[("q", "w")].done
+    assert not w.windows[("q", "w")].deliveries and 4 not in w.windows[("q", "w")].done
 
 
 def test_an_ack_moves_the_low_water_mark_and_settles_below_it():
@@ -55,7 +55,7 @@ def test_an_ack_moves_the_low_water_mark_and_settles_below_it():
     w.configured(configured(LEASE), committed=2)
     w.delivery_updated(DeliveryUpdated("q", "w", 2, 1, 99, True, False), 2, lambda q: OFFSETS)
     w.acked("q", "w", 6, dead_lettered=3)
-    work = w.work[("q", "w")]
+    work = w.windows[("q", "w")]
     assert work.frontier == 6 and not work.deliveries and work.dead_lettered == 3
     w.acked("q", "other", 6, 0)  # a cursor consumer: nothing here
 
@@ -65,9 +65,9 @@ def test_a_deleted_queue_or_consumer_leaves_nothing_behind():
     for queue, consumer in (("q", "a"), ("q", "b"), ("r", "a")):
         w.configured(configured(LEASE, queue, consumer), committed=0)
     w.forget("q", "a")
-    assert set(w.configs) == set(w.work) == {("q", "b"), ("r", "a")}
+    assert set(w.configs) == set(w.windows) == {("q", "b"), ("r", "a")}
     w.drop_queue("q")
-    assert set(w.configs) == set(w.work) == {("r", "a")}
+    assert set(w.configs) == set(w.windows) == {("r", "a")}
 
 
 def test_tombstones_cover_every_delivery_key_and_the_window():
@@ -92,7 +92,7 @@ def test_its_snapshot_section_restores_the_same_windows():
     fresh = LeaseWindows()
     fresh.restore(configs, work)
     assert fresh.configs == w.configs
-    a, b = fresh.work[("q", "w")], w.work[("q", "w")]
+    a, b = fresh.windows[("q", "w")], w.windows[("q", "w")]
     assert (a.frontier, a.dead_lettered, list(a.done.ranges())) == \
         (b.frontier, b.dead_lettered, list(b.done.ranges()))
     d = a.deliveries[4]

@@ -55,7 +55,7 @@ def view(state: PartitionState) -> tuple[int, int, dict[int, str | tuple[object,
     """What a lease consumer's state answers from: its mark, its dead letters, and each record
     of the queue above the mark: done, new (never delivered), or its delivery."""
     committed = state.committed(QUEUE, CONSUMER) or 0
-    work = state.work[(QUEUE, CONSUMER)]
+    work = state.windows[(QUEUE, CONSUMER)]
     records: dict[int, str | tuple[object, ...]] = {}
     for off in state.queues[QUEUE].offsets:
         if off < committed:
@@ -137,7 +137,7 @@ class History:
                     key = self.keys.get(off)
                     if key is not None:  # every earlier record of its key is done
                         committed = state.committed(QUEUE, CONSUMER) or 0
-                        work_state = state.work[(QUEUE, CONSUMER)]
+                        work_state = state.windows[(QUEUE, CONSUMER)]
                         assert all(o < committed or o in work_state.done
                                    for o, k in self.keys.items() if k == key and o < off)
                 self.held += [r.token for r in got]
@@ -201,7 +201,7 @@ async def test_random_histories_replay_to_the_owners_state(clock, seed):
             await history.step(svc, work)
             zombie = (await old_work.lease(QUEUE, CONSUMER, 3, 60_000, 0)).records
             state = svc.ownership.require(p)
-            work_state = state.work[(QUEUE, CONSUMER)]
+            work_state = state.windows[(QUEUE, CONSUMER)]
             for r in zombie:
                 off = r.record.offset
                 if off < (state.committed(QUEUE, CONSUMER) or 0) or off in work_state.done:
@@ -242,7 +242,7 @@ async def test_an_offset_log_in_adr_8s_format_replays_and_is_taken_over(clock):
     svc.close()
     svc, work = await work_node(data_log, offset_log, settings)
     state = svc.ownership.require(p)
-    assert state.work[(QUEUE, CONSUMER)].legacy
+    assert state.windows[(QUEUE, CONSUMER)].legacy
     _, _, records = view(state)
     assert records[offsets[1]] == "done" and records[offsets[3]] == "new"
     assert records[offsets[2]][:3] == (False, clock.now + 60_000, 2)
@@ -251,7 +251,7 @@ async def test_an_offset_log_in_adr_8s_format_replays_and_is_taken_over(clock):
     # The old owner's token (no grant in it) completes the record it leased.
     assert (await work.complete(QUEUE, CONSUMER, [f"{offsets[0]}.1"])).done
     expected = view(state)
-    assert not state.work[(QUEUE, CONSUMER)].legacy
+    assert not state.windows[(QUEUE, CONSUMER)].legacy
     latest = {k: v for k, v, _ in offset_log.partitions[p]}
     assert not [k for k, v in latest.items() if known(k).startswith(b'["r"') and v is not None]
     assert await replayed_view(data_log, compacted(offset_log, p, True), settings, p) == \

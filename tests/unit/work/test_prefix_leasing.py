@@ -263,13 +263,13 @@ async def test_a_new_owner_replays_each_queues_state_and_serves_the_prefix(node,
     first = await prefix.lease("fo", 9, 60_000, 0)
     await prefix.settle("fo", Settle(COMPLETE),
                         [(r.queue, r.leased.token) for r in first.records[:4]])
-    before = {q: svc.ownership.require(svc.partition_of(q)).work.get((q, "fo"))
+    before = {q: svc.ownership.require(svc.partition_of(q)).windows.get((q, "fo"))
               for q in (f"fo-{i}" for i in range(6))}
     svc2, _, prefix2 = await _node(*logs, settings)
     for q, work in before.items():
         if work is None:
             continue
-        after = svc2.ownership.require(svc2.partition_of(q)).work[(q, "fo")]
+        after = svc2.ownership.require(svc2.partition_of(q)).windows[(q, "fo")]
         assert list(after.done.ranges()) == list(work.done.ranges())
         assert {o: (d.attempts, d.until, d.leased, d.grant)
                 for o, d in after.deliveries.items() if d.attempts} == \

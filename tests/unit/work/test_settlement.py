@@ -30,7 +30,7 @@ def leased_state(offsets=(0, 2, 4, 6)):
     s.apply_records([("q", Record(o, 1, b"v", ())) for o in offsets], None)
     s.apply_offset_entries([ConsumerAcked("q", "w", 0, 0),
                             ConsumerConfigured("q", "w", LEASE, 5, None, 30_000)])
-    work = s.work[("q", "w")]
+    work = s.windows[("q", "w")]
     write = WindowWrite(s, "q", "w", work)
     for o in offsets:
         write.put(o, True, 10**15, 1, GRANT, None)
@@ -39,7 +39,7 @@ def leased_state(offsets=(0, 2, 4, 6)):
 
 
 def settle(s, offsets, dead=0):
-    write = WindowWrite(s, "q", "w", s.work[("q", "w")])
+    write = WindowWrite(s, "q", "w", s.windows[("q", "w")])
     write.finish(list(offsets), dead)
     return write.entries()
 
@@ -82,7 +82,7 @@ def test_one_write_per_call_moves_the_mark_over_the_done_run():
     assert delta.low_water == 6 and s.committed("q", "w") == 6  # 0, 2 and 4 are done
     (dead,) = settle(s, [6], dead=1)
     assert dead.dead_lettered == 1 and dead.low_water == 7
-    assert s.work[("q", "w")].dead_lettered == 1
+    assert s.windows[("q", "w")].dead_lettered == 1
 
 
 def test_a_checkpoint_supersedes_the_writes_before_it():
@@ -100,7 +100,7 @@ def test_a_checkpoint_supersedes_the_writes_before_it():
             assert keys_before == {(3, n) for n in range(1, entries[0].seq + 1)}
             break
     assert keys_before is not None and len(keys_before) == CHECKPOINT_EVERY
-    assert list(s.work[("q", "w")].log_keys) == [(3, None)]
+    assert list(s.windows[("q", "w")].log_keys) == [(3, None)]
 
 
 def test_a_window_in_adr_8s_format_is_checkpointed_at_its_first_write():
@@ -111,8 +111,8 @@ def test_a_window_in_adr_8s_format_is_checkpointed_at_its_first_write():
                             ConsumerConfigured("q", "w", LEASE, 5, None, 30_000),
                             DeliveryUpdated("q", "w", 0, 1, 10**15, True, False),
                             DeliveryUpdated("q", "w", 1, 1, 10**15, True, False)])
-    assert s.work[("q", "w")].legacy
+    assert s.windows[("q", "w")].legacy
     settlement.check_tokens(s, "q", "w", [token(1, 1)], True)  # its tokens still work
     _, checkpoint, *tombstones = settle(s, [1])
-    assert checkpoint.checkpoint and not s.work[("q", "w")].legacy
+    assert checkpoint.checkpoint and not s.windows[("q", "w")].legacy
     assert {t.offset for t in tombstones if isinstance(t, DeliveryCleared)} == {0, 1}

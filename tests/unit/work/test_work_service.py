@@ -120,7 +120,7 @@ async def test_deleting_a_lease_consumer_leaves_only_tombstones_for_its_keys(nod
     latest = {key: value for key, value, _ in offset_log.partitions[p]}
     assert [k for k, v in latest.items() if v is not None and b'"d"' in k] == []
     state = svc.ownership.require(p)
-    assert ("d", "w") not in state.work and ("d", "w") not in state.configs
+    assert ("d", "w") not in state.windows and ("d", "w") not in state.configs
 
 
 def test_done_ranges_merge_across_other_queues_records():
@@ -159,9 +159,9 @@ async def test_a_snapshot_carries_the_lease_state_and_the_fence(node):
     assert fresh.fence == state.fence > 0
     assert fresh.configs == state.configs
     key = ("s", "w")
-    assert list(fresh.work[key].done.ranges()) == list(state.work[key].done.ranges())
-    assert fresh.work[key].frontier == state.work[key].frontier
+    assert list(fresh.windows[key].done.ranges()) == list(state.windows[key].done.ranges())
+    assert fresh.windows[key].frontier == state.windows[key].frontier
     assert {o: (d.attempts, d.until, d.leased, d.order_key, d.reason)
-            for o, d in fresh.work[key].deliveries.items()} == \
+            for o, d in fresh.windows[key].deliveries.items()} == \
         {o: (d.attempts, d.until, d.leased, d.order_key, d.reason)
-         for o, d in state.work[key].deliveries.items()}
+         for o, d in state.windows[key].deliveries.items()}
