@@ -72,7 +72,7 @@ async def work_node(data_log, offset_log, settings, assignment_log=None, partiti
             break
         await asyncio.sleep(0.005)
     assert own.ready
-    return svc, WorkService(settings, svc)
+    return svc, WorkService(settings, svc, svc.entries, svc.reader)
 
 
 def records_of(data_log: MemoryLog, p: int) -> Iterator[tuple[bytes | None, Record]]:

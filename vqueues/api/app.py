@@ -69,7 +69,7 @@ def create_app(service: QueueService, settings: Settings) -> web.Application:
     app[SERVICE] = service
     app[SETTINGS] = settings
     app[QUERY_PARAMETERS] = query_parameters(openapi_document(settings))
-    app[WORK] = WorkService(settings, service)
+    app[WORK] = WorkService(settings, service, service.entries, service.reader)
     app[PREFIX] = PrefixLeasing(app[WORK])
     if auth is not None:
         app[AUTH] = auth

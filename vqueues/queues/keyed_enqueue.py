@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Coroutine, Sequence
+from collections.abc import Coroutine, Sequence
 from typing import Protocol
 
 from vqueues.errors import Conflict, Unavailable, VQError
 from vqueues.locks import Claims
 from vqueues.ownership.ownership import Ownership
+from vqueues.queues.record_reader import RecordReader
 from vqueues.records import NewRecord, now_ms
 from vqueues.results import EnqueueResult
 from vqueues.settings import Settings
@@ -39,7 +40,8 @@ class Writer(Protocol):
                              known: Sequence[tuple[int, int] | None] | None = None
                              ) -> EnqueueResult: ...
 
-    def log_end(self, partition: int) -> Awaitable[int]: ...
+    @property
+    def reader(self) -> RecordReader: ...
 
 
 class KeyedEnqueue:
@@ -178,7 +180,7 @@ class KeyedEnqueue:
         budget = self._service.settings.write_visible_timeout_ms / 1000
         started = time.monotonic()
         try:
-            end = await asyncio.wait_for(self._service.log_end(state.partition), budget)
+            end = await asyncio.wait_for(self._service.reader.log_end(state.partition), budget)
         except (VQError, TimeoutError):
             return False
         remaining = budget - (time.monotonic() - started)

@@ -4,20 +4,19 @@ typed result (vqueues/results.py)."""
 
 from __future__ import annotations
 
-import asyncio
 import heapq
 import itertools
 import logging
 import time
-from collections.abc import Awaitable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Sequence
 
-from vqueues.errors import BadRequest, BrokerError, Conflict, NotFound
+from vqueues.errors import BadRequest, Conflict, NotFound
 from vqueues.hashing import partition_for
 from vqueues.locks import KeyedLocks
 from vqueues.ownership.ownership import Ownership
+from vqueues.queues.entry_writer import EntryWriter
 from vqueues.queues.keyed_enqueue import KeyedEnqueue
-from vqueues.queues.offset_writer import OffsetWriter
+from vqueues.queues.record_reader import RecordReader
 from vqueues.records import (
     ConsumerAcked,
     NewRecord,
@@ -25,7 +24,6 @@ from vqueues.records import (
     QueueDeleted,
     Record,
     now_ms,
-    outgoing,
 )
 from vqueues.results import (
     AckResult,
@@ -45,18 +43,9 @@ from vqueues.state.consumer_config import CURSOR, LEASE
 from vqueues.state.idempotency import key_of
 from vqueues.state.partition_state import PartitionState
 from vqueues.state.schedule import CANCEL_HEADER
-from vqueues.storage import Delivered, Log, OffsetLog, RecordFetcher, runs
+from vqueues.storage import Delivered, Log, OffsetLog, RecordFetcher
 
 log = logging.getLogger(__name__)
-
-
-def _split(offset_runs: list[list[int]], ways: int) -> list[list[int]]:
-    """Deal runs of offsets into at most `ways` ascending lists of whole runs."""
-    if len(offset_runs) <= ways:
-        return offset_runs
-    size = -(-len(offset_runs) // ways)
-    return [[o for run in offset_runs[i:i + size] for o in run]
-            for i in range(0, len(offset_runs), size)]
 
 
 def _select(state: PartitionState, queue: str, tag: str | None, start: int, limit: int
@@ -78,9 +67,8 @@ class QueueService:
         self.cache = cache
         self._data = data_log
         self._offsets = offset_log
-        self._writer = OffsetWriter(offset_log)  # every offset-topic write goes through it
-        self._fetcher = fetcher
-        self._fetch_pool = ThreadPoolExecutor(settings.fetchers, thread_name_prefix="vq-fetch")
+        self.entries = EntryWriter(offset_log)  # every offset-topic write goes through it
+        self.reader = RecordReader(settings, cache, fetcher)
         self.locks = KeyedLocks()
         self._keyed = KeyedEnqueue(self)
         # Highest offset this node's producer had acknowledged, per partition (for deletions).
@@ -187,7 +175,7 @@ class QueueService:
             await state.wait_for_records(queue, remaining)
             state = self.ownership.require(p)
             offsets = _select(state, queue, tag, start, limit)
-        records = await self.resolve(p, offsets)
+        records = await self.reader.resolve(p, offsets)
         # Bound the answer's size; always return at least one record so a reader moves on.
         budget = self.settings.max_read_bytes
         kept: list[Record] = []
@@ -206,74 +194,6 @@ class QueueService:
         else:
             next_offset = start
         return ReadResult(p, kept, next_offset)
-
-    async def resolve(self, partition: int, offsets: list[int]) -> list[Record]:
-        """Records at `offsets`: from the cache, the rest fetched from Kafka in one pass."""
-        found: dict[int, Record] = {}
-        missing = []
-        get = self.cache.get
-        for off in offsets:
-            rec = get(partition, off)
-            if rec is None:
-                missing.append(off)
-            else:
-                found[off] = rec
-        if missing:
-            # Far-apart offsets (a sparse queue) are read as runs on several consumers at once,
-            # not one broker round trip per gap after another.
-            loop = asyncio.get_running_loop()
-            parts = _split(runs(missing), self.settings.fetchers)
-            # Bounded as a whole: fetches waiting for a free consumer count too.
-            try:
-                async with asyncio.timeout(self.settings.broker_timeout_ms / 1000):
-                    for got in await asyncio.gather(*(
-                            loop.run_in_executor(self._fetch_pool, self._fetcher.fetch,
-                                                 partition, part)
-                            for part in parts)):
-                        found.update(got)
-            except TimeoutError:
-                raise BrokerError("broker_timeout", "reading records older than the cache from "
-                                  f"Kafka took over broker_timeout_ms "
-                                  f"({self.settings.broker_timeout_ms} ms)") from None
-        return [found[o] for o in offsets if o in found]
-
-    # Offset-topic writes ---------------------------------------------------------------------
-
-    async def write_entries(self, state: PartitionState, entries: Sequence[OffsetEntry]
-                            ) -> None:
-        """Write entries to the offset topic (acks=all), then apply them unless the partition
-        was revoked meanwhile: the next owner replays them instead. A revocation waits for
-        writes in flight, so the next owner's replay sees every write this node answered."""
-        with state.writes.writing():
-            delivered = await self._writer.submit(state.partition,
-                                                  outgoing(state.generation, entries))
-            if not state.revoked:
-                state.apply_offset_entries(entries)
-                state.offsets_position = max(state.offsets_position, delivered[-1][0] + 1)
-
-    def submit_entries(self, state: PartitionState, entries: Sequence[OffsetEntry],
-                       applied: bool = False) -> Awaitable[None]:
-        """Queue entries for the offset topic now (so writes keep the order their callers
-        took, under a lock; `OffsetWriter` groups them) and apply them at once, unless the
-        caller did (`applied`); the returned awaitable ends once they are durable. For lease
-        state, where concurrent workers must see each other's changes before the writes come
-        back (ADR 8, ADR 12)."""
-        state.writes.begin()
-        try:
-            pending = self._writer.submit(state.partition, outgoing(state.generation, entries))
-        except BaseException:
-            state.writes.end()
-            raise
-        if not applied:
-            state.apply_offset_entries(entries)
-
-        async def durable() -> None:
-            try:
-                delivered = await pending
-                state.offsets_position = max(state.offsets_position, delivered[-1][0] + 1)
-            finally:
-                state.writes.end()
-        return durable()
 
     # Consumers -------------------------------------------------------------------------------
 
@@ -297,7 +217,7 @@ class QueueService:
                 raise Conflict("rewind_not_allowed",
                                f"consumer {consumer!r} is at {previous}; moving it back to "
                                f"{offset} needs allow_rewind", committed_offset=previous)
-            await self.write_entries(state, [ConsumerAcked(queue, consumer, offset, now_ms())])
+            await self.entries.write(state, [ConsumerAcked(queue, consumer, offset, now_ms())])
             self.metrics.acks.inc()
         return AckResult(queue, consumer, offset, previous)
 
@@ -309,7 +229,7 @@ class QueueService:
             if previous is None:
                 raise NotFound("consumer_not_found",
                                f"queue {queue!r} has no consumer {consumer!r}")
-            await self.write_entries(state, state.consumer_tombstones(queue, consumer))
+            await self.entries.write(state, state.consumer_tombstones(queue, consumer))
         return ConsumerDeletion(queue, consumer, True, previous)
 
     # Queues ----------------------------------------------------------------------------------
@@ -368,12 +288,12 @@ class QueueService:
                                f"queue {queue!r} has no records and no consumers")
             # The partition's end: what we indexed, what we wrote, what the broker reports
             # (the last can be low on tansu; the first two are exact for what we know of).
-            broker_end = await self.log_end(p)
+            broker_end = await self.reader.log_end(p)
             before = max(state.next_offset, self._produced_max.get(p, -1) + 1, broker_end)
             entries: list[OffsetEntry] = [QueueDeleted(queue, before)]
             for c in stats.consumers:
                 entries += state.consumer_tombstones(queue, c)
-            await self.write_entries(state, entries)
+            await self.entries.write(state, entries)
             self.metrics.queues_deleted.inc()
         return QueueDeletion(queue, True, p, stats.records, sorted(stats.consumers), before)
 
@@ -410,23 +330,12 @@ class QueueService:
         async with self.locks.hold(("c", queue, consumer)):
             if state.revoked or not state.idle(queue, consumer, acked_before_ms):
                 return False
-            await self.write_entries(state, state.consumer_tombstones(queue, consumer))
+            await self.entries.write(state, state.consumer_tombstones(queue, consumer))
             self.metrics.consumers_expired.inc()
             return True
 
-    def log_start(self, partition: int) -> Awaitable[int]:
-        """The data partition's first retained offset, read off the loop."""
-        return asyncio.get_running_loop().run_in_executor(
-            self._fetch_pool, self._fetcher.log_start, partition)
-
-    def log_end(self, partition: int) -> Awaitable[int]:
-        """The data partition's end as the broker reports it now (its high watermark), read
-        off the loop."""
-        return asyncio.get_running_loop().run_in_executor(
-            self._fetch_pool, self._fetcher.high_watermark, partition)
-
     def close(self) -> None:
-        self._fetch_pool.shutdown(wait=True, cancel_futures=True)
+        self.reader.close()
 
 
 def _index_own(state: PartitionState, queue: str, acked: Sequence[Delivered],

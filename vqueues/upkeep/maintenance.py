@@ -129,7 +129,7 @@ class Maintenance:
         for p, state in list(self.ownership.states.items()):
             if not state.ready.is_set():
                 continue
-            log_start = await self.service.log_start(p)
+            log_start = await self.service.reader.log_start(p)
             lost = state.trim_schedule(log_start)
             if lost:
                 log.warning("scheduled_records_lost", extra={

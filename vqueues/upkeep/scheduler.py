@@ -112,7 +112,7 @@ class Scheduler:
             return 0
         moved = 0
         try:
-            records = {r.offset: r for r in await self.service.resolve(
+            records = {r.offset: r for r in await self.service.reader.resolve(
                 state.partition, sorted(i for _, i, _ in due))}
             copies: list[tuple[str, NewRecord, int]] = []  # (queue, copy, id), queue by queue
             for _, record_id, queue in sorted(due, key=lambda e: (e[2], e[0], e[1])):

@@ -13,6 +13,7 @@ from dataclasses import replace
 
 from vqueues.errors import BadRequest, Conflict, NotFound
 from vqueues.names import validate_name
+from vqueues.queues.entry_writer import EntryWriter
 from vqueues.queues.service import QueueService
 from vqueues.records import ConsumerAcked, ConsumerConfigured, OffsetEntry, now_ms
 from vqueues.results import ConsumerSettings
@@ -28,9 +29,10 @@ MAX_ATTEMPTS_LIMIT = 1000
 class ConsumerConfigs:
     """Checks and writes consumers' settings; the defaults come from the node's settings."""
 
-    def __init__(self, settings: Settings, queues: QueueService) -> None:
+    def __init__(self, settings: Settings, queues: QueueService, entries: EntryWriter) -> None:
         self.settings = settings
         self.queues = queues
+        self.entries = entries
 
     def defaults(self) -> ConsumerConfig:
         s = self.settings
@@ -118,7 +120,7 @@ class ConsumerConfigs:
             entries.append(ConsumerConfigured(queue, consumer, new.mode, new.max_attempts,
                                               new.dead_letter_queue, new.visibility_ms,
                                               new.max_in_flight, new.prefix))
-            await self.queues.write_entries(state, entries)
+            await self.entries.write(state, entries)
         return ConsumerSettings(queue, consumer, new.mode, new.max_attempts,
                                 new.dead_letter_queue, new.visibility_ms, committed,
                                 new.max_in_flight, new.prefix)
@@ -186,7 +188,7 @@ class ConsumerConfigs:
                 ConsumerConfigured(queue, consumer, LEASE, config.max_attempts,
                                    config.dead_letter_queue, config.visibility_ms,
                                    config.max_in_flight, config.prefix)]
-            await self.queues.write_entries(state, entries)
+            await self.entries.write(state, entries)
         work = state.windows.get((queue, consumer))
         if work is None:  # revoked meanwhile (the write was not applied)
             self.queues.ownership.require(state.partition)

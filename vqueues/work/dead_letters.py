@@ -6,6 +6,8 @@ again on the next try."""
 from __future__ import annotations
 
 from vqueues.names import fitted_name
+from vqueues.queues.entry_writer import EntryWriter
+from vqueues.queues.record_reader import RecordReader
 from vqueues.queues.service import QueueService
 from vqueues.records import now_ms
 from vqueues.state.consumer_config import ConsumerConfig
@@ -19,8 +21,10 @@ DEAD_LETTER_HOLD_MS = 60_000
 class DeadLetters:
     """Moves exhausted records of a lease consumer to its dead-letter queue."""
 
-    def __init__(self, queues: QueueService) -> None:
+    def __init__(self, queues: QueueService, entries: EntryWriter, reader: RecordReader) -> None:
         self.queues = queues
+        self.entries = entries
+        self.reader = reader
 
     async def send(self, state: PartitionState, queue: str, consumer: str,
                    config: ConsumerConfig, reasons: dict[int, str]) -> None:
@@ -34,7 +38,7 @@ class DeadLetters:
             d = work.deliveries.get(off)
             if d is not None:
                 work.put(off, True, hold, d.attempts, d.grant, d.reason, now_ms())
-        records = await self.queues.resolve(state.partition, offsets)
+        records = await self.reader.resolve(state.partition, offsets)
         # A name stored before long ones were shortened is shortened the same way here.
         dlq = fitted_name(config.dead_letter_queue) if config.dead_letter_queue else None
         if dlq and records:
@@ -56,5 +60,5 @@ class DeadLetters:
             return  # the partition or the consumer went meanwhile
         write = WindowWrite(state, queue, consumer, work)
         write.finish(offsets, dead=len(offsets))
-        await self.queues.submit_entries(state, write.entries(), applied=True)
+        await self.entries.submit(state, write.entries(), applied=True)
         self.queues.metrics.records_dead_lettered.inc(len(offsets))

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from array import array
 
-from vqueues.queues.service import QueueService
+from vqueues.queues.record_reader import RecordReader
 from vqueues.records import Record, now_ms
 from vqueues.settings import Settings
 from vqueues.state.consumer_config import ORDER_KEY_HEADER, ConsumerConfig
@@ -30,12 +30,12 @@ def queue_offsets(state: PartitionState, queue: str) -> array[int]:
 
 
 class LeaseChoice:
-    """Chooses what a lease takes; reads records through `queues` and holds the window to the
+    """Chooses what a lease takes; reads records through `reader` and holds the window to the
     node's `max_lease_window`."""
 
-    def __init__(self, settings: Settings, queues: QueueService) -> None:
+    def __init__(self, settings: Settings, reader: RecordReader) -> None:
         self.settings = settings
-        self.queues = queues
+        self.reader = reader
 
     async def prepare(self, state: PartitionState, queue: str, consumer: str, work: LeaseWindow,
                       config: ConsumerConfig) -> None:
@@ -47,7 +47,7 @@ class LeaseChoice:
             unknown = [o for o in work.window(queue_offsets(state, queue), committed)
                        if o not in work.done]
             found = {r.offset: order_key(r)
-                     for r in await self.queues.resolve(state.partition, unknown)}
+                     for r in await self.reader.resolve(state.partition, unknown)}
             for off in unknown:
                 d = work.deliveries.get(off)
                 if d is None:  # skipped for its key before: new, never delivered
@@ -94,7 +94,7 @@ class LeaseChoice:
                                  min(room, max_records - len(chosen)), work.frontier_at)
             if not ahead:
                 break
-            records = {r.offset: r for r in await self.queues.resolve(state.partition, ahead)}
+            records = {r.offset: r for r in await self.reader.resolve(state.partition, ahead)}
             seen.update(records)
             if state.revoked:
                 chosen.clear()

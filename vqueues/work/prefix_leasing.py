@@ -59,6 +59,7 @@ class PrefixLeasing:
     def __init__(self, work: WorkService) -> None:
         self.work = work
         self.queues = work.queues
+        self.entries = work.entries
         self.ownership = work.ownership
         self.prefixes: PrefixConsumers = work.ownership.prefixes
         self._locks = work.queues.locks
@@ -222,7 +223,7 @@ class PrefixLeasing:
                         entries += decision.entries
                         taken += got
                     _after_turn(state, consumer, queue, turn, share, got, left)
-            durable = (self.queues.submit_entries(state, entries, applied=True)
+            durable = (self.entries.submit(state, entries, applied=True)
                        if entries and not state.revoked else None)
         finally:
             for key in held:
@@ -284,7 +285,7 @@ class PrefixLeasing:
                                               c.dead_letter_queue, c.visibility_ms,
                                               c.max_in_flight, c.prefix))
         if entries:
-            await self.queues.write_entries(state, entries)
+            await self.entries.write(state, entries)
 
     async def _decide(self, state: PartitionState, pc: PrefixConsumer, queue: str, share: int,
                       visibility_ms: int | None, grant: int, entries: list[OffsetEntry]
@@ -380,7 +381,7 @@ class PrefixLeasing:
             for queue_state in {s.partition: s for s in states.values()}.values():
                 entries = by_partition.get(queue_state.partition)
                 if entries:
-                    durables.append(self.queues.submit_entries(queue_state, entries,
+                    durables.append(self.entries.submit(queue_state, entries,
                                                                applied=True))
         finally:
             for key in held:

@@ -3,7 +3,7 @@ as the cursors (docs/work-queues.md, ADR 8).
 
 Every change is an offset-topic entry. A call takes the consumer's lock, decides, applies its
 entries to the partition state at once and hands them to the producer in that order
-(`QueueService.submit_entries`), releases the lock, and answers once they are durable: workers
+(`EntryWriter.submit`), releases the lock, and answers once they are durable: workers
 see each other's leases at once, and a failover replays exactly what was answered. The
 decisions are the parts': `consumer_configs` (settings), `lease_choice` (what a lease takes),
 `settlement` (tokens and the entries that settle records), `dead_letters`.
@@ -16,6 +16,8 @@ from collections.abc import Awaitable
 from dataclasses import dataclass
 
 from vqueues.errors import BadRequest
+from vqueues.queues.entry_writer import EntryWriter
+from vqueues.queues.record_reader import RecordReader
 from vqueues.queues.service import QueueService
 from vqueues.records import OffsetEntry, Record, now_ms
 from vqueues.results import ConsumerSettings, LeasedRecord, LeaseResult, SettleResult
@@ -91,15 +93,18 @@ class LeaseDecision:
 
 
 class WorkService:
-    def __init__(self, settings: Settings, queues: QueueService) -> None:
+    def __init__(self, settings: Settings, queues: QueueService, entries: EntryWriter,
+                 reader: RecordReader) -> None:
         self.settings = settings
         self.queues = queues
+        self.entries = entries  # the offset-topic writes of lease state
+        self.reader = reader  # records by offset, for leases and dead letters
         self.ownership = queues.ownership
         self.metrics = queues.metrics
         self._locks = queues.locks
-        self.configs = ConsumerConfigs(settings, queues)
-        self.choice = LeaseChoice(settings, queues)
-        self.dead_letters = DeadLetters(queues)
+        self.configs = ConsumerConfigs(settings, queues, entries)
+        self.choice = LeaseChoice(settings, reader)
+        self.dead_letters = DeadLetters(queues, entries, reader)
 
     # Settings (`ConsumerConfigs`) --------------------------------------------------------------
 
@@ -158,10 +163,10 @@ class WorkService:
                                                max_records, visibility_ms, tag, new_grant())
             if decision is None:
                 if change is not None and not state.revoked:
-                    await self.queues.submit_entries(state, [change], applied=True)
+                    await self.entries.submit(state, [change], applied=True)
                 return []
             entries = decision.entries if change is None else [change, *decision.entries]
-            durable = self.queues.submit_entries(state, entries, applied=True)
+            durable = self.entries.submit(state, entries, applied=True)
         try:
             await durable
         except BaseException:
@@ -215,7 +220,7 @@ class WorkService:
             return []
         records = {off: seen[off] for off in chosen if off in seen}
         if len(records) < len(chosen):
-            records.update((r.offset, r) for r in await self.queues.resolve(
+            records.update((r.offset, r) for r in await self.reader.resolve(
                 state.partition, [off for off in chosen if off not in seen]))
         out = []
         for off, attempts, _, _, _ in decision.before:
@@ -282,7 +287,7 @@ class WorkService:
         async with self._locks.hold(("c", queue, consumer)):
             state = self.ownership.require(p)
             decision = await self.decide_settle(state, queue, consumer, how, tokens)
-            durable = (self.queues.submit_entries(state, decision.entries, applied=True)
+            durable = (self.entries.submit(state, decision.entries, applied=True)
                        if decision.entries else None)
         if decision.submitted is not None:
             await decision.submitted
@@ -322,7 +327,7 @@ class WorkService:
             done, until = [t for t, _ in act], None
             if dead:  # the retries' write first, then the dead letters' (in that order)
                 entries = write.entries() if write else []
-                first = (self.queues.submit_entries(state, entries, applied=True)
+                first = (self.entries.submit(state, entries, applied=True)
                          if entries else None)
                 await self.dead_letters.send(state, queue, consumer, config, dead)
                 return SettleDecision(queue, consumer, how.kind, [], done, dead_tokens, count,

@@ -75,7 +75,7 @@ async def test_keys_of_a_failed_write_are_held_while_it_cannot_be_told_whether_i
         node):
     svc, data_log, _ = node
     p = svc.partition_of("sd")
-    fetcher = svc._fetcher
+    fetcher = svc.reader._fetcher
     ends = fetcher.high_watermark
 
     def unreachable(partition):

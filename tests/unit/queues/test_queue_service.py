@@ -31,7 +31,7 @@ async def test_records_older_than_the_cache_are_fetched_by_offset(service):
     await service.enqueue("old", [(b"x", []), (b"y", [])])
     page = await service.read("old", None, None, 10, 0)
     assert [r.value for r in page.records] == [b"x", b"y"]
-    assert service._fetcher.calls == 1  # one pass for both
+    assert service.reader._fetcher.calls == 1  # one pass for both
 
 
 async def test_a_failed_offset_write_changes_nothing(service):
@@ -71,7 +71,7 @@ async def test_listing_pages_by_name(service):
 
 
 def test_far_apart_offsets_are_split_into_runs_read_side_by_side():
-    from vqueues.queues.service import _split
+    from vqueues.queues.record_reader import _split
     from vqueues.storage import runs
 
     assert runs([1, 2, 300, 301, 10_000]) == [[1, 2], [300, 301], [10_000]]
@@ -87,10 +87,10 @@ async def test_a_sparse_queues_uncached_records_are_fetched_in_parallel_runs(ser
         other = next(f"o{j}" for j in range(10**4)
                      if service.partition_of(f"o{j}") == service.partition_of("sparse"))
         await service.enqueue(other, [(b"x", [])] * 300)
-    service._fetcher.calls = 0
+    service.reader._fetcher.calls = 0
     page = await service.read("sparse", None, None, 10, 0)
     assert [r.value for r in page.records] == [b"s0", b"s1", b"s2"]
-    assert service._fetcher.calls == 3  # one per run, issued together
+    assert service.reader._fetcher.calls == 3  # one per run, issued together
 
 
 @pytest.mark.parametrize("tail_got", [1, 3])  # of the 3 records: some, all

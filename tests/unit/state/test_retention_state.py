@@ -125,11 +125,11 @@ async def test_idle_consumers_expired_together_share_offset_topic_writes(service
         await service.ack(name, "c", 0, allow_rewind=False)
     object.__setattr__(service.settings, "consumer_retention_ms", 1)
     await asyncio.sleep(0.01)
-    writes = service._writer.writes
+    writes = service.entries.writes
     await Maintenance(service.settings, service.ownership, service).follow_retention()
     assert service.list_queues("idle/", None, 100).queues == []
     assert service.metrics.registry.get_sample_value("vq_consumers_expired_total") == 40
-    assert service._writer.writes - writes <= 2  # the first alone, the rest together
+    assert service.entries.writes - writes <= 2  # the first alone, the rest together
 
 
 async def test_listings_follow_deletions_and_page_across_partitions(service):

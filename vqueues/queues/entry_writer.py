@@ -1,0 +1,60 @@
+"""A partition's offset-topic entries written: durably and then applied (`write`), or applied at
+once and durable later (`submit`, for lease state: ADR 8, ADR 12). Every offset-topic write of a
+node goes through one `EntryWriter`, whose `OffsetWriter` groups concurrent writes."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Sequence
+
+from vqueues.queues.offset_writer import OffsetWriter
+from vqueues.records import OffsetEntry, outgoing
+from vqueues.state.partition_state import PartitionState
+from vqueues.storage import Submitter
+
+
+class EntryWriter:
+    """Writes partitions' offset-topic entries, in the order they were submitted."""
+
+    def __init__(self, offset_log: Submitter) -> None:
+        self._writer = OffsetWriter(offset_log)
+
+    @property
+    def writes(self) -> int:
+        """Produce submissions made (a figure for tests and benchmarks)."""
+        return self._writer.writes
+
+    async def write(self, state: PartitionState, entries: Sequence[OffsetEntry]
+                            ) -> None:
+        """Write entries to the offset topic (acks=all), then apply them unless the partition
+        was revoked meanwhile: the next owner replays them instead. A revocation waits for
+        writes in flight, so the next owner's replay sees every write this node answered."""
+        with state.writes.writing():
+            delivered = await self._writer.submit(state.partition,
+                                                  outgoing(state.generation, entries))
+            if not state.revoked:
+                state.apply_offset_entries(entries)
+                state.offsets_position = max(state.offsets_position, delivered[-1][0] + 1)
+
+    def submit(self, state: PartitionState, entries: Sequence[OffsetEntry],
+                       applied: bool = False) -> Awaitable[None]:
+        """Queue entries for the offset topic now (so writes keep the order their callers
+        took, under a lock; `OffsetWriter` groups them) and apply them at once, unless the
+        caller did (`applied`); the returned awaitable ends once they are durable. For lease
+        state, where concurrent workers must see each other's changes before the writes come
+        back (ADR 8, ADR 12)."""
+        state.writes.begin()
+        try:
+            pending = self._writer.submit(state.partition, outgoing(state.generation, entries))
+        except BaseException:
+            state.writes.end()
+            raise
+        if not applied:
+            state.apply_offset_entries(entries)
+
+        async def durable() -> None:
+            try:
+                delivered = await pending
+                state.offsets_position = max(state.offsets_position, delivered[-1][0] + 1)
+            finally:
+                state.writes.end()
+        return durable()
