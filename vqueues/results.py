@@ -154,6 +154,15 @@ class PartitionDetail:
 
 
 @dataclass(slots=True, frozen=True)
+class NodeLimits:
+    """The node's request limits a client sizes its requests by (its settings)."""
+
+    max_body_bytes: int
+    max_batch_records: int
+    max_record_bytes: int
+
+
+@dataclass(slots=True, frozen=True)
 class PartitionsInfo:
     partitions: int
     generation: int
@@ -162,6 +171,7 @@ class PartitionsInfo:
     url: str
     owned: list[int]
     ready: list[int]
+    limits: NodeLimits
     details: list[PartitionDetail] = field(default_factory=list)
 
 

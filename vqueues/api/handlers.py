@@ -108,7 +108,8 @@ async def delete_consumer(request: web.Request) -> web.Response:
 
 
 async def partitions(request: web.Request) -> web.Response:
-    return respond(node_status.partitions_info(request.app[SERVICE].ownership))
+    return respond(node_status.partitions_info(request.app[SERVICE].ownership,
+                                           request.app[SETTINGS]))
 
 
 async def healthz(request: web.Request) -> web.Response:
@@ -120,7 +121,8 @@ async def healthz(request: web.Request) -> web.Response:
 
 async def readyz(request: web.Request) -> web.Response:
     service = request.app[SERVICE]
-    info = msgspec.to_builtins(node_status.partitions_info(service.ownership))
+    info = msgspec.to_builtins(node_status.partitions_info(service.ownership,
+                                                         request.app[SETTINGS]))
     if service.ownership.ready and not service.ownership.failure:
         return respond({"status": "ready", **info})
     return respond({"status": "not_ready", **info}, 503, {"Retry-After": "1"})

@@ -458,7 +458,8 @@ def openapi_document(s: Settings) -> dict[str, Any]:
                 "summary": "Move leases of many queues to now + visibility_ms",
                 "parameters": [consumer_p], "requestBody": _body("PrefixExtendRequest"),
                 "responses": {"200": _ok("PrefixSettleResult"), "404": _ERR, **errors}}},
-            "/v1/partitions": {"get": {"summary": "The cluster map and this node's partitions",
+            "/v1/partitions": {"get": {"summary": "The cluster map, this node's partitions, "
+                                                  "and the limits clients size requests by",
                                        "responses": {"200": _ok("PartitionsInfo")}}},
             "/v1/openapi.json": {"get": {"summary": "This document",
                                          "responses": {"200": _ok("Object")}}},

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 from vqueues import memory
 from vqueues.ownership.ownership import Ownership
-from vqueues.results import OwnerInfo, PartitionDetail, PartitionsInfo
+from vqueues.results import NodeLimits, OwnerInfo, PartitionDetail, PartitionsInfo
+from vqueues.settings import Settings
 
 
-def partitions_info(ownership: Ownership) -> PartitionsInfo:
+def partitions_info(ownership: Ownership, settings: Settings) -> PartitionsInfo:
+    """The cluster map, this node's partitions, and the limits a client sizes requests by."""
     states = ownership.states
     cmap = ownership.cluster_map
     return PartitionsInfo(
@@ -16,6 +18,8 @@ def partitions_info(ownership: Ownership) -> PartitionsInfo:
         owners={str(p): OwnerInfo(o.node, o.url) for p, o in sorted(cmap.owners.items())},
         node=ownership.node_id, url=ownership.url,
         owned=sorted(states), ready=sorted(p for p, s in states.items() if s.ready.is_set()),
+        limits=NodeLimits(settings.max_body_bytes, settings.max_batch_records,
+                          settings.max_record_bytes),
         details=[PartitionDetail(p, s.ready.is_set(), len(s.queues), s.log_start,
                                  s.tail_offset, s.replay_target)
                  for p, s in sorted(states.items())])

@@ -5,9 +5,14 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import io
+import json as jsonlib
 import random
+import re
 import ssl
 import time
+from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Self
 from urllib.parse import quote
@@ -141,6 +146,78 @@ def _pairs(records: list[tuple[str, Value | NewRecord]]) -> list[tuple[str, Valu
     return records
 
 
+# A queue name's rule, as the node's (vqueues/names.py): 1-249 UTF-8 bytes, no control
+# characters (Unicode category Cc).
+MAX_NAME_BYTES = 249
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
+# `{"records":[` and `]}` around a multi-queue request's records.
+_ENVELOPE_BYTES = len(b'{"records":[]}')
+# Where a node's refusal of a whole request names the record it refused for.
+_RECORD_AT = re.compile(r"records\[(\d+)\]")
+
+
+def name_error(queue: str, what: str = "queue") -> VQError | None:
+    """The node's `400 invalid_name` for `queue`, found before sending; None if it is valid."""
+    try:
+        size = len(queue.encode("utf-8"))
+    except UnicodeEncodeError:
+        return VQError(400, "invalid_name", f"{what} name is not valid UTF-8")
+    if size == 0:
+        return VQError(400, "invalid_name", f"{what} name must not be empty")
+    if size > MAX_NAME_BYTES:
+        return VQError(400, "invalid_name", f"{what} name is {size} UTF-8 bytes; at most "
+                       f"{MAX_NAME_BYTES} allowed")
+    if _CONTROL.search(queue):
+        return VQError(400, "invalid_name", f"{what} name must not contain control characters")
+    return None
+
+
+def encode_for_many(queue: str, item: Value | NewRecord) -> tuple[bytes, int]:
+    """One record of a multi-queue request as the JSON sent (compact), and its value's size
+    as the node counts it (decoded bytes)."""
+    obj = {"queue": queue, **_encode_item(item, None)}
+    try:
+        data = jsonlib.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode()
+    except UnicodeEncodeError:  # a lone surrogate: escaped, for the node to refuse
+        data = jsonlib.dumps(obj, separators=(",", ":")).encode()
+    value = item.value if isinstance(item, NewRecord) else item
+    if value is None:
+        return data, 0
+    if isinstance(value, str):
+        return data, len(value.encode("utf-8", "surrogatepass"))
+    return data, memoryview(value).nbytes
+
+
+def request_bytes(sizes: list[int]) -> int:
+    """The size of a multi-queue request holding records of these encoded sizes."""
+    return _ENVELOPE_BYTES + sum(sizes) + max(0, len(sizes) - 1)
+
+
+def named_record(err: VQError, count: int) -> int | None:
+    """The one record (its index in the request) a node's refusal of a whole multi-queue
+    request of `count` records names (`records[i]`), or None."""
+    if err.retriable or not 400 <= err.status < 500:
+        return None
+    index = err.details.get("index")
+    match = _RECORD_AT.search(err.message)
+    at = int(match[1]) if match else index if type(index) is int else None
+    return at if at is not None and 0 <= at < count else None
+
+
+def renamed(err: VQError, name: Callable[[int], str], index: Callable[[int], int | None]
+            ) -> VQError:
+    """`err` with the records it names by their place in the client's own request
+    (`records[k]`, `index`, `first_index`) named as the caller knows them: `name(k)` in the
+    message, `index(k)` in the details (dropped where None)."""
+    message = _RECORD_AT.sub(lambda m: name(int(m[1])), err.message)
+    details = {**err.details, "message": message}
+    for field_ in ("index", "first_index"):
+        k = details.pop(field_, None)
+        if type(k) is int and index(k) is not None:
+            details[field_] = index(k)
+    return VQError(err.status, err.code, message, details, retriable=err.retriable)
+
+
 def _decode_record(raw: dict[str, Any]) -> Record:
     value = raw.get("value")
     b64 = raw.get("encoding") == "base64"
@@ -157,6 +234,11 @@ def _error_from(status: int, body: Any, reason: str = "") -> VQError:
     err = body.get("error", {}) if isinstance(body, dict) else {}
     return VQError(status, err.get("code", "http_error"), err.get("message", reason), err,
                    retriable=err.get("retriable") is True)
+
+
+DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024  # the node's max_body_bytes default
+DEFAULT_MAX_BATCH_RECORDS = 1000  # its max_batch_records
+DEFAULT_MAX_RECORD_BYTES = 1024 * 1024  # its max_record_bytes
 
 
 class AsyncClient:
@@ -191,6 +273,12 @@ class AsyncClient:
         self.partitions: int | None = None
         self.owners: dict[int, str] = {}
         self.generation = -1
+        # The node's limits (docs/api.md, "Limits"): their documented defaults until the
+        # cluster map publishes the node's own (`limits`). A 413 or too_many_records lowers
+        # them until the next map.
+        self.max_body_bytes = DEFAULT_MAX_BODY_BYTES
+        self.max_records_per_call = DEFAULT_MAX_BATCH_RECORDS
+        self.max_record_bytes = DEFAULT_MAX_RECORD_BYTES
         self._map_at = 0.0
         self._map_lock = asyncio.Lock()
 
@@ -239,9 +327,34 @@ class AsyncClient:
                 self.partitions = int(body["partitions"])
                 self.owners = {int(p): o["url"] for p, o in body.get("owners", {}).items()}
                 self.generation = int(body.get("generation", 0))
+                self._learn_limits(body.get("limits"))
                 self._map_at = time.monotonic()
                 return body
             raise VQError(0, "no_node_reachable", f"no node answered: {last}", retriable=True)
+
+    def _learn_limits(self, limits: Any) -> None:
+        """Take the node's limits from its cluster map (a node before 0.2 publishes none)."""
+        if not isinstance(limits, dict):
+            return
+        for name, attr in (("max_body_bytes", "max_body_bytes"),
+                           ("max_batch_records", "max_records_per_call"),
+                           ("max_record_bytes", "max_record_bytes")):
+            value = limits.get(name)
+            if type(value) is int and value > 0:
+                setattr(self, attr, value)
+
+    def learn_refusal(self, err: VQError, sizes: list[int]) -> None:
+        """A node refused a multi-queue request of records of these encoded sizes as too
+        large (`payload_too_large`, `too_many_records`): take the limit it names, or else
+        half the request (never less than its largest record alone), until the next map."""
+        limit = err.details.get("max")
+        if err.code == "too_many_records":
+            self.max_records_per_call = limit if type(limit) is int and 0 < limit < \
+                len(sizes) else max(1, len(sizes) // 2)
+            return
+        sent = request_bytes(sizes)
+        self.max_body_bytes = limit if type(limit) is int and 0 < limit < sent else \
+            max(sent // 2, request_bytes([max(sizes)]))
 
     async def _owner_url(self, queue: str) -> str:
         await self._fresh_map()
@@ -278,7 +391,18 @@ class AsyncClient:
         last: VQError | None = None
         url_override: str | None = None
         while True:
-            base = url_override or (await self._owner_url(queue) if queue else self.seeds[0])
+            try:
+                base = url_override or (await self._owner_url(queue) if queue else self.seeds[0])
+            except VQError as exc:  # no node answered for the map: retried like any call
+                if not exc.retriable:
+                    raise
+                last, url_override = exc, None
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise DeadlineExceeded(last) from None
+                await asyncio.sleep(min(remaining, random.uniform(0, delay)))
+                delay = min(self.backoff_max_s, delay * 2)
+                continue
             url_override = None
             try:
                 async with self.session.request(method, base + path, json=json,
@@ -380,36 +504,63 @@ class AsyncClient:
 
     async def enqueue_many(self, records: list[tuple[str, Value | NewRecord]], *,
                            deadline_s: float | None = None) -> list[RecordResult]:
-        """Enqueue records to many queues: one `POST /v1/records` per owner node (up to
-        `max_records_per_call` records each), the owners in parallel. Records that fail
-        retriably (`wrong_node`: the map is refreshed and they go to the new owner; a
-        partition moving or replaying; a broker error; a lost connection) are sent again,
-        before any later record of their queue, until `deadline_s`. Each queue's records keep
-        their order. Returns one result per record, in order; a record that failed for good
-        has `error` set (nothing is raised for it). A request the node refuses as a whole (a
-        bad record: 400) raises."""
+        """Enqueue records to many queues: one `POST /v1/records` per owner node (in calls of
+        at most `max_records_per_call` records and `max_body_bytes` bytes, the node's limits),
+        the owners in parallel. Records that fail retriably (`wrong_node`: the map is
+        refreshed and they go to the new owner; a partition moving or replaying; a broker
+        error; a lost connection; no node answering) are sent again, before any later record
+        of their queue, until `deadline_s`. Each queue's records keep their order. Returns
+        one result per record, in order; a record that failed for good has `error` set
+        (nothing is raised for it): a bad queue name or a value over `max_record_bytes`
+        before anything is sent; a record a node refuses the whole call for (a 400 or 413
+        naming it) alone, named `records[i]` by its place in `records`, the call's other
+        records sent again. A call refused as too large is split and sent again. Raises for
+        a refusal of a whole call that names no record (401, 403, 415...)."""
         deadline = time.monotonic() + (self.deadline_s if deadline_s is None else deadline_s)
-        items = [{"queue": q, **_encode_item(v, None)} for q, v in _pairs(records)]
-        results: list[RecordResult | None] = [None] * len(items)
+        pairs = _pairs(records)
+        queues = [q for q, _ in pairs]
+        encoded = [encode_for_many(q, v) for q, v in pairs]
+        results: list[RecordResult | None] = [None] * len(pairs)
         last: dict[int, VQError] = {}
-        todo = list(range(len(items)))
+        todo: list[int] = []
+        for i, q in enumerate(queues):
+            bad = name_error(q, f"records[{i}].queue")
+            if bad is None:
+                todo.append(i)
+            else:
+                results[i] = RecordResult(q, -1, None, bad)
         delay = self.backoff_initial_s
         while todo:
-            await self._fresh_map()
-            by_owner: dict[str, list[int]] = {}
-            for i in todo:
-                by_owner.setdefault(self.cached_owner(items[i]["queue"]), []).append(i)
-            rounds = await asyncio.gather(*(self._enqueue_at(url, items, indices, results, last)
-                                            for url, indices in by_owner.items()))
-            todo = sorted(i for retry, _ in rounds for i in retry)
-            if not todo:
-                break
-            if any(refresh for _, refresh in rounds):
-                await self._refresh_quietly()
+            try:
+                await self._fresh_map()
+            except VQError as exc:  # no node answers: wait and ask again, until the deadline
+                if not exc.retriable:
+                    raise
+                last.update(dict.fromkeys(todo, exc))
+            else:
+                fit = []
+                for i in todo:
+                    bad = self.size_error(f"records[{i}]", *encoded[i])
+                    if bad is None:
+                        fit.append(i)
+                    else:
+                        results[i] = RecordResult(queues[i], self._partition_of(queues[i]),
+                                                  None, bad)
+                by_owner: dict[str, list[int]] = {}
+                for i in fit:
+                    by_owner.setdefault(self.cached_owner(queues[i]), []).append(i)
+                rounds = await asyncio.gather(*(
+                    self._enqueue_at(url, queues, encoded, indices, results, last)
+                    for url, indices in by_owner.items()))
+                todo = sorted(i for retry, _ in rounds for i in retry)
+                if not todo:
+                    break
+                if any(refresh for _, refresh in rounds):
+                    await self._refresh_quietly()
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 for i in todo:
-                    q = items[i]["queue"]
+                    q = queues[i]
                     results[i] = RecordResult(q, self._partition_of(q), None,
                                               DeadlineExceeded(last.get(i)))
                 break
@@ -418,41 +569,86 @@ class AsyncClient:
                 delay = min(self.backoff_max_s, delay * 2)
         return [r for r in results if r is not None]
 
-    max_records_per_call = 1000  # the node's max_batch_records (its default)
+    def size_error(self, name: str, data: bytes, value_bytes: int) -> VQError | None:
+        """The node's 413 for a record (`name`: how to call it) whose value is over
+        `max_record_bytes`, or that alone makes a multi-queue request over `max_body_bytes`;
+        None if it fits."""
+        if value_bytes > self.max_record_bytes:
+            return VQError(413, "record_too_large", f"{name} is {value_bytes} bytes; at most "
+                           f"{self.max_record_bytes} (max_record_bytes)",
+                           {"max": self.max_record_bytes})
+        size = request_bytes([len(data)])
+        if size > self.max_body_bytes:
+            return VQError(413, "payload_too_large", f"{name} alone makes a {size}-byte "
+                           f"request; at most {self.max_body_bytes} (max_body_bytes)",
+                           {"max": self.max_body_bytes})
+        return None
+
+    def chunks(self, indices: list[int], sizes: list[int]) -> list[list[int]]:
+        """`indices`, in order, cut into multi-queue requests within the node's limits
+        (`sizes`: each index's encoded size)."""
+        out: list[list[int]] = []
+        chunk: list[int] = []
+        size = 0
+        for i in indices:
+            if chunk and (len(chunk) >= self.max_records_per_call
+                          or request_bytes([size, sizes[i]]) > self.max_body_bytes):
+                out.append(chunk)
+                chunk, size = [], 0
+            size += sizes[i] + (1 if chunk else 0)
+            chunk.append(i)
+        if chunk:
+            out.append(chunk)
+        return out
 
     def _partition_of(self, queue: str) -> int:
         return partition_for(queue, self.partitions) if self.partitions else -1
 
-    async def _enqueue_at(self, url: str, items: list[dict[str, Any]], indices: list[int],
-                          results: list[RecordResult | None], last: dict[int, VQError]
-                          ) -> tuple[list[int], bool]:
-        """Send `indices` of `items` to the node at `url`, in calls of at most
-        `max_records_per_call`, one after another; fill `results`. Returns the indices to send
-        again and whether the map should be refreshed. A queue that failed retriably in one
-        call has its later records held back for the next round, so they cannot overtake."""
+    async def _enqueue_at(self, url: str, queues: list[str], encoded: list[tuple[bytes, int]],
+                          indices: list[int], results: list[RecordResult | None],
+                          last: dict[int, VQError]) -> tuple[list[int], bool]:
+        """Send `indices` to the node at `url`, in calls within its limits, one after
+        another; fill `results`. Returns the indices to send again and whether the map should
+        be refreshed. A queue that failed retriably in one call has its later records held
+        back for the next round, so they cannot overtake."""
         retry: list[int] = []
         refresh = False
         held: set[str] = set()
-        step = self.max_records_per_call
-        for start in range(0, len(indices), step):
+        sizes = [len(data) for data, _ in encoded]
+        work = deque(self.chunks(indices, sizes))
+        while work:
             chunk: list[int] = []
-            for i in indices[start:start + step]:
-                (retry if items[i]["queue"] in held else chunk).append(i)
+            for i in work.popleft():
+                (retry if queues[i] in held else chunk).append(i)
             if not chunk:
                 continue
             try:
-                answers = await self.post_records(url, [items[i] for i in chunk])
+                answers = await self.post_encoded(url, [encoded[i][0] for i in chunk])
             except VQError as exc:
-                if not exc.retriable:
-                    raise
-                refresh = refresh or exc.status in (0, 503)
-                for i in chunk:
-                    retry.append(i)
-                    last[i] = exc
-                    held.add(items[i]["queue"])
-                continue
+                if exc.retriable:
+                    refresh = refresh or exc.status in (0, 503)
+                    for i in chunk:
+                        retry.append(i)
+                        last[i] = exc
+                        held.add(queues[i])
+                    continue
+                at = named_record(exc, len(chunk))
+                if at is None and len(chunk) == 1 and exc.code == "payload_too_large":
+                    at = 0
+                if at is not None:  # that record fails alone; the others go again
+                    i = chunk[at]
+                    results[i] = RecordResult(queues[i], self._partition_of(queues[i]), None,
+                                              self._in_call(exc, chunk))
+                    if len(chunk) > 1:
+                        work.appendleft(chunk[:at] + chunk[at + 1:])
+                    continue
+                if exc.code in ("payload_too_large", "too_many_records"):
+                    self.learn_refusal(exc, [sizes[i] for i in chunk])
+                    work.extendleft(reversed(self.chunks(chunk, sizes)))
+                    continue
+                raise
             for i, answer in zip(chunk, answers, strict=True):
-                q = items[i]["queue"]
+                q = queues[i]
                 if "error" not in answer:
                     results[i] = RecordResult(q, answer["partition"], answer.get("offset"))
                     continue
@@ -463,23 +659,40 @@ class AsyncClient:
                     held.add(q)
                     refresh = refresh or err.code in ("wrong_node", "partition_unavailable")
                 else:
-                    results[i] = RecordResult(q, answer.get("partition", -1), None, err)
+                    results[i] = RecordResult(q, answer.get("partition", -1), None,
+                                              self._in_call(err, chunk))
         return retry, refresh
+
+    @staticmethod
+    def _in_call(err: VQError, chunk: list[int]) -> VQError:
+        """`err`, about a call of `chunk`'s records, naming them by their place in the
+        caller's list."""
+        def ours(k: int) -> int:
+            return chunk[k] if 0 <= k < len(chunk) else k
+        return renamed(err, lambda k: f"records[{ours(k)}]", ours)
 
     async def post_records(self, url: str, items: list[dict[str, Any]]
                            ) -> list[dict[str, Any]]:
         """One `POST /v1/records` to one node, not retried: its per-record answers. Raises
         VQError for a refusal of the whole request, or a transport failure (status 0)."""
+        return await self.post_encoded(url, [
+            jsonlib.dumps(item, separators=(",", ":")).encode() for item in items])
+
+    async def post_encoded(self, url: str, records: list[bytes]) -> list[dict[str, Any]]:
+        """`post_records` with each record already encoded (`encode_for_many`): the body is
+        exactly `request_bytes` of their sizes."""
+        body = b'{"records":[' + b",".join(records) + b"]}"
         try:
-            async with self.session.post(f"{url}/v1/records", json={"records": items},
-                                         headers=self.headers) as r:
-                body = await r.json(content_type=None) if r.content_length != 0 else None
+            # A file-like body: aiohttp warns of (and writes at once) raw bytes over 1 MiB.
+            async with self.session.post(f"{url}/v1/records", data=io.BytesIO(body), headers={
+                    **self.headers, "Content-Type": "application/json"}) as r:
+                answer = await r.json(content_type=None) if r.content_length != 0 else None
                 if r.status >= 300:
-                    raise _error_from(r.status, body, r.reason or "")
+                    raise _error_from(r.status, answer, r.reason or "")
         except (aiohttp.ClientConnectionError, TimeoutError) as exc:
             raise VQError(0, "connection_error", f"{url}: {exc}", retriable=True) from None
-        assert isinstance(body, dict) and isinstance(body.get("results"), list), body
-        return list(body["results"])
+        assert isinstance(answer, dict) and isinstance(answer.get("results"), list), answer
+        return list(answer["results"])
 
     async def read(self, queue: str, *, consumer: str | None = None, offset: int | None = None,
                    limit: int | None = None, wait_ms: int | None = None,

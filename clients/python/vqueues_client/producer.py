@@ -8,13 +8,24 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from vqueues_client.client import AsyncClient, NewRecord, Value, _encode_item, _error_from
+from vqueues_client.client import (
+    AsyncClient,
+    NewRecord,
+    Value,
+    _error_from,
+    encode_for_many,
+    name_error,
+    named_record,
+    renamed,
+    request_bytes,
+)
 from vqueues_client.errors import DeadlineExceeded, VQError
 
 
 @dataclass(slots=True)
 class _Pending:
-    record: NewRecord
+    data: bytes  # the record as sent (encode_for_many)
+    value_bytes: int  # its value's decoded size
     future: asyncio.Future[int | None]
     since: float = field(default_factory=time.monotonic)
 
@@ -24,26 +35,33 @@ class BatchProducer:
 
     Records sent within `linger_ms` (or until `max_batch` of them wait) go to the nodes in one
     multi-queue request (`POST /v1/records`) per owner node, whatever their queues, each with its
-    own headers; the owners are called in parallel. A queue has at most one request in flight,
-    so records sent A, B, C to one queue get increasing offsets in that order. A record that
-    fails retriably (its partition moved: `wrong_node`, and the cluster map is refreshed; a
-    rebalance or replay under way; a broker error; a lost connection) is sent again, ahead of
-    the queue's later records, with backoff, until the client's `deadline_s` since its `send`.
-    Each `send` resolves to its record's offset once written, or raises its error: a record that
+    own headers; the owners are called in parallel. A request holds at most `max_batch` records
+    and the node's `max_batch_records`, in at most its `max_body_bytes` (the client's limits,
+    from the cluster map). A queue has at most one request in flight, so records sent A, B, C
+    to one queue get increasing offsets in that order. A record that fails retriably (its
+    partition moved: `wrong_node`, and the cluster map is refreshed; a rebalance or replay under
+    way; a broker error; a lost connection; no node answering) is sent again, ahead of the
+    queue's later records, with backoff, until the client's `deadline_s` since its `send`. Each
+    `send` resolves to its record's offset once written, or raises its error: a record that
     fails for good fails the queue's records sent after it too, so none overtakes a failed one.
+    A bad queue name fails its `send` at once; a value over `max_record_bytes` fails before it
+    is sent; a record a node refuses a whole request for (a 400 or 413 naming it) fails, named
+    by its queue, and the request's other records are sent again; a request refused as too
+    large is split and sent again.
     """
 
     def __init__(self, client: AsyncClient, *, linger_ms: int = 5, max_batch: int = 1000
                  ) -> None:
         self.client = client
         self.linger_s = linger_ms / 1000
-        self.max_batch = min(max_batch, client.max_records_per_call)
+        self.max_batch = max_batch
         self.requests = 0  # multi-queue requests sent
         self._queued: dict[str, deque[_Pending]] = {}  # per queue: not yet in a request
         self._count = 0
         self._busy: set[str] = set()  # queues with a request in flight
         self._not_before: dict[str, float] = {}  # queues backing off after a retriable failure
         self._delay: dict[str, float] = {}
+        self._map_delay = client.backoff_initial_s  # while no node answers for the map
         self._timer: asyncio.TimerHandle | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._refreshing: asyncio.Task[None] | None = None
@@ -54,16 +72,25 @@ class BatchProducer:
     async def __aexit__(self, *exc: object) -> None:
         await self.flush()
 
+    @property
+    def _batch(self) -> int:
+        return max(1, min(self.max_batch, self.client.max_records_per_call))
+
     def send_nowait(self, queue: str, value: Value, headers: dict[str, str] | None = None, *,
                     idempotency_key: str | None = None, tags: list[str] | None = None,
                     deliver_at: int | None = None, delay_ms: int | None = None
                     ) -> asyncio.Future[int | None]:
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[int | None] = loop.create_future()
+        bad = name_error(queue)
+        if bad is not None:  # never queued: it holds nothing else back
+            fut.set_exception(bad)
+            return fut
         record = NewRecord(value, headers, idempotency_key, tags, deliver_at, delay_ms)
-        self._queued.setdefault(queue, deque()).append(_Pending(record, fut))
+        data, value_bytes = encode_for_many(queue, record)
+        self._queued.setdefault(queue, deque()).append(_Pending(data, value_bytes, fut))
         self._count += 1
-        if self._count >= self.max_batch:
+        if self._count >= self._batch:
             self._dispatch()
         elif self._timer is None:
             self._timer = loop.call_later(self.linger_s, self._dispatch)
@@ -80,7 +107,7 @@ class BatchProducer:
 
     def _dispatch(self) -> None:
         """Put every queued record that may go now into requests, one per owner (and per
-        `max_batch` records), and send them."""
+        `max_batch` records, or the node's body limit), and send them."""
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
@@ -90,8 +117,9 @@ class BatchProducer:
                 self._refreshing = asyncio.get_running_loop().create_task(self._refresh())
             return
         now = time.monotonic()
+        batch, body_limit = self._batch, client.max_body_bytes
         requests: dict[str, list[list[tuple[str, list[_Pending]]]]] = {}
-        sizes: dict[str, int] = {}
+        sizes: dict[str, tuple[int, int]] = {}  # per owner: the last request's records, bytes
         wake = None
         for queue in list(self._queued):
             if queue in self._busy:
@@ -101,17 +129,25 @@ class BatchProducer:
                 wake = min(wake or not_before, not_before)
                 continue
             pending = self._queued[queue]
+            bad = client.size_error(f"the record sent to queue {queue!r}", pending[0].data,
+                                    pending[0].value_bytes)
+            if bad is not None:  # too large to send: it fails, with those behind it
+                self._fail(queue, [], bad)
+                continue
             url = client.cached_owner(queue)
             chunks = requests.setdefault(url, [[]])
-            if sizes.get(url, 0) >= self.max_batch:
+            count, size = sizes.get(url, (0, 0))
+            if count and (count >= batch or
+                          request_bytes([size, len(pending[0].data)]) > body_limit):
                 chunks.append([])
-                sizes[url] = 0
-            room = self.max_batch - sizes.get(url, 0)
-            take = [pending.popleft() for _ in range(min(room, len(pending)))]
+                count, size = 0, 0
+            take, count, size = self._take(pending, count, size, batch, body_limit)
             if not pending:
                 del self._queued[queue]
+            if not take:
+                continue
             self._count -= len(take)
-            sizes[url] = sizes.get(url, 0) + len(take)
+            sizes[url] = (count, size)
             chunks[-1].append((queue, take))
             self._busy.add(queue)
         for url, chunks in requests.items():
@@ -124,12 +160,38 @@ class BatchProducer:
             self._timer = asyncio.get_running_loop().call_later(
                 max(0.0, wake - now), self._dispatch)
 
+    def _take(self, pending: deque[_Pending], count: int, size: int, batch: int,
+              body_limit: int) -> tuple[list[_Pending], int, int]:
+        """The records of one queue that fit the request being filled (`count` records,
+        `size` bytes so far), taken from the head of `pending`; and the new count and size."""
+        take: list[_Pending] = []
+        while pending and count < batch:
+            p = pending[0]
+            if count and request_bytes([size, len(p.data)]) > body_limit:
+                break
+            if self.client.size_error("", p.data, p.value_bytes) is not None:
+                break  # it fails once it heads its queue: after these are written
+            take.append(pending.popleft())
+            size += len(p.data) + (1 if count else 0)
+            count += 1
+        return take, count, size
+
     async def _refresh(self) -> None:
+        """Fetch the cluster map; while no node answers, try again with backoff, failing only
+        the records whose deadline passed."""
         try:
             await self.client._fresh_map()
-        except VQError as exc:  # no node answers: what waits fails, in order
+            self._map_delay = self.client.backoff_initial_s
+        except VQError as exc:
+            now = time.monotonic()
             for queue in list(self._queued):
-                self._fail(queue, [], exc)
+                if not exc.retriable:
+                    self._fail(queue, [], exc)
+                elif now - self._queued[queue][0].since > self.client.deadline_s:
+                    self._fail(queue, [], DeadlineExceeded(exc))
+            if self._queued:
+                await asyncio.sleep(random.uniform(0, self._map_delay))  # full jitter
+                self._map_delay = min(self.client.backoff_max_s, self._map_delay * 2)
         finally:
             self._refreshing = None
         if self._queued:
@@ -138,13 +200,12 @@ class BatchProducer:
     async def _send(self, url: str, groups: list[tuple[str, list[_Pending]]]) -> None:
         refresh = False
         try:
-            items = [{"queue": q, **_encode_item(p.record, None)} for q, ps in groups for p in ps]
             self.requests += 1
             try:
-                answers = await self.client.post_records(url, items)
+                answers = await self.client.post_encoded(
+                    url, [p.data for _, ps in groups for p in ps])
             except VQError as exc:
-                for queue, pending in groups:
-                    refresh = self._failed(queue, pending, exc) or refresh
+                refresh = self._refused(groups, exc)
                 return
             at = 0
             for queue, pending in groups:
@@ -152,7 +213,8 @@ class BatchProducer:
                 for n, (p, answer) in enumerate(zip(pending, mine, strict=True)):
                     if "error" in answer:
                         err = _error_from(int(answer.get("status", 0)), answer)
-                        refresh = self._failed(queue, pending[n:], err) or refresh
+                        refresh = self._failed(queue, pending[n:], self._ours(err, groups)) \
+                            or refresh
                         break
                     if not p.future.done():
                         p.future.set_result(answer.get("offset"))
@@ -167,6 +229,55 @@ class BatchProducer:
             if self._queued:
                 self._dispatch()
 
+    @staticmethod
+    def _ours(err: VQError, groups: list[tuple[str, list[_Pending]]]) -> VQError:
+        """`err` naming records by their queue, not by their place in the producer's
+        request."""
+        queues = [q for q, ps in groups for _ in ps]
+
+        def name(k: int) -> str:
+            return f"the record sent to queue {queues[k]!r}" if 0 <= k < len(queues) else \
+                "a record"
+        return renamed(err, name, lambda k: None)
+
+    def _refused(self, groups: list[tuple[str, list[_Pending]]], err: VQError) -> bool:
+        """A node refused the request of `groups` as a whole (or it was not delivered):
+        send it again, split, or without the one record it names; or fail it. True if the
+        cluster map should be refreshed."""
+        if err.retriable:
+            refresh = False
+            for queue, pending in groups:
+                refresh = self._failed(queue, pending, err) or refresh
+            return refresh
+        total = sum(len(ps) for _, ps in groups)
+        at = named_record(err, total)
+        if at is None and total == 1 and err.code == "payload_too_large":
+            at = 0
+        if at is not None:  # that record fails (with its queue's later ones); the rest go again
+            mine = self._ours(err, groups)
+            for queue, pending in groups:
+                if 0 <= at < len(pending):
+                    self._fail(queue, pending[at:], mine)
+                    self._requeue(queue, pending[:at])
+                else:
+                    self._requeue(queue, pending)
+                at -= len(pending)
+            return False
+        if err.code in ("payload_too_large", "too_many_records"):
+            self.client.learn_refusal(err, [len(p.data) for _, ps in groups for p in ps])
+            for queue, pending in groups:
+                self._requeue(queue, pending)
+            return False
+        for queue, pending in groups:
+            self._fail(queue, pending, err)
+        return False
+
+    def _requeue(self, queue: str, pending: list[_Pending]) -> None:
+        """Put `pending` back at the head of its queue, to go in the next request."""
+        if pending:
+            self._queued.setdefault(queue, deque()).extendleft(reversed(pending))
+            self._count += len(pending)
+
     def _failed(self, queue: str, pending: list[_Pending], err: VQError) -> bool:
         """`pending` (the queue's oldest records) failed with `err`: put them back at the head
         of the queue to go again, or fail them and everything after them. True if the cluster
@@ -176,8 +287,7 @@ class BatchProducer:
         if not retriable or now - pending[0].since > self.client.deadline_s:
             self._fail(queue, pending, err if not retriable else DeadlineExceeded(err))
             return False
-        self._queued.setdefault(queue, deque()).extendleft(reversed(pending))
-        self._count += len(pending)
+        self._requeue(queue, pending)
         if err.code != "wrong_node":  # moved: go to the new owner at once; else back off
             delay = self._delay.get(queue, self.client.backoff_initial_s)
             self._not_before[queue] = now + random.uniform(0, delay)  # full jitter

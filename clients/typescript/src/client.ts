@@ -139,6 +139,86 @@ export function encodeRecord(item: Value | NewRecord, headers?: Record<string, s
   return out;
 }
 
+/** The node's limits' documented defaults (docs/api.md, "Limits"), assumed until the cluster
+ * map publishes the node's own. */
+export const DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024;
+export const DEFAULT_MAX_BATCH_RECORDS = 1000;
+export const DEFAULT_MAX_RECORD_BYTES = 1024 * 1024;
+
+// A queue name's rule, as the node's (vqueues/names.py): 1-249 UTF-8 bytes, no control
+// characters (Unicode category Cc).
+const MAX_NAME_BYTES = 249;
+// eslint-disable-next-line no-control-regex
+const CONTROL = /[\u0000-\u001f\u007f-\u009f]/;
+const LONE_SURROGATE = /[\uD800-\uDBFF](?![\uDC00-\uDFFF])|(?<![\uD800-\uDBFF])[\uDC00-\uDFFF]/;
+// `{"records":[` and `]}` around a multi-queue request's records.
+const ENVELOPE_BYTES = Buffer.byteLength('{"records":[]}');
+// Where a node's refusal of a whole request names the record it refused for.
+const RECORD_AT = /records\[(\d+)\]/g;
+
+function refusal(status: number, code: string, message: string, extra: Json = {}): VQError {
+  return errorFrom(status, { error: { code, message, retriable: false, ...extra } });
+}
+
+/** The node's `400 invalid_name` for `queue`, found before sending; null if it is valid. */
+export function nameError(queue: string, what = "queue"): VQError | null {
+  if (typeof queue !== "string") return refusal(400, "invalid_name", `${what} name must be a string`);
+  if (LONE_SURROGATE.test(queue)) return refusal(400, "invalid_name", `${what} name is not valid UTF-8`);
+  const size = Buffer.byteLength(queue, "utf8");
+  if (size === 0) return refusal(400, "invalid_name", `${what} name must not be empty`);
+  if (size > MAX_NAME_BYTES) {
+    return refusal(400, "invalid_name",
+                   `${what} name is ${size} UTF-8 bytes; at most ${MAX_NAME_BYTES} allowed`);
+  }
+  if (CONTROL.test(queue)) {
+    return refusal(400, "invalid_name", `${what} name must not contain control characters`);
+  }
+  return null;
+}
+
+/** One record of a multi-queue request as the JSON sent, and its value's size as the node
+ * counts it (decoded bytes). */
+export function encodeForMany(queue: string, item: Value | NewRecord
+                              ): { data: Buffer; valueBytes: number } {
+  const data = Buffer.from(JSON.stringify({ queue, ...encodeRecord(item) }), "utf8");
+  const value = isNewRecord(item) ? item.value : item;
+  const valueBytes = value === null || value === undefined ? 0 :
+    value instanceof Uint8Array ? value.byteLength : Buffer.byteLength(value, "utf8");
+  return { data, valueBytes };
+}
+
+/** The size of a multi-queue request holding records of these encoded sizes. */
+export function requestBytes(sizes: number[]): number {
+  return ENVELOPE_BYTES + sizes.reduce((a, b) => a + b, 0) + Math.max(0, sizes.length - 1);
+}
+
+/** The one record (its index in the request) a node's refusal of a whole multi-queue request
+ * of `count` records names (`records[i]`), or null. */
+export function namedRecord(err: VQError, count: number): number | null {
+  if (err.retriable || err.status < 400 || err.status >= 500) return null;
+  const match = /records\[(\d+)\]/.exec(err.message);
+  const index = err.details.index;
+  const at = match ? Number(match[1]) : typeof index === "number" ? index : null;
+  return at !== null && at >= 0 && at < count ? at : null;
+}
+
+/** `err` with the records it names by their place in the client's own request (`records[k]`,
+ * `index`, `first_index`) named as the caller knows them: `name(k)` in the message, `index(k)`
+ * in the details (dropped where undefined). */
+export function renamed(err: VQError, name: (k: number) => string,
+                        index: (k: number) => number | undefined): VQError {
+  const raw = typeof err.details.message === "string" ? err.details.message :
+    err.message.replace(/^\d+ [a-z_]+: /, "");
+  const message = raw.replace(RECORD_AT, (_, k: string) => name(Number(k)));
+  const details: Json = { ...err.details, code: err.code, message, retriable: err.retriable };
+  for (const field of ["index", "first_index"]) {
+    const k = details[field];
+    delete details[field];
+    if (typeof k === "number" && index(k) !== undefined) details[field] = index(k);
+  }
+  return errorFrom(err.status, { error: details });
+}
+
 function decodeRecord(raw: Json): QueueRecord {
   const b64 = raw.encoding === "base64";
   const headers: Record<string, string> = {};
@@ -174,6 +254,7 @@ export function sleep(ms: number, signal?: AbortSignal): Promise<void> {
 }
 
 const q = encodeURIComponent;
+const COMMA = Buffer.from(",");
 
 /**
  * `const vq = new Client(["http://127.0.0.1:8080"]); await vq.enqueue("q", "x")`.
@@ -189,8 +270,14 @@ export class Client {
   partitions: number | null = null;
   owners = new Map<number, string>();
   generation = -1;
-  /** Records per multi-queue call: the node's `max_batch_records` (its default). */
-  maxRecordsPerCall = 1000;
+  /** The node's limits (docs/api.md, "Limits"): their documented defaults until the cluster
+   * map publishes the node's own (`limits`); a 413 or `too_many_records` lowers them until the
+   * next map. Records per multi-queue call (`max_batch_records`): */
+  maxRecordsPerCall = DEFAULT_MAX_BATCH_RECORDS;
+  /** The largest request body (`max_body_bytes`). */
+  maxBodyBytes = DEFAULT_MAX_BODY_BYTES;
+  /** The largest record value, decoded (`max_record_bytes`). */
+  maxRecordBytes = DEFAULT_MAX_RECORD_BYTES;
   readonly deadlineMs: number;
   readonly refreshIntervalMs: number;
   readonly backoffInitialMs: number;
@@ -248,10 +335,75 @@ export class Client {
       this.owners = new Map(Object.entries(body.owners as Record<string, { url: string }>)
         .map(([p, o]) => [Number(p), o.url]));
       this.generation = (body.generation as number | undefined) ?? 0;
+      this.learnLimits(body.limits);
       this.mapAt = Date.now();
       return body;
     }
     throw new VQError(0, "no_node_reachable", `no node answered: ${last}`, {}, true);
+  }
+
+  /** Take the node's limits from its cluster map (an older node publishes none). */
+  private learnLimits(limits: unknown): void {
+    if (typeof limits !== "object" || limits === null) return;
+    const get = (name: string): number | undefined => {
+      const v = (limits as Json)[name];
+      return Number.isInteger(v) && (v as number) > 0 ? v as number : undefined;
+    };
+    this.maxBodyBytes = get("max_body_bytes") ?? this.maxBodyBytes;
+    this.maxRecordsPerCall = get("max_batch_records") ?? this.maxRecordsPerCall;
+    this.maxRecordBytes = get("max_record_bytes") ?? this.maxRecordBytes;
+  }
+
+  /** A node refused a multi-queue request of records of these encoded sizes as too large
+   * (`payload_too_large`, `too_many_records`): take the limit it names, or else half the
+   * request (never less than its largest record alone), until the next map. */
+  learnRefusal(err: VQError, sizes: number[]): void {
+    const limit = err.details.max;
+    const named = typeof limit === "number" && Number.isInteger(limit) && limit > 0 ? limit : 0;
+    if (err.code === "too_many_records") {
+      this.maxRecordsPerCall = named && named < sizes.length ? named :
+        Math.max(1, Math.floor(sizes.length / 2));
+      return;
+    }
+    const sent = requestBytes(sizes);
+    this.maxBodyBytes = named && named < sent ? named :
+      Math.max(Math.floor(sent / 2), requestBytes([Math.max(...sizes)]));
+  }
+
+  /** The node's 413 for a record (`name`: how to call it) whose value is over
+   * `maxRecordBytes`, or that alone makes a multi-queue request over `maxBodyBytes`; null if
+   * it fits. */
+  sizeError(name: string, data: Buffer, valueBytes: number): VQError | null {
+    if (valueBytes > this.maxRecordBytes) {
+      return refusal(413, "record_too_large", `${name} is ${valueBytes} bytes; at most ` +
+                     `${this.maxRecordBytes} (max_record_bytes)`, { max: this.maxRecordBytes });
+    }
+    const size = requestBytes([data.length]);
+    if (size > this.maxBodyBytes) {
+      return refusal(413, "payload_too_large", `${name} alone makes a ${size}-byte request; ` +
+                     `at most ${this.maxBodyBytes} (max_body_bytes)`, { max: this.maxBodyBytes });
+    }
+    return null;
+  }
+
+  /** `indices`, in order, cut into multi-queue requests within the node's limits (`sizes`:
+   * each index's encoded size). */
+  chunks(indices: number[], sizes: number[]): number[][] {
+    const out: number[][] = [];
+    let chunk: number[] = [];
+    let size = 0;
+    for (const i of indices) {
+      if (chunk.length && (chunk.length >= this.maxRecordsPerCall ||
+                           requestBytes([size, sizes[i]]) > this.maxBodyBytes)) {
+        out.push(chunk);
+        chunk = [];
+        size = 0;
+      }
+      size += sizes[i] + (chunk.length ? 1 : 0);
+      chunk.push(i);
+    }
+    if (chunk.length) out.push(chunk);
+    return out;
   }
 
   /** Fetch the map if it is unknown or older than `refreshIntervalMs`. */
@@ -297,7 +449,20 @@ export class Client {
       Object.entries(opts.params).filter(([, v]) => v !== undefined && v !== null)
         .map(([k, v]) => [k, String(v)])).toString() : "";
     for (;;) {
-      if (queue) await this.freshMap();
+      if (queue) {
+        try {
+          await this.freshMap();
+        } catch (exc) {  // no node answered for the map: retried like any call
+          if (!(exc instanceof VQError) || !exc.retriable) throw exc;
+          last = exc;
+          override = undefined;
+          const remaining = deadline - Date.now();
+          if (remaining <= 0) throw new DeadlineExceededError(last);
+          await sleep(Math.min(remaining, Math.random() * delay), opts.signal);
+          delay = Math.min(this.backoffMaxMs, delay * 2);
+          continue;
+        }
+      }
       const base = override ?? (queue ? this.cachedOwner(queue) : this.seeds[0]);
       override = undefined;
       try {
@@ -391,37 +556,62 @@ export class Client {
     return { partition: body!.partition as number, offsets: body!.offsets as number[] | null };
   }
 
-  /** Enqueue records to many queues: one `POST /v1/records` per owner node (up to
-   * `maxRecordsPerCall` each), the owners in parallel. Records that fail retriably
-   * (`wrong_node`: the map is refreshed and they go to the new owner; a partition moving or
-   * replaying; a broker error; a lost connection) are sent again, before any later record of
-   * their queue, until the deadline. Each queue's records keep their order. One result per
-   * record, in order; a record that failed for good has `error` (nothing is thrown for it). A
-   * request a node refuses as a whole (a bad record: 400) throws. */
+  /** Enqueue records to many queues: one `POST /v1/records` per owner node (in calls of at
+   * most `maxRecordsPerCall` records and `maxBodyBytes` bytes, the node's limits), the owners
+   * in parallel. Records that fail retriably (`wrong_node`: the map is refreshed and they go to
+   * the new owner; a partition moving or replaying; a broker error; a lost connection; no node
+   * answering) are sent again, before any later record of their queue, until the deadline.
+   * Each queue's records keep their order. One result per record, in order; a record that
+   * failed for good has `error` (nothing is thrown for it): a bad queue name or a value over
+   * `maxRecordBytes` before anything is sent; a record a node refuses the whole call for (a
+   * 400 or 413 naming it) alone, named `records[i]` by its place in `records`, the call's
+   * other records sent again. A call refused as too large is split and sent again. Throws for
+   * a refusal of a whole call that names no record (401, 403, 415...). */
   async enqueueMany(records: Array<[string, Value | NewRecord]>,
                     opts: CallOptions = {}): Promise<RecordResult[]> {
     const deadline = Date.now() + (opts.deadlineMs ?? this.deadlineMs);
-    const items = records.map(([queue, v]) => ({ queue, ...encodeRecord(v) }));
-    const results: Array<RecordResult | undefined> = new Array(items.length);
+    const queues = records.map(([queue]) => queue);
+    const encoded = records.map(([queue, v]) => encodeForMany(queue, v));
+    const results: Array<RecordResult | undefined> = new Array(records.length);
     const last = new Map<number, VQError>();
-    let todo = items.map((_, i) => i);
+    let todo: number[] = [];
+    queues.forEach((queue, i) => {
+      const bad = nameError(queue, `records[${i}].queue`);
+      if (bad) results[i] = { queue, partition: -1, offset: null, error: bad };
+      else todo.push(i);
+    });
     let delay = this.backoffInitialMs;
     while (todo.length) {
-      await this.freshMap();
-      const byOwner = new Map<string, number[]>();
-      for (const i of todo) {
-        const url = this.cachedOwner(items[i].queue);
-        byOwner.set(url, [...(byOwner.get(url) ?? []), i]);
+      let mapped = true;
+      try {
+        await this.freshMap();
+      } catch (exc) {  // no node answers: wait and ask again, until the deadline
+        if (!(exc instanceof VQError) || !exc.retriable) throw exc;
+        for (const i of todo) last.set(i, exc);
+        mapped = false;
       }
-      const rounds = await Promise.all([...byOwner].map(
-        ([url, indices]) => this.enqueueAt(url, items, indices, results, last, opts.signal)));
-      todo = rounds.flatMap(([retry]) => retry).sort((a, b) => a - b);
-      if (!todo.length) break;
-      if (rounds.some(([, refresh]) => refresh)) await this.refreshQuietly();
+      if (mapped) {
+        const byOwner = new Map<string, number[]>();
+        for (const i of todo) {
+          const bad = this.sizeError(`records[${i}]`, encoded[i].data, encoded[i].valueBytes);
+          if (bad) {
+            results[i] = { queue: queues[i], partition: this.partitionOf(queues[i]),
+                           offset: null, error: bad };
+            continue;
+          }
+          const url = this.cachedOwner(queues[i]);
+          byOwner.set(url, [...(byOwner.get(url) ?? []), i]);
+        }
+        const rounds = await Promise.all([...byOwner].map(([url, indices]) =>
+          this.enqueueAt(url, queues, encoded, indices, results, last, opts.signal)));
+        todo = rounds.flatMap(([retry]) => retry).sort((a, b) => a - b);
+        if (!todo.length) break;
+        if (rounds.some(([, refresh]) => refresh)) await this.refreshQuietly();
+      }
       const remaining = deadline - Date.now();
       if (remaining <= 0) {
         for (const i of todo) {
-          results[i] = { queue: items[i].queue, partition: this.partitionOf(items[i].queue),
+          results[i] = { queue: queues[i], partition: this.partitionOf(queues[i]),
                          offset: null, error: new DeadlineExceededError(last.get(i)) };
         }
         break;
@@ -434,35 +624,60 @@ export class Client {
     return results as RecordResult[];
   }
 
-  private async enqueueAt(url: string, items: Array<Json & { queue: string }>,
+  /** `err`, about a call of `chunk`'s records, naming them by their place in the caller's
+   * list. */
+  private static inCall(err: VQError, chunk: number[]): VQError {
+    const ours = (k: number) => (k >= 0 && k < chunk.length ? chunk[k] : k);
+    return renamed(err, (k) => `records[${ours(k)}]`, ours);
+  }
+
+  private async enqueueAt(url: string, queues: string[],
+                          encoded: Array<{ data: Buffer; valueBytes: number }>,
                           indices: number[], results: Array<RecordResult | undefined>,
                           last: Map<number, VQError>, signal?: AbortSignal
                           ): Promise<[number[], boolean]> {
     const retry: number[] = [];
     const held = new Set<string>();
     let refresh = false;
-    for (let start = 0; start < indices.length; start += this.maxRecordsPerCall) {
+    const sizes = encoded.map((e) => e.data.length);
+    const work = this.chunks(indices, sizes);
+    while (work.length) {
       const chunk: number[] = [];
-      for (const i of indices.slice(start, start + this.maxRecordsPerCall)) {
-        (held.has(items[i].queue) ? retry : chunk).push(i);
-      }
+      for (const i of work.shift()!) (held.has(queues[i]) ? retry : chunk).push(i);
       if (!chunk.length) continue;
       let answers: Json[];
       try {
-        answers = await this.postRecords(url, chunk.map((i) => items[i]), signal);
+        answers = await this.postEncoded(url, chunk.map((i) => encoded[i].data), signal);
       } catch (exc) {
-        if (!(exc instanceof VQError) || !exc.retriable) throw exc;
-        refresh ||= exc.status === 0 || exc.status === 503;
-        for (const i of chunk) {
-          retry.push(i);
-          last.set(i, exc);
-          held.add(items[i].queue);
+        if (!(exc instanceof VQError)) throw exc;
+        if (exc.retriable) {
+          refresh ||= exc.status === 0 || exc.status === 503;
+          for (const i of chunk) {
+            retry.push(i);
+            last.set(i, exc);
+            held.add(queues[i]);
+          }
+          continue;
         }
-        continue;
+        let at = namedRecord(exc, chunk.length);
+        if (at === null && chunk.length === 1 && exc.code === "payload_too_large") at = 0;
+        if (at !== null) {  // that record fails alone; the others go again
+          const i = chunk[at];
+          results[i] = { queue: queues[i], partition: this.partitionOf(queues[i]), offset: null,
+                         error: Client.inCall(exc, chunk) };
+          if (chunk.length > 1) work.unshift([...chunk.slice(0, at), ...chunk.slice(at + 1)]);
+          continue;
+        }
+        if (exc.code === "payload_too_large" || exc.code === "too_many_records") {
+          this.learnRefusal(exc, chunk.map((i) => sizes[i]));
+          work.unshift(...this.chunks(chunk, sizes));
+          continue;
+        }
+        throw exc;
       }
       chunk.forEach((i, n) => {
         const answer = answers[n];
-        const queue = items[i].queue;
+        const queue = queues[i];
         if (!("error" in answer)) {
           results[i] = { queue, partition: answer.partition as number,
                          offset: (answer.offset as number | null | undefined) ?? null };
@@ -476,7 +691,7 @@ export class Client {
           refresh ||= err.code === "wrong_node" || err.code === "partition_unavailable";
         } else {
           results[i] = { queue, partition: (answer.partition as number | undefined) ?? -1,
-                         offset: null, error: err };
+                         offset: null, error: Client.inCall(err, chunk) };
         }
       });
     }
@@ -485,10 +700,19 @@ export class Client {
 
   /** One `POST /v1/records` to one node, not retried: its per-record answers. Throws a
    * VQError for a refusal of the whole request, or a transport failure (status 0). */
-  async postRecords(url: string, items: Json[], signal?: AbortSignal): Promise<Json[]> {
+  postRecords(url: string, items: Json[], signal?: AbortSignal): Promise<Json[]> {
+    return this.postEncoded(url, items.map((item) => Buffer.from(JSON.stringify(item))), signal);
+  }
+
+  /** `postRecords` with each record already encoded (`encodeForMany`): the body is exactly
+   * `requestBytes` of their sizes. */
+  async postEncoded(url: string, records: Buffer[], signal?: AbortSignal): Promise<Json[]> {
+    const parts: Buffer[] = [Buffer.from('{"records":[')];
+    records.forEach((r, n) => parts.push(...(n ? [COMMA, r] : [r])));
+    parts.push(Buffer.from("]}"));
     let answer;
     try {
-      answer = await this.transport.request("POST", `${url}/v1/records`, { records: items },
+      answer = await this.transport.request("POST", `${url}/v1/records`, Buffer.concat(parts),
                                             this.headers, signal);
     } catch (exc) {
       if (signal?.aborted) throw signal.reason;

@@ -34,7 +34,9 @@ export class Transport {
           signal?: AbortSignal): Promise<Answer> {
     const target = new URL(url);
     const secure = target.protocol === "https:";
-    const payload = body === undefined ? undefined : Buffer.from(JSON.stringify(body));
+    // A Buffer is a body already encoded as JSON (the multi-queue enqueue sizes its own).
+    const payload = body === undefined ? undefined :
+      Buffer.isBuffer(body) ? body : Buffer.from(JSON.stringify(body));
     const options: https.RequestOptions = {
       method,
       agent: secure ? this.httpsAgent : this.httpAgent,

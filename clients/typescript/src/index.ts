@@ -1,6 +1,7 @@
 /** vqueues-client: a partition-aware client for vqueues. */
 export {
-  Client, Lease, QueueRecord, encodeRecord, sleep,
+  Client, DEFAULT_MAX_BATCH_RECORDS, DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_RECORD_BYTES, Lease,
+  QueueRecord, encodeRecord, sleep,
   type CallOptions, type ClientOptions, type ConsumerSettings, type EnqueueOptions,
   type EnqueueResult, type LeaseOptions, type NewRecord, type ReadOptions, type ReadResult,
   type RecordResult, type Value,
@@ -15,7 +16,7 @@ export { BatchProducer } from "./producer.js";
 export { Worker, type Handler, type WorkerOptions } from "./worker.js";
 export { Stream, type StreamOptions } from "./stream.js";
 export type {
-  AckResult, ConsumerDeletion, ConsumerInfo, ConsumerSettingsInfo, PartitionsInfo,
+  AckResult, ConsumerDeletion, ConsumerInfo, ConsumerSettingsInfo, NodeLimits, PartitionsInfo,
   QueueDeletion, QueueInfo, ScheduledCancellation, SettleResult,
 } from "./types.js";
 export { SCHEMA_FIELDS } from "./types.js";

@@ -81,6 +81,13 @@ export interface ScheduledCancellation {
   cancelled: boolean;
 }
 
+/** The node's request limits a client sizes its requests by (its settings). */
+export interface NodeLimits {
+  max_body_bytes: number;
+  max_batch_records: number;
+  max_record_bytes: number;
+}
+
 export interface PartitionsInfo {
   partitions: number;
   generation: number;
@@ -89,6 +96,7 @@ export interface PartitionsInfo {
   url: string;
   owned: number[];
   ready: number[];
+  limits: NodeLimits;
   details?: Array<Record<string, unknown>>;
 }
 
@@ -106,5 +114,6 @@ export const SCHEMA_FIELDS: Readonly<Record<string, readonly string[]>> = {
   ConsumerDeletion: ["queue", "consumer", "deleted", "offset"],
   ScheduledCancellation: ["queue", "id", "cancelled"],
   PartitionsInfo: ["partitions", "generation", "owners", "node", "url", "owned", "ready",
-                   "details"],
+                   "limits", "details"],
+  NodeLimits: ["max_body_bytes", "max_batch_records", "max_record_bytes"],
 };

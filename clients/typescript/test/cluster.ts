@@ -34,14 +34,16 @@ async function freePorts(count: number): Promise<number> {
 export class DevCluster {
   constructor(readonly process: ChildProcess, readonly urls: string[]) {}
 
-  static async start(nodes: number, partitions = 8): Promise<DevCluster> {
+  /** `env`: the nodes' settings (`VQ_*`) beside the suite's. */
+  static async start(nodes: number, partitions = 8, env: Record<string, string> = {}
+                     ): Promise<DevCluster> {
     const port = await freePorts(nodes);
     const proc = spawn(python(), ["-m", "vqueues", "dev", "--nodes", String(nodes),
                                   "--partitions", String(partitions),
                                   "--http-port", String(port)], {
       cwd: REPO, stdio: ["ignore", "ignore", "inherit"],
       env: { ...process.env, VQ_SESSION_TIMEOUT_MS: "6000", VQ_HEARTBEAT_INTERVAL_MS: "500",
-             VQ_LOG_LEVEL: "warning" },
+             VQ_LOG_LEVEL: "warning", ...env },
     });
     const urls = Array.from({ length: nodes }, (_, i) => `http://127.0.0.1:${port + i}`);
     const cluster = new DevCluster(proc, urls);

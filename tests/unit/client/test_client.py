@@ -2,12 +2,14 @@
 
 import asyncio
 import random
+import re
+import socket
 from typing import Any, cast
 
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
-from vqueues_client import AsyncClient, BatchProducer, VQError, consume
+from vqueues_client import AsyncClient, BatchProducer, DeadlineExceeded, NewRecord, VQError, consume
 
 
 class FakeNode:
@@ -22,7 +24,14 @@ class FakeNode:
         self.acks: list[int] = []
         self.fail: list[tuple[int, dict[str, Any]]] = []
         self.fail_records: dict[str, list[Any]] = {}  # queue -> [(status, error body), times]
-        app = web.Application()
+        self.limits: dict[str, int] | None = None  # published in the map, as a node does
+        # As a node: a multi-queue body over `max_body` is 413 payload_too_large (naming no
+        # record); a value over `max_record` or with a bad tag refuses the whole request,
+        # naming records[i].
+        self.max_body: int | None = None
+        self.max_record = 1024 * 1024
+        self.bodies: list[int] = []  # the multi-queue bodies' sizes, as received
+        app = web.Application(client_max_size=64 * 1024 * 1024)
         app.router.add_get("/v1/partitions", self.partitions)
         app.router.add_post("/v1/queues/{queue}/records", self.enqueue)
         app.router.add_post("/v1/records", self.enqueue_many)
@@ -34,8 +43,31 @@ class FakeNode:
         self.requests[what] = self.requests.get(what, 0) + 1
 
     async def partitions(self, request):
-        return web.json_response({"partitions": 1, "generation": 1, "owners": {
-            "0": {"node": "n", "url": str(self.server.make_url("")).rstrip("/")}}})
+        body = {"partitions": 1, "generation": 1, "owners": {
+            "0": {"node": "n", "url": str(self.server.make_url("")).rstrip("/")}}}
+        if self.limits is not None:
+            body["limits"] = self.limits
+        return web.json_response(body)
+
+    def refusal(self, raw: bytes, records: list) -> web.Response | None:
+        """A node's refusal of a multi-queue request as a whole, if it has one."""
+        def refuse(status, code, message):
+            return web.json_response({"error": {"code": code, "message": message,
+                                                "retriable": False}}, status=status)
+        if self.max_body is not None and len(raw) > self.max_body:
+            return refuse(413, "payload_too_large",
+                          f"request body exceeds the limit of {self.max_body} bytes")
+        for i, r in enumerate(records):
+            if not r["queue"]:
+                return refuse(400, "invalid_name", f"records[{i}].queue name must not be empty")
+        for i, r in enumerate(records):
+            size = len(r["value"].encode()) if r["value"] is not None else 0
+            if size > self.max_record:
+                return refuse(413, "record_too_large",
+                              f"records[{i}] is {size} bytes; at most {self.max_record}")
+            if any("," in t for t in r.get("tags", [])):
+                return refuse(400, "invalid_record", f"records[{i}].tags must not hold commas")
+        return None
 
     async def enqueue(self, request):
         self.count("enqueue")
@@ -57,7 +89,12 @@ class FakeNode:
         if self.fail:
             status, body = self.fail.pop(0)
             return web.json_response(body, status=status)
+        raw = await request.read()
+        self.bodies.append(len(raw))
         body = await request.json()
+        refused = self.refusal(raw, body["records"])
+        if refused is not None:
+            return refused
         await asyncio.sleep(random.uniform(0, 0.01))
         results = []
         # As a node does: a queue's records in one request succeed or fail together.
@@ -187,3 +224,126 @@ async def test_enqueue_many_refuses_what_is_not_a_queue_and_value_pair(fake, rec
         assert await vq.enqueue_many([("q", "v"), ["r", "w"]]) != []  # type: ignore[list-item]
     assert fake.requests.get("enqueue_many") == 1  # only the good call was sent
     assert [(q, v) for q, v, _ in fake.log] == [("q", "v"), ("r", "w")]
+
+
+LIMITS = {"max_body_bytes": 20_000, "max_batch_records": 1000, "max_record_bytes": 4096}
+
+
+async def test_the_batch_producer_keeps_each_request_within_the_body_limit_the_map_gives(fake):
+    fake.limits, fake.max_body, fake.max_record = LIMITS, 20_000, 4096
+    async with AsyncClient(str(fake.server.make_url(""))) as vq:
+        async with BatchProducer(vq, linger_ms=50) as producer:
+            sent = [producer.send_nowait(f"q{i % 10}", f"{i:04}" + "x" * 996) for i in range(100)]
+            offsets = await asyncio.gather(*sent)
+        assert vq.max_body_bytes == 20_000 and vq.max_record_bytes == 4096
+    assert all(isinstance(o, int) for o in offsets)
+    assert max(fake.bodies) <= 20_000 and len(fake.bodies) >= 5  # 100 KB in several requests
+    for q in range(10):
+        assert [v[:4] for x, v, _ in fake.log if x == f"q{q}"] == \
+            [f"{i:04}" for i in range(q, 100, 10)]
+
+
+async def test_before_knowing_the_limit_a_413_splits_the_request_and_sends_it_again(fake):
+    fake.max_body = 20_000  # a limit the map does not publish (an old node, a proxy)
+    async with AsyncClient(str(fake.server.make_url(""))) as vq:
+        assert vq.max_body_bytes == 16 * 1024 * 1024  # the documented default, assumed
+        async with BatchProducer(vq, linger_ms=50) as producer:
+            sent = [producer.send_nowait(f"q{i % 10}", f"{i:04}" + "x" * 996) for i in range(100)]
+            offsets = await asyncio.gather(*sent)
+        assert vq.max_body_bytes < 20_000  # learnt from the 413s
+        results = await vq.enqueue_many([(f"m{i % 7}", "y" * 1000) for i in range(100)])
+    assert all(isinstance(o, int) for o in offsets)
+    assert all(r.ok for r in results) and len(fake.log) == 200
+    for q in range(10):
+        assert [v[:4] for x, v, _ in fake.log if x == f"q{q}"] == \
+            [f"{i:04}" for i in range(q, 100, 10)]
+
+
+async def test_enqueue_many_keeps_each_call_within_the_body_limit_and_splits_on_a_413(fake):
+    fake.limits, fake.max_body = LIMITS, 20_000
+    items = [(f"q{i % 10}", f"{i:04}" + "x" * 996) for i in range(100)]
+    async with AsyncClient(str(fake.server.make_url(""))) as vq:
+        results = await vq.enqueue_many(items)
+        assert max(fake.bodies) <= 20_000
+        fake.max_body = 7_000  # the node's limit fell: its 413s split the calls
+        again = await vq.enqueue_many(items)
+    assert all(r.ok for r in results + again), [r.error for r in results + again if r.error]
+    assert fake.bodies[-1] <= 7_000
+    assert [v for _, v, _ in fake.log] == [v for _, v in items] * 2
+
+
+async def test_one_bad_record_in_a_producer_batch_fails_alone_named_by_its_queue(fake):
+    fake.limits = {**LIMITS, "max_record_bytes": 1024 * 1024, "max_body_bytes": 4 << 20}
+    async with AsyncClient(str(fake.server.make_url(""))) as vq:
+        producer = BatchProducer(vq, linger_ms=50)
+        good = [producer.send_nowait(f"g{i}", f"v{i}") for i in range(20)]
+        too_big = producer.send_nowait("big", "x" * (1024 * 1024 + 1))
+        unnamed = producer.send_nowait("", "v")
+        control = producer.send_nowait("bad\x07name", "v")
+        bad_tag = producer.send_nowait("tagged", "v", tags=["a,b"])
+        behind = producer.send_nowait("tagged", "w")  # none overtakes a failed record
+        await producer.flush()
+    assert all(isinstance(f.result(), int) for f in good)
+    assert too_big.exception().code == "record_too_large"
+    assert "'big'" in str(too_big.exception()) and "records[" not in str(too_big.exception())
+    assert unnamed.exception().code == "invalid_name"
+    assert control.exception().code == "invalid_name"
+    err = bad_tag.exception()
+    assert err.code == "invalid_record" and err.status == 400 and not err.retriable
+    assert "'tagged'" in err.message and not re.search(r"records\[\d+\]", err.message)
+    assert behind.exception().code == "invalid_record"
+    assert {q for q, _, _ in fake.log} == {f"g{i}" for i in range(20)}
+
+
+async def test_enqueue_many_fails_only_the_bad_records_naming_their_place_in_the_list(fake):
+    fake.limits = {**LIMITS, "max_record_bytes": 1024 * 1024, "max_body_bytes": 4 << 20}
+    items = [(f"g{i}", f"v{i}") for i in range(20)]
+    items[5] = ("big", "x" * (1024 * 1024 + 1))
+    items[9] = ("", "v")
+    items[12] = ("tagged", NewRecord("v", tags=["a,b"]))
+    async with AsyncClient(str(fake.server.make_url(""))) as vq:
+        results = await vq.enqueue_many(items)
+    bad = {i: r.error for i, r in enumerate(results) if not r.ok}
+    assert sorted(bad) == [5, 9, 12]
+    assert (bad[5].code, bad[9].code, bad[12].code) == \
+        ("record_too_large", "invalid_name", "invalid_record")
+    assert all(f"records[{i}]" in bad[i].message for i in bad)
+    assert [v for _, v, _ in fake.log] == [v for i, (_, v) in enumerate(items) if i not in bad]
+
+
+def _unused_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def test_calls_retry_until_the_deadline_while_no_node_answers():
+    async with AsyncClient("http://127.0.0.1:1", deadline_s=0.5, backoff_initial_s=0.01) as vq:
+        with pytest.raises(DeadlineExceeded) as raised:
+            await vq.enqueue("q", "x")
+        assert raised.value.last is not None and raised.value.last.code == "no_node_reachable"
+        results = await vq.enqueue_many([("q", "x")])
+        assert results[0].error is not None and results[0].error.code == "deadline_exceeded"
+        producer = BatchProducer(vq, linger_ms=1)
+        sent = producer.send_nowait("q", "x")
+        await producer.flush()
+        assert sent.exception().code == "deadline_exceeded"
+
+
+async def test_a_node_that_starts_answering_within_the_deadline_gets_the_records():
+    port = _unused_port()
+    async with AsyncClient(f"http://127.0.0.1:{port}", deadline_s=30,
+                           backoff_initial_s=0.01, backoff_max_s=0.1) as vq:
+        producer = BatchProducer(vq, linger_ms=1)
+        calls = asyncio.gather(vq.enqueue("q", "a"), vq.enqueue_many([("r", "b")]),
+                               producer.send("s", "c"))
+        await asyncio.sleep(0.3)  # every call has found no node by now
+        node = FakeNode()
+        node.server = TestServer(node.server.app, host="127.0.0.1", port=port)
+        await node.server.start_server()
+        try:
+            single, many, offset = await asyncio.wait_for(calls, 20)
+        finally:
+            await node.server.close()
+    assert single.offsets is not None and many[0].ok and isinstance(offset, int)
+    assert sorted(v for _, v, _ in node.log) == ["a", "b", "c"]
