@@ -5,10 +5,13 @@ failed alone."""
 import asyncio
 import re
 import uuid
+from typing import cast
 
 import pytest
-from vqueues_client import AsyncClient, BatchProducer, NewRecord
+from vqueues_client import AsyncClient, BatchProducer, NewRecord, VQError
+from vqueues_client.client import Value
 
+from tests.narrow import failed_with, known
 from tests.support import NodeProcess, http
 
 MAX_BODY, MAX_RECORD = 256 * 1024, 64 * 1024
@@ -69,7 +72,8 @@ async def test_a_client_assuming_a_larger_limit_splits_on_the_nodes_413(small_no
     async with AsyncClient(small_node.url, refresh_interval_s=3600) as vq:
         await vq.refresh_map()
         vq.max_body_bytes = 16 * 1024 * 1024  # as a client that has not seen the map yet
-        results = await vq.enqueue_many(items)
+        # the same str pairs go to `producer.send` (a Value) below; `list` is invariant
+        results = await vq.enqueue_many(cast(list[tuple[str, Value | NewRecord]], items))
         assert vq.max_body_bytes < 16 * 1024 * 1024
         vq.max_body_bytes = 16 * 1024 * 1024
         async with BatchProducer(vq, linger_ms=50) as producer:
@@ -96,12 +100,13 @@ async def test_a_record_the_node_refuses_fails_alone_and_the_others_are_written(
             *((q, "w") for q in good[:5]), (f"bad-{run}", NewRecord("v", tags=["a,b"])),
             *((q, "w") for q in good[5:])])
     assert all(isinstance(f.result(), int) for f in sent)
-    err = bad.exception()
+    err = failed_with(bad, VQError)
     assert (err.status, err.code, err.retriable) == (400, "invalid_record", False)
     assert f"'bad-{run}'" in err.message and not re.search(r"records\[\d+\]", err.message)
-    assert big.exception().code == "record_too_large"
+    assert failed_with(big, VQError).code == "record_too_large"
     assert [i for i, r in enumerate(results) if not r.ok] == [5]
-    assert results[5].error.code == "invalid_record" and "records[5]" in results[5].error.message
+    error = known(results[5].error)
+    assert error.code == "invalid_record" and "records[5]" in error.message
     for q in good:
         assert values(small_node, q) == ["v", "w"]
     assert values(small_node, f"bad-{run}") == [] and values(small_node, f"big-{run}") == []

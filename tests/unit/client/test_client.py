@@ -10,6 +10,9 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 from vqueues_client import AsyncClient, BatchProducer, DeadlineExceeded, NewRecord, VQError, consume
+from vqueues_client.client import Value
+
+from tests.narrow import failed_with, known
 
 
 class FakeNode:
@@ -49,9 +52,9 @@ class FakeNode:
             body["limits"] = self.limits
         return web.json_response(body)
 
-    def refusal(self, raw: bytes, records: list) -> web.Response | None:
+    def refusal(self, raw: bytes, records: list[dict[str, Any]]) -> web.Response | None:
         """A node's refusal of a multi-queue request as a whole, if it has one."""
-        def refuse(status, code, message):
+        def refuse(status: int, code: str, message: str) -> web.Response:
             return web.json_response({"error": {"code": code, "message": message,
                                                 "retriable": False}}, status=status)
         if self.max_body is not None and len(raw) > self.max_body:
@@ -261,7 +264,8 @@ async def test_before_knowing_the_limit_a_413_splits_the_request_and_sends_it_ag
 
 async def test_enqueue_many_keeps_each_call_within_the_body_limit_and_splits_on_a_413(fake):
     fake.limits, fake.max_body = LIMITS, 20_000
-    items = [(f"q{i % 10}", f"{i:04}" + "x" * 996) for i in range(100)]
+    items: list[tuple[str, Value | NewRecord]] = [
+        (f"q{i % 10}", f"{i:04}" + "x" * 996) for i in range(100)]
     async with AsyncClient(str(fake.server.make_url(""))) as vq:
         results = await vq.enqueue_many(items)
         assert max(fake.bodies) <= 20_000
@@ -284,26 +288,26 @@ async def test_one_bad_record_in_a_producer_batch_fails_alone_named_by_its_queue
         behind = producer.send_nowait("tagged", "w")  # none overtakes a failed record
         await producer.flush()
     assert all(isinstance(f.result(), int) for f in good)
-    assert too_big.exception().code == "record_too_large"
+    assert failed_with(too_big, VQError).code == "record_too_large"
     assert "'big'" in str(too_big.exception()) and "records[" not in str(too_big.exception())
-    assert unnamed.exception().code == "invalid_name"
-    assert control.exception().code == "invalid_name"
-    err = bad_tag.exception()
+    assert failed_with(unnamed, VQError).code == "invalid_name"
+    assert failed_with(control, VQError).code == "invalid_name"
+    err = failed_with(bad_tag, VQError)
     assert err.code == "invalid_record" and err.status == 400 and not err.retriable
     assert "'tagged'" in err.message and not re.search(r"records\[\d+\]", err.message)
-    assert behind.exception().code == "invalid_record"
+    assert failed_with(behind, VQError).code == "invalid_record"
     assert {q for q, _, _ in fake.log} == {f"g{i}" for i in range(20)}
 
 
 async def test_enqueue_many_fails_only_the_bad_records_naming_their_place_in_the_list(fake):
     fake.limits = {**LIMITS, "max_record_bytes": 1024 * 1024, "max_body_bytes": 4 << 20}
-    items = [(f"g{i}", f"v{i}") for i in range(20)]
+    items: list[tuple[str, Value | NewRecord]] = [(f"g{i}", f"v{i}") for i in range(20)]
     items[5] = ("big", "x" * (1024 * 1024 + 1))
     items[9] = ("", "v")
     items[12] = ("tagged", NewRecord("v", tags=["a,b"]))
     async with AsyncClient(str(fake.server.make_url(""))) as vq:
         results = await vq.enqueue_many(items)
-    bad = {i: r.error for i, r in enumerate(results) if not r.ok}
+    bad = {i: known(r.error) for i, r in enumerate(results) if not r.ok}
     assert sorted(bad) == [5, 9, 12]
     assert (bad[5].code, bad[9].code, bad[12].code) == \
         ("record_too_large", "invalid_name", "invalid_record")
@@ -327,7 +331,7 @@ async def test_calls_retry_until_the_deadline_while_no_node_answers():
         producer = BatchProducer(vq, linger_ms=1)
         sent = producer.send_nowait("q", "x")
         await producer.flush()
-        assert sent.exception().code == "deadline_exceeded"
+        assert failed_with(sent, VQError).code == "deadline_exceeded"
 
 
 async def test_a_node_that_starts_answering_within_the_deadline_gets_the_records():
