@@ -263,6 +263,9 @@ def test_a_sigkilled_node_loses_no_completion_and_regresses_no_attempt(bootstrap
     completed: set[int] = set()
     attempts: dict[int, int] = {}
     try:
+        # Today's promise (no attempt count moves back) is the durable_grants choice's; the
+        # default's bounds: tests/unit/work/test_lease_state_model.py.
+        assert http("PUT", base, {"mode": "lease", "durable_grants": True})[0] == 200
         http("POST", f"{node.url}/v1/queues/{q}/records",
              {"records": [{"value": f"j{i}"} for i in range(300)]})
         for _ in range(20):

@@ -46,6 +46,10 @@ class Metrics:
                                          registry=r)
         self.records_retried = Counter("vq_records_retried", "leased records given back by "
                                        "retry", registry=r)
+        self.grant_writes_failed = Counter(
+            "vq_grant_writes_failed", "lease calls whose grants, written behind the answer, "
+            "failed to be written (a new owner may lease those records again early)",
+            registry=r)
         self.records_dead_lettered = Counter(
             "vq_records_dead_lettered", "records past max_attempts, sent to the dead-letter "
             "queue (or marked failed)", registry=r)

@@ -10,7 +10,8 @@ JSON arrays, so a queue and a consumer name can never be confused whatever they 
   ["q", queue]           -> {"v": 1, "deleted_before": n, "ts": ms}  the queue was deleted at n:
                                                                       its records below n are gone
   ["s", queue, consumer] -> {"v": 1, "mode", "max_attempts", "dlq", "visibility_ms"} settings,
-                            and "max_in_flight", "prefix" when set (absent: none)
+                            and "max_in_flight", "prefix", "durable_grants" when set
+                            (absent: none, none, false)
   ["W", queue, consumer, gen]      -> msgpack `WindowDelta` (checkpoint): a lease consumer's
                                       whole window as ranges, written by generation `gen`
   ["w", queue, consumer, gen, seq] -> msgpack `WindowDelta`: one call's changes to the window
@@ -94,6 +95,7 @@ class ConsumerConfigured:
     visibility_ms: int
     max_in_flight: int | None = None
     prefix: str | None = None
+    durable_grants: bool = False
 
 
 @dataclass(slots=True, frozen=True)
@@ -199,9 +201,22 @@ def _value(ts: int = 0, **fields: int | str | None) -> bytes:
     return json.dumps(body, separators=(",", ":")).encode()
 
 
-def _body(fields: dict[str, int | str | None]) -> bytes:
+def _body(fields: dict[str, int | str | bool | None]) -> bytes:
     body = {"v": FORMAT_VERSION, **fields, "ts": now_ms()}
     return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+def _settings_body(entry: ConsumerConfigured) -> bytes:
+    settings: dict[str, int | str | bool | None] = {
+        "mode": entry.mode, "max_attempts": entry.max_attempts,
+        "dlq": entry.dead_letter_queue, "visibility_ms": entry.visibility_ms}
+    if entry.max_in_flight is not None:
+        settings["max_in_flight"] = entry.max_in_flight
+    if entry.prefix is not None:
+        settings["prefix"] = entry.prefix
+    if entry.durable_grants:
+        settings["durable_grants"] = True
+    return _body(settings)
 
 
 def encode_offset_entry(entry: OffsetEntry) -> OffsetRecord:
@@ -218,14 +233,7 @@ def encode_offset_entry(entry: OffsetEntry) -> OffsetRecord:
     if isinstance(entry, QueueDeleted):
         return _key("q", entry.queue), _value(deleted_before=entry.deleted_before)
     if isinstance(entry, ConsumerConfigured):
-        settings: dict[str, int | str | None] = {
-            "mode": entry.mode, "max_attempts": entry.max_attempts,
-            "dlq": entry.dead_letter_queue, "visibility_ms": entry.visibility_ms}
-        if entry.max_in_flight is not None:
-            settings["max_in_flight"] = entry.max_in_flight
-        if entry.prefix is not None:
-            settings["prefix"] = entry.prefix
-        return _key("s", entry.queue, entry.consumer), _body(settings)
+        return _key("s", entry.queue, entry.consumer), _settings_body(entry)
     if isinstance(entry, ConsumerConfigCleared):
         return _key("s", entry.queue, entry.consumer), None
     if isinstance(entry, DeliveryUpdated):
@@ -355,7 +363,8 @@ def decode_offset_entry(key: bytes | None, value: bytes | None) -> OffsetEntry |
             return ConsumerConfigured(str(parts[1]), str(parts[2]), str(b["mode"]),
                                       int(b["max_attempts"]), b.get("dlq"),
                                       int(b["visibility_ms"]),
-                                      int(cap) if cap is not None else None, b.get("prefix"))
+                                      int(cap) if cap is not None else None, b.get("prefix"),
+                                      bool(b.get("durable_grants", False)))
         if parts[0] in ("w", "W") and len(parts) in (4, 5):
             q, c, gen = str(parts[1]), str(parts[2]), int(parts[3])
             seq = int(parts[4]) if parts[0] == "w" and len(parts) == 5 else None

@@ -61,6 +61,7 @@ class ConsumerSettings:
     offset: int | None  # committed offset (None: nothing committed yet)
     max_in_flight: int | None = None  # records leased at once, at most (None: no cap)
     prefix: str | None = None  # the settings came from the prefix consumer over this prefix
+    durable_grants: bool = False  # a lease answers once its grants are written (ADR 16)
 
 
 class LeasedRecord(msgspec.Struct, frozen=True, gc=False):
@@ -70,9 +71,20 @@ class LeasedRecord(msgspec.Struct, frozen=True, gc=False):
     deadline: int  # the lease ends then (UTC epoch ms) unless extended
 
 
+class RefusedToken(msgspec.Struct, frozen=True, gc=False):
+    """A token a lease call was given to complete and did not: `lease_expired` (not current)
+    or `invalid_token` (not a token)."""
+
+    token: str
+    code: str
+
+
 class LeaseResult(msgspec.Struct, frozen=True, gc=False):
     partition: int
     records: list[LeasedRecord]
+    # The tokens the call completed (or found done) and refused; None: it was given none.
+    completed: list[str] | None = None
+    refused: list[RefusedToken] | None = None
 
 
 class SettleResult(msgspec.Struct, frozen=True, gc=False):
@@ -213,3 +225,4 @@ class PrefixConsumerInfo:
     ready_queues: int
     in_flight: int
     backlog: int  # records not done (in flight, delayed, available) in this node's queues
+    durable_grants: bool = False  # its queues' leases answer once their grants are written

@@ -33,6 +33,10 @@ class MemoryLog:
         self.store_unreported = False
         self.late_tail_s = 0.05
         self.timestamp = 1_700_000_000_000
+        # While set, `submit`ted writes are held in flight (not yet in the log) until `crash`
+        # fails them: what a node that dies loses of the writes it had answered behind.
+        self.hold = False
+        self._held: list[asyncio.Future[list[Delivered]]] = []
 
     async def append(self, partition: int, records: Sequence[Outgoing]) -> list[Delivered]:
         if self.fail_next is not None:
@@ -86,8 +90,26 @@ class MemoryLog:
             failed.set_exception(exc)
             return failed
         done = asyncio.get_running_loop().create_future()
+        if self.hold:
+            self._held.append(done)
+            return done
         done.set_result(self._write(partition, records))
         return done
+
+    async def crash(self) -> int:
+        """The writer died: every write held in flight, and every write queued behind them
+        (which `OffsetWriter` submits as each fails), is lost. Returns how many were."""
+        lost = 0
+        while self._held:
+            held, self._held = self._held, []
+            for fut in held:
+                if not fut.done():
+                    fut.set_exception(ConnectionError("the writer died"))
+                    lost += 1
+            for _ in range(3):  # let the failures reach the writers, which submit what waited
+                await asyncio.sleep(0)
+        self.hold = False
+        return lost
 
     def read_to_end(self, partitions: Sequence[int], starts: dict[int, int] | None = None
                     ) -> dict[int, tuple[list[Entry], int]]:

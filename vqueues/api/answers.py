@@ -10,7 +10,7 @@ import msgspec
 from aiohttp import web
 
 from vqueues.records import Record
-from vqueues.results import LeasedRecord
+from vqueues.results import LeasedRecord, RefusedToken
 
 ENCODINGS = ("utf8", "base64")
 _encoder = msgspec.json.Encoder()
@@ -39,9 +39,12 @@ class LeasedOut(msgspec.Struct, omit_defaults=True):
     encoding: str | None = None
 
 
-class LeasePage(msgspec.Struct):
+class LeasePage(msgspec.Struct, omit_defaults=True):
     partition: int
     records: list[LeasedOut]
+    # With `complete` in the request: what each of its tokens did (ADR 16).
+    completed: list[str] | None = None
+    refused: list[RefusedToken] | None = None
 
 
 def encode_leased(leased: LeasedRecord, encoding: str) -> LeasedOut:

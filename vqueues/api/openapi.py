@@ -15,6 +15,7 @@ from vqueues import __version__
 from vqueues.api import params
 from vqueues.api.answers import LeasePage, PrefixLeasePage, ReadPage
 from vqueues.api.auth import required_scope
+from vqueues.api.work import MAX_RIDING_TOKENS
 from vqueues.errors import REGISTRY
 from vqueues.names import MAX_NAME_BYTES, NAME_PATTERN
 from vqueues.results import (
@@ -70,6 +71,11 @@ _BASE64_PATTERN = "^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=
 _TAG_PARAM = {"name": "tag", "in": "query", "schema": _TAG,
               "description": "only records carrying this tag (from the tag index)"}
 
+
+_DURABLE_GRANTS = {"type": ["boolean", "null"], "default": False,
+                   "description": "(lease) answer a lease only once its grants are written to "
+                                  "the offset topic (false: written behind the answer; "
+                                  "docs/work-queues.md, What survives a failover)"}
 
 def _ref(name: str) -> dict[str, str]:
     return {"$ref": _TEMPLATE.format(name=name)}
@@ -228,12 +234,18 @@ def _request_schemas(s: Settings) -> dict[str, Any]:
             "prefix": {**_NAME, "type": ["string", "null"],
                        "description": "the prefix of the prefix consumer by this name that "
                                       "covers the queue: take its settings and follow it "
-                                      "again (no other setting beside it)"}}},
+                                      "again (no other setting beside it)"},
+            "durable_grants": _DURABLE_GRANTS}},
         "LeaseRequest": {"type": "object", "additionalProperties": False, "properties": {
             **lease,
             "tag": {**_TAG, "type": ["string", "null"],
                     "description": "lease only records with this tag; new "
-                    "records without it are completed as skipped"}}},
+                    "records without it are completed as skipped"},
+            "complete": {"type": ["array", "null"], "maxItems": MAX_RIDING_TOKENS,
+                         "items": {"type": "string"},
+                         "description": "tokens to complete first, token by token, in the same "
+                                        "write as the grants; the answer's `completed` and "
+                                        "`refused` say what each did"}}},
         "PrefixLeaseRequest": {"type": "object", "additionalProperties": False,
                                "properties": lease},
         "TokensRequest": {"type": "object", "required": ["tokens"], "additionalProperties": False,
@@ -265,6 +277,7 @@ def _request_schemas(s: Settings) -> dict[str, Any]:
             "max_in_flight": {"type": ["integer", "null"], "minimum": 1,
                               "maximum": s.max_lease_window,
                               "description": "records of one queue leased at once, at most"},
+            "durable_grants": _DURABLE_GRANTS,
             "records_per_turn": {"type": ["integer", "null"], "minimum": 1,
                                  "maximum": MAX_RECORDS_PER_TURN, "default": RECORDS_PER_TURN,
                                  "description": "records a queue gives in its turn (times its "

@@ -49,7 +49,7 @@ async def delete_prefix_consumer(request: web.Request) -> web.Response:
 async def lease(request: web.Request) -> web.Response:
     consumer = _consumer(request)
     _, encoding, max_records, wait_ms, visibility_ms = await lease_request(
-        request, tuple(f for f in LEASE_FIELDS if f != "tag"))
+        request, tuple(f for f in LEASE_FIELDS if f not in ("tag", "complete")))
     result = await request.app[PREFIX].lease(consumer, max_records, visibility_ms, wait_ms)
     return respond(PrefixLeasePage(consumer, [
         encode_prefix_leased(r.queue, r.partition, r.leased, encoding) for r in result.records]))

@@ -17,7 +17,7 @@ from vqueues.results import SettleResult
 from vqueues.state.tags import check_tag
 
 _SETTINGS_FIELDS = {"mode", "max_attempts", "dead_letter_queue", "visibility_ms", "max_in_flight",
-                    "prefix"}
+                    "prefix", "durable_grants"}
 
 
 def _names(request: web.Request) -> tuple[str, str]:
@@ -42,7 +42,9 @@ def _tag(tag: Any) -> str | None:
     return str(tag)
 
 
-LEASE_FIELDS = ("max_records", "wait_ms", "visibility_ms", "encoding", "tag")
+LEASE_FIELDS = ("max_records", "wait_ms", "visibility_ms", "encoding", "tag", "complete")
+# Tokens a lease may complete: a Worker's finished records of up to ten full leases.
+MAX_RIDING_TOKENS = 10_000
 SETTLE_FIELDS = {"complete": ("tokens",), "retry": ("tokens", "delay_ms", "reason"),
                  "extend": ("tokens", "visibility_ms")}
 
@@ -63,9 +65,12 @@ async def put_consumer(request: web.Request) -> web.Response:
     prefix = body.get("prefix")
     if prefix is not None and not isinstance(prefix, str):
         raise BadRequest("invalid_parameter", "prefix must be a prefix consumer's prefix or null")
+    durable = body.get("durable_grants")
+    if durable is not None and not isinstance(durable, bool):
+        raise BadRequest("invalid_parameter", "durable_grants must be true or false")
     return respond(await request.app[WORK].configure(
         queue, consumer, mode, body.get("max_attempts"), dlq, body.get("visibility_ms"),
-        body.get("max_in_flight", False), prefix))
+        body.get("max_in_flight", False), prefix, durable))
 
 
 async def get_consumer(request: web.Request) -> web.Response:
@@ -91,9 +96,23 @@ async def lease(request: web.Request) -> web.Response:
     body, encoding, max_records, wait_ms, visibility_ms = await lease_request(request)
     tag = _tag(body.get("tag"))
     result = await request.app[WORK].lease(queue, consumer, max_records, visibility_ms, wait_ms,
-                                           tag)
+                                           tag, riding_tokens(body.get("complete")))
     return respond(LeasePage(result.partition,
-                             [encode_leased(r, encoding) for r in result.records]))
+                             [encode_leased(r, encoding) for r in result.records],
+                             result.completed, result.refused))
+
+
+def riding_tokens(tokens: Any) -> list[str] | None:
+    """A lease's `complete`: a list of token strings (one that does not parse is refused on
+    its own, in the answer), or absent."""
+    if tokens is None:
+        return None
+    if not isinstance(tokens, list) or not all(isinstance(t, str) for t in tokens):
+        raise BadRequest("invalid_token", "`complete` must be a list of lease tokens")
+    if len(tokens) > MAX_RIDING_TOKENS:
+        raise BadRequest("limit_out_of_range", f"`complete` holds at most {MAX_RIDING_TOKENS} "
+                         "tokens", parameter="complete", min=0, max=MAX_RIDING_TOKENS)
+    return tokens
 
 
 SETTLING = ("complete", "retry", "extend")

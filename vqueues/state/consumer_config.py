@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from vqueues.records import ConsumerConfigured
+
 CURSOR = "cursor"
 LEASE = "lease"
 MODES = (CURSOR, LEASE)
@@ -25,7 +27,9 @@ class ConsumerConfig:
     caps the records leased at once (None: the window's limit); `prefix` says the settings
     were copied from the prefix consumer over that prefix (ADR 13), or is `ANY_PREFIX` for a
     consumer a lease made with the defaults; either way the consumer follows the prefix
-    consumer by its name that covers the queue. None: set on its own (PUT)."""
+    consumer by its name that covers the queue. None: set on its own (PUT).
+    `durable_grants`: a lease answers only once its grants are written (ADR 16); otherwise
+    they are written behind the answer."""
 
     mode: str
     max_attempts: int
@@ -33,4 +37,11 @@ class ConsumerConfig:
     visibility_ms: int
     max_in_flight: int | None = None
     prefix: str | None = None
+    durable_grants: bool = False
 
+
+def configured(queue: str, consumer: str, config: ConsumerConfig) -> ConsumerConfigured:
+    """The settings entry that gives (queue, consumer) `config`."""
+    return ConsumerConfigured(queue, consumer, config.mode, config.max_attempts,
+                              config.dead_letter_queue, config.visibility_ms,
+                              config.max_in_flight, config.prefix, config.durable_grants)

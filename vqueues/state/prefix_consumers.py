@@ -36,7 +36,7 @@ MAX_WEIGHT = 100
 RECORDS_PER_TURN = 100
 MAX_RECORDS_PER_TURN = 1000
 FIELDS = {"prefix", "max_attempts", "visibility_ms", "dead_letter_queue", "max_in_flight",
-          "weights", "records_per_turn"}
+          "weights", "records_per_turn", "durable_grants"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +54,7 @@ class PrefixConsumer:
     max_in_flight: int | None = None
     weights: Mapping[str, int] = field(default_factory=dict)
     records_per_turn: int = RECORDS_PER_TURN
+    durable_grants: bool = False
 
     def covers(self, queue: str) -> bool:
         return queue.startswith(self.prefix)
@@ -72,7 +73,8 @@ class PrefixConsumer:
     def config_for(self, queue: str) -> ConsumerConfig:
         """The settings `queue`'s consumer gets from this prefix consumer."""
         return ConsumerConfig(LEASE, self.max_attempts, self.dead_letter_queue_of(queue),
-                              self.visibility_ms, self.max_in_flight, self.prefix)
+                              self.visibility_ms, self.max_in_flight, self.prefix,
+                              self.durable_grants)
 
 
 def checked(consumer: str, body: Mapping[str, Any], defaults: ConsumerConfig,
@@ -116,8 +118,11 @@ def checked(consumer: str, body: Mapping[str, Any], defaults: ConsumerConfig,
             raise BadRequest("invalid_parameter", f"weights: queue {queue!r} is not under "
                              f"the prefix {prefix!r}")
         _int(weights, queue, None, 1, MAX_WEIGHT, f"weights[{queue!r}]")
+    durable = body.get("durable_grants")
+    if durable is not None and not isinstance(durable, bool):
+        raise BadRequest("invalid_parameter", "durable_grants must be true or false")
     return PrefixConsumer(consumer, prefix, attempts, visibility, dlq, cap, dict(weights),
-                          per_turn)
+                          per_turn, bool(durable))
 
 
 def _int(body: Mapping[str, Any], name: str, default: int | None, lo: int, hi: int,
@@ -142,7 +147,8 @@ def encode(pc: PrefixConsumer) -> tuple[bytes, bytes]:
         "v": 1, "prefix": pc.prefix, "max_attempts": pc.max_attempts,
         "visibility_ms": pc.visibility_ms, "dlq": pc.dead_letter_queue,
         "max_in_flight": pc.max_in_flight, "weights": dict(pc.weights),
-        "records_per_turn": pc.records_per_turn, "ts": int(time.time() * 1000)},
+        "records_per_turn": pc.records_per_turn, "durable_grants": pc.durable_grants,
+        "ts": int(time.time() * 1000)},
         ensure_ascii=False, separators=(",", ":")).encode()
 
 
@@ -167,7 +173,8 @@ def decode(key: bytes | None, value: bytes | None) -> tuple[str, PrefixConsumer 
             consumer, str(b["prefix"]), int(b["max_attempts"]), int(b["visibility_ms"]),
             b.get("dlq"), int(cap) if cap is not None else None,
             {str(q): int(w) for q, w in (b.get("weights") or {}).items()},
-            int(b.get("records_per_turn", RECORDS_PER_TURN)))
+            int(b.get("records_per_turn", RECORDS_PER_TURN)),
+            bool(b.get("durable_grants", False)))
     except (ValueError, KeyError, TypeError, AttributeError):
         return None
 

@@ -18,7 +18,7 @@ from vqueues.queues.service import QueueService
 from vqueues.records import ConsumerAcked, ConsumerConfigured, OffsetEntry, now_ms
 from vqueues.results import ConsumerSettings
 from vqueues.settings import MIN_VISIBILITY_MS, Settings
-from vqueues.state.consumer_config import ANY_PREFIX, CURSOR, LEASE, ConsumerConfig
+from vqueues.state.consumer_config import ANY_PREFIX, CURSOR, LEASE, ConsumerConfig, configured
 from vqueues.state.partition_state import PartitionState
 from vqueues.state.prefix_consumers import PrefixConsumer
 from vqueues.state.window import LeaseWindow
@@ -62,9 +62,11 @@ class ConsumerConfigs:
     async def configure(self, queue: str, consumer: str, mode: str | None,
                         max_attempts: int | None, dead_letter_queue: str | bool | None,
                         visibility_ms: int | None, max_in_flight: int | bool | None = False,
-                        prefix: str | None = None) -> ConsumerSettings:
+                        prefix: str | None = None, durable_grants: bool | None = None
+                        ) -> ConsumerSettings:
         """Set a consumer's settings (absent ones keep their value, or the defaults).
-        `dead_letter_queue` and `max_in_flight`: False means "not given", None clears it. A
+        `dead_letter_queue` and `max_in_flight`: False means "not given", None clears it;
+        `durable_grants` None keeps it. A
         consumer set here no longer follows a prefix consumer's settings (ADR 13), unless
         `prefix` names the prefix of the prefix consumer by its name that covers the queue:
         then it takes that one's settings, and follows it again."""
@@ -77,7 +79,8 @@ class ConsumerConfigs:
                 raise BadRequest("invalid_parameter", f"no prefix consumer {consumer!r} over "
                                  f"the prefix {prefix!r} covers queue {queue!r}")
             if mode == CURSOR or max_attempts is not None or visibility_ms is not None \
-                    or dead_letter_queue is not False or max_in_flight is not False:
+                    or dead_letter_queue is not False or max_in_flight is not False \
+                    or durable_grants is not None:
                 raise BadRequest("invalid_parameter", "`prefix` takes the prefix consumer's "
                                  "settings: give no other setting beside it (but mode lease)")
         if max_attempts is not None and (isinstance(max_attempts, bool) or not isinstance(
@@ -109,7 +112,8 @@ class ConsumerConfigs:
                 (dead_letter_queue if isinstance(dead_letter_queue, str) else None),
                 old.visibility_ms if visibility_ms is None else visibility_ms,
                 old.max_in_flight if max_in_flight is False else
-                (max_in_flight if isinstance(max_in_flight, int) else None))
+                (max_in_flight if isinstance(max_in_flight, int) else None), None,
+                old.durable_grants if durable_grants is None else durable_grants)
             entries: list[OffsetEntry] = []
             committed = state.committed(queue, consumer)
             if committed is None:
@@ -117,13 +121,11 @@ class ConsumerConfigs:
                 entries.append(ConsumerAcked(queue, consumer, committed, now_ms()))
             if new.mode == CURSOR:
                 entries += state.window_tombstones(queue, consumer)
-            entries.append(ConsumerConfigured(queue, consumer, new.mode, new.max_attempts,
-                                              new.dead_letter_queue, new.visibility_ms,
-                                              new.max_in_flight, new.prefix))
+            entries.append(configured(queue, consumer, new))
             await self.entries.write(state, entries)
         return ConsumerSettings(queue, consumer, new.mode, new.max_attempts,
                                 new.dead_letter_queue, new.visibility_ms, committed,
-                                new.max_in_flight, new.prefix)
+                                new.max_in_flight, new.prefix, new.durable_grants)
 
     def settings_of(self, queue: str, consumer: str) -> ConsumerSettings:
         """What `GET .../consumers/{consumer}` answers; 404 for a consumer that does not exist."""
@@ -138,7 +140,8 @@ class ConsumerConfigs:
             config = ConsumerConfig(CURSOR, d.max_attempts, None, d.visibility_ms)
         return ConsumerSettings(queue, consumer, config.mode, config.max_attempts,
                                 config.dead_letter_queue, config.visibility_ms, committed,
-                                config.max_in_flight, config.prefix or None)
+                                config.max_in_flight, config.prefix or None,
+                                config.durable_grants)
 
     def prefix_consumer(self, queue: str, consumer: str) -> PrefixConsumer | None:
         """The prefix consumer by this name whose prefix covers `queue`, if there is one."""
@@ -158,9 +161,7 @@ class ConsumerConfigs:
         wanted = pc.config_for(queue)
         if wanted == config:
             return config, None
-        change = ConsumerConfigured(queue, consumer, LEASE, wanted.max_attempts,
-                                    wanted.dead_letter_queue, wanted.visibility_ms,
-                                    wanted.max_in_flight, wanted.prefix)
+        change = configured(queue, consumer, wanted)
         state.apply_offset_entries([change])
         return state.configs[(queue, consumer)], change
 
@@ -185,9 +186,7 @@ class ConsumerConfigs:
                       else replace(self.defaults(), prefix=ANY_PREFIX))
             entries: list[OffsetEntry] = [
                 ConsumerAcked(queue, consumer, state.first_offset(queue), now_ms()),
-                ConsumerConfigured(queue, consumer, LEASE, config.max_attempts,
-                                   config.dead_letter_queue, config.visibility_ms,
-                                   config.max_in_flight, config.prefix)]
+                configured(queue, consumer, config)]
             await self.entries.write(state, entries)
         work = state.windows.get((queue, consumer))
         if work is None:  # revoked meanwhile (the write was not applied)

@@ -20,7 +20,7 @@ import time
 from collections.abc import Awaitable, Sequence
 
 from vqueues.errors import BadRequest, Conflict, NotFound
-from vqueues.records import ConsumerAcked, ConsumerConfigured, OffsetEntry, now_ms
+from vqueues.records import ConsumerAcked, OffsetEntry, now_ms
 from vqueues.results import (
     PrefixConsumerInfo,
     PrefixLeased,
@@ -29,7 +29,7 @@ from vqueues.results import (
     SettleResult,
 )
 from vqueues.state import prefix_consumers
-from vqueues.state.consumer_config import LEASE
+from vqueues.state.consumer_config import LEASE, configured
 from vqueues.state.partition_state import PartitionState
 from vqueues.state.prefix_consumers import MAX_PREFIX_CONSUMERS, PrefixConsumer, PrefixConsumers
 from vqueues.state.tokens import new_grant
@@ -125,7 +125,8 @@ class PrefixLeasing:
                         backlog += sum(counts)
         return PrefixConsumerInfo(pc.consumer, pc.prefix, pc.max_attempts, pc.visibility_ms,
                                   pc.dead_letter_queue, pc.max_in_flight, dict(pc.weights),
-                                  pc.records_per_turn, queues, ready, in_flight, backlog)
+                                  pc.records_per_turn, queues, ready, in_flight, backlog,
+                                  pc.durable_grants)
 
     def infos(self) -> list[PrefixConsumerInfo]:
         return [self.info(c) for c in sorted(self.prefixes.by_name)]
@@ -230,12 +231,15 @@ class PrefixLeasing:
                 self._locks.release(key)
         if durable is None:
             return
-        try:
-            await durable
-        except BaseException:
-            for decision in decisions:
-                decision.undo()
-            raise
+        if any(decision.durable for decision in decisions):
+            try:
+                await durable
+            except BaseException:
+                for decision in decisions:
+                    decision.undo()
+                raise
+        else:
+            self.work.write_behind(state, durable, sum(len(d.chosen) for d in decisions))
         for decision in decisions:
             leased = await self.work.leased(state, decision)
             out.extend(PrefixLeased(decision.queue, state.partition, one) for one in leased)
@@ -280,10 +284,7 @@ class PrefixLeasing:
                     or state.committed(queue, consumer) is not None:
                 continue  # made already, or a cursor consumer (it has acked): kept out
             entries.append(ConsumerAcked(queue, consumer, state.first_offset(queue), now))
-            c = pc.config_for(queue)
-            entries.append(ConsumerConfigured(queue, consumer, LEASE, c.max_attempts,
-                                              c.dead_letter_queue, c.visibility_ms,
-                                              c.max_in_flight, c.prefix))
+            entries.append(configured(queue, consumer, pc.config_for(queue)))
         if entries:
             await self.entries.write(state, entries)
 

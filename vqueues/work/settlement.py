@@ -43,8 +43,9 @@ Checked = tuple[LeaseWindow, list[tuple[str, int]], list[str]]
 
 
 def check_tokens(state: PartitionState, queue: str, consumer: str, tokens: Sequence[str],
-                 done_ok: bool) -> Checked:
-    """(window, [(token, offset)] to act on, tokens already done); 409 if any is stale.
+                 done_ok: bool, stale_out: list[str] | None = None) -> Checked:
+    """(window, [(token, offset)] to act on, tokens already done); 409 if any is stale, unless
+    `stale_out` is given: the stale ones are put there instead (a lease's completions).
     A done record's token counts as done only if the record's last delivery could have been
     that one; a record completed since is `already` for a complete (idempotent)."""
     work = state.windows.get((queue, consumer))
@@ -75,7 +76,9 @@ def check_tokens(state: PartitionState, queue: str, consumer: str, tokens: Seque
             (already if done_ok else stale).append(text)
         else:
             stale.append(text)
-    if stale:
+    if stale_out is not None:
+        stale_out += stale
+    elif stale:
         raise Conflict("lease_expired", f"{len(stale)} token(s) are not current: the lease "
                        "expired and the record was leased again, was completed, or never "
                        "existed", stale=stale)

@@ -11,8 +11,10 @@ decisions are the parts': `consumer_configs` (settings), `lease_choice` (what a 
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
 
 from vqueues.errors import BadRequest
@@ -20,11 +22,17 @@ from vqueues.queues.entry_writer import EntryWriter
 from vqueues.queues.record_reader import RecordReader
 from vqueues.queues.service import QueueService
 from vqueues.records import OffsetEntry, Record, now_ms
-from vqueues.results import ConsumerSettings, LeasedRecord, LeaseResult, SettleResult
+from vqueues.results import (
+    ConsumerSettings,
+    LeasedRecord,
+    LeaseResult,
+    RefusedToken,
+    SettleResult,
+)
 from vqueues.settings import Settings
 from vqueues.state.consumer_config import LEASE, ConsumerConfig
 from vqueues.state.partition_state import PartitionState
-from vqueues.state.tokens import new_grant, token
+from vqueues.state.tokens import new_grant, parse_token, token
 from vqueues.state.window import LeaseWindow
 from vqueues.state.window_writes import WindowWrite
 from vqueues.work import settlement
@@ -34,6 +42,8 @@ from vqueues.work.lease_choice import LeaseChoice
 
 __all__ = ["COMPLETE", "EXTEND", "MAX_REASON_CHARS", "RETRY", "LeaseDecision", "Settle",
            "SettleDecision", "WorkService"]
+
+log = logging.getLogger(__name__)
 
 MAX_REASON_CHARS = 1000
 
@@ -80,6 +90,7 @@ class LeaseDecision:
     before: list[tuple[int, int, int, int, bool]]
     until: int
     grant: int
+    durable: bool = False  # the consumer's durable_grants: answered once the write is
 
     def undo(self) -> None:
         """The write failed, so nothing was handed out: give the records back as they were
@@ -105,6 +116,7 @@ class WorkService:
         self.configs = ConsumerConfigs(settings, queues, entries)
         self.choice = LeaseChoice(settings, reader)
         self.dead_letters = DeadLetters(queues, entries, reader)
+        self._behind: set[asyncio.Future[None]] = set()  # writes of grants already answered
 
     # Settings (`ConsumerConfigs`) --------------------------------------------------------------
 
@@ -114,10 +126,11 @@ class WorkService:
     async def configure(self, queue: str, consumer: str, mode: str | None,
                         max_attempts: int | None, dead_letter_queue: str | bool | None,
                         visibility_ms: int | None, max_in_flight: int | bool | None = False,
-                        prefix: str | None = None) -> ConsumerSettings:
+                        prefix: str | None = None, durable_grants: bool | None = None
+                        ) -> ConsumerSettings:
         return await self.configs.configure(queue, consumer, mode, max_attempts,
                                             dead_letter_queue, visibility_ms, max_in_flight,
-                                            prefix)
+                                            prefix, durable_grants)
 
     def consumer_settings(self, queue: str, consumer: str) -> ConsumerSettings:
         return self.configs.settings_of(queue, consumer)
@@ -125,25 +138,29 @@ class WorkService:
     # Leasing -----------------------------------------------------------------------------------
 
     async def lease(self, queue: str, consumer: str, max_records: int,
-                    visibility_ms: int | None, wait_ms: int, tag: str | None = None
-                    ) -> LeaseResult:
+                    visibility_ms: int | None, wait_ms: int, tag: str | None = None,
+                    complete: Sequence[str] | None = None) -> LeaseResult:
         """Up to `max_records` records this consumer has neither completed nor leased out,
         lowest offset first, one per ordering key at a time; waits up to `wait_ms` for one.
-        With `tag`, new records without it are completed as skipped (the consumer's filter)."""
+        With `tag`, new records without it are completed as skipped (the consumer's filter).
+        `complete`: tokens finished first, token by token, in the same write as the grants
+        (ADR 16); the answer comes once that write is durable and says what each did."""
         if visibility_ms is not None:
             self.check_visibility(visibility_ms)
         p = self.queues.partition_of(queue)
         deadline = time.monotonic() + wait_ms / 1000
+        riding = Riding(complete) if complete is not None else None
         while True:
             state = self.ownership.require(p)
             got = await self._lease_once(state, queue, consumer, max_records, visibility_ms,
-                                         tag)
+                                         tag, riding)
+            riding = riding.answered() if riding is not None else None
             if got:
                 self.metrics.records_leased.inc(len(got))
-                return LeaseResult(p, got)
+                return _result(p, got, riding)
             remaining = deadline - time.monotonic()
             if remaining <= 0 or self.ownership.draining:
-                return LeaseResult(p, [])
+                return _result(p, [], riding)
             work = state.windows.get((queue, consumer))
             change = work.next_change(now_ms()) if work is not None else None
             if change is not None:  # a lease expires or a retry falls due before then
@@ -151,28 +168,67 @@ class WorkService:
             await state.wait_for_records(queue, remaining)
 
     async def _lease_once(self, state: PartitionState, queue: str, consumer: str,
-                          max_records: int, visibility_ms: int | None, tag: str | None
-                          ) -> list[LeasedRecord]:
+                          max_records: int, visibility_ms: int | None, tag: str | None,
+                          riding: Riding | None = None) -> list[LeasedRecord]:
         async with self._locks.hold(("c", queue, consumer)):
             config = state.configs.get((queue, consumer))
             work = state.windows.get((queue, consumer))
             if work is None or config is None or config.mode != LEASE:
                 work, config = await self.configs.lease_consumer(state, queue, consumer)
             config, change = self.configs.follow_prefix(state, queue, consumer, config)
+            first: list[OffsetEntry] = [] if change is None else [change]
+            if riding is not None and riding.tokens:
+                first += riding.decide(state, queue, consumer, work)
             decision = await self.decide_lease(state, queue, consumer, work, config,
                                                max_records, visibility_ms, tag, new_grant())
             if decision is None:
-                if change is not None and not state.revoked:
-                    await self.entries.submit(state, [change], applied=True)
+                if first and not state.revoked:
+                    written = self.entries.submit(state, first, applied=True)
+                    if riding is not None and riding.count:
+                        await written
+                        self._completed(state, queue, riding.count)
+                    else:
+                        self.write_behind(state, written, 0)
                 return []
-            entries = decision.entries if change is None else [change, *decision.entries]
+            entries = [*first, *decision.entries] if first else decision.entries
             durable = self.entries.submit(state, entries, applied=True)
-        try:
-            await durable
-        except BaseException:
-            decision.undo()
-            raise
+        if riding is not None and riding.count:  # completions are answered once durable
+            try:
+                await durable
+            except BaseException:
+                decision.undo()
+                raise
+            self._completed(state, queue, riding.count)
+        elif config.durable_grants:
+            try:
+                await durable
+            except BaseException:
+                decision.undo()
+                raise
+        else:
+            self.write_behind(state, durable, len(decision.chosen))
         return await self.leased(state, decision)
+
+    def _completed(self, state: PartitionState, queue: str, count: int) -> None:
+        """A lease's riding completions are durable: counted, and parked leasers go on."""
+        self.metrics.records_completed.inc(count)
+        state.wake(queue)
+
+    def write_behind(self, state: PartitionState, durable: Awaitable[None], granted: int
+                     ) -> None:
+        """A lease's write finished behind its answer (ADR 16). If it fails, the records stay
+        leased here (their worker has them) and the failure is counted: a new owner, which
+        never sees the grants, may lease them again before their deadline."""
+        async def finish() -> None:
+            try:
+                await durable
+            except Exception as exc:
+                self.metrics.grant_writes_failed.inc()
+                log.warning("grant_write_failed", extra={
+                    "partition": state.partition, "records": granted, "error": repr(exc)})
+        task = asyncio.ensure_future(finish())
+        self._behind.add(task)
+        task.add_done_callback(self._behind.discard)
 
     async def decide_lease(self, state: PartitionState, queue: str, consumer: str,
                            work: LeaseWindow, config: ConsumerConfig, max_records: int,
@@ -209,7 +265,8 @@ class WorkService:
             d = deliveries[off]
             before.append((off, d.attempts, d.grant, d.until, d.leased))
             write.put(off, True, until, d.attempts + 1, grant, d.reason)
-        return LeaseDecision(queue, work, write.entries(), chosen, seen, before, until, grant)
+        return LeaseDecision(queue, work, write.entries(), chosen, seen, before, until, grant,
+                             config.durable_grants)
 
     async def leased(self, state: PartitionState, decision: LeaseDecision
                      ) -> list[LeasedRecord]:
@@ -352,3 +409,48 @@ class WorkService:
         return SettleResult(decision.queue, decision.consumer, decision.done, decision.dead,
                             state.committed(decision.queue, decision.consumer) or 0,
                             decision.until)
+
+
+class Riding:
+    """Tokens a lease call completes before it leases (ADR 16), token by token: `decide`
+    applies them to the window under the consumer's lock and gives the entries to write
+    with the grants; `done` and `refused` are the answer."""
+
+    __slots__ = ("count", "done", "refused", "tokens")
+
+    def __init__(self, tokens: Sequence[str]) -> None:
+        self.tokens: list[str] = []
+        self.refused: list[RefusedToken] = []
+        for t in dict.fromkeys(tokens):  # repeats dropped, order kept
+            if parse_token(t) is None:
+                self.refused.append(RefusedToken(t, "invalid_token"))
+            else:
+                self.tokens.append(t)
+        self.done: list[str] = []
+        self.count = 0  # records this call completed (not those found done)
+
+    def decide(self, state: PartitionState, queue: str, consumer: str, work: LeaseWindow
+               ) -> list[OffsetEntry]:
+        stale: list[str] = []
+        _, act, already = settlement.check_tokens(state, queue, consumer, self.tokens, True,
+                                                  stale)
+        self.refused += [RefusedToken(t, "lease_expired") for t in stale]
+        self.done = [t for t, _ in act] + already
+        self.count = len(act)
+        self.tokens = []  # decided once: a long poll's later passes complete nothing
+        if not act:
+            return []
+        write = WindowWrite(state, queue, consumer, work)
+        write.finish([o for _, o in act])
+        return write.entries()
+
+    def answered(self) -> Riding:
+        """Past the first pass: nothing left to complete, nothing more to wait for."""
+        self.count = 0
+        return self
+
+
+def _result(partition: int, records: list[LeasedRecord], riding: Riding | None) -> LeaseResult:
+    if riding is None:
+        return LeaseResult(partition, records)
+    return LeaseResult(partition, records, riding.done, riding.refused)

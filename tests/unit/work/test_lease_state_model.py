@@ -1,14 +1,20 @@
-"""Lease state replays to exactly what its owner answered from (ADR 12), checked on random
-histories: concurrent workers, leases that expire, retries, extensions, dead letters, ordering
-keys, and failovers between any two writes: a plain replay, a replay of the offset log as
-Kafka's compaction leaves it (with and without its tombstones), a snapshot plus the entries
-after it, and a zombie (the old owner, not knowing it lost the partition) writing after the
-takeover. Invariants on the way: a completed record is never delivered again, a record of an
-ordering key is leased only once every earlier record of its key is done, and a token of a
-lost grant is refused everywhere."""
+"""Lease state replays to exactly what its owner answered from (ADR 12) when grants are written
+before the answer (`durable_grants`), checked on random histories: concurrent workers, leases
+that expire, retries, extensions, dead letters, ordering keys, and failovers between any two
+writes: a plain replay, a replay of the offset log as Kafka's compaction leaves it (with and
+without its tombstones), a snapshot plus the entries after it, and a zombie (the old owner, not
+knowing it lost the partition) writing after the takeover. Invariants on the way: a completed
+record is never delivered again, a record of an ordering key is leased only once every earlier
+record of its key is done, and a token of a lost grant is refused everywhere.
+
+With grants written behind the answer (the default, ADR 16), an owner that dies with grant
+writes in flight costs at most what docs/work-queues.md states: those records are leasable
+again with their attempt count one lower, their tokens are refused, and nothing answered of a
+completion, retry or extension is lost."""
 
 import asyncio
 import random
+from collections import Counter
 
 import pytest
 
@@ -114,6 +120,7 @@ class History:
         self.held: list[str] = []
         self.completed: set[int] = set()
         self.keys: dict[int, str | None] = {}
+        self.delivered: Counter[int] = Counter()  # deliveries of each record, by any owner
 
     async def step(self, svc, work) -> None:
         calls = [self.call(svc, work) for _ in range(self.rnd.randint(1, 4))]
@@ -133,6 +140,7 @@ class History:
                 state = svc.ownership.require(svc.partition_of(QUEUE))
                 for r in got:
                     off = r.record.offset
+                    self.delivered[off] += 1
                     assert off not in self.completed, "a completed record came back"
                     key = self.keys.get(off)
                     if key is not None:  # every earlier record of its key is done
@@ -141,10 +149,24 @@ class History:
                         assert all(o < committed or o in work_state.done
                                    for o, k in self.keys.items() if k == key and o < off)
                 self.held += [r.token for r in got]
-            elif action < 0.65 and self.held:
+            elif action < 0.55 and self.held:
                 tokens = rnd.sample(self.held, rnd.randint(1, min(3, len(self.held))))
                 await work.complete(QUEUE, CONSUMER, tokens)
                 self.completed.update(known(parse_token(t))[0] for t in tokens)
+                self.drop(tokens)
+            elif action < 0.65 and self.held:  # completions riding on the next lease
+                tokens = rnd.sample(self.held, rnd.randint(1, min(3, len(self.held))))
+                page = await work.lease(QUEUE, CONSUMER, rnd.randint(0, 3),
+                                        rnd.choice([100, 60_000]), 0, complete=tokens)
+                assert page.completed is not None and page.refused is not None
+                assert {r.token for r in page.refused} | set(page.completed) == set(tokens)
+                assert all(r.code == "lease_expired" for r in page.refused)
+                self.completed.update(known(parse_token(t))[0] for t in page.completed)
+                for r in page.records:
+                    off = r.record.offset
+                    self.delivered[off] += 1
+                    assert off not in self.completed, "a completed record came back"
+                self.held += [r.token for r in page.records]
                 self.drop(tokens)
             elif action < 0.78 and self.held:
                 tokens = [rnd.choice(self.held)]
@@ -169,7 +191,7 @@ async def test_random_histories_replay_to_the_owners_state(clock, seed):
     settings = Settings(write_visible_timeout_ms=1000, max_lease_window=40)
     data_log, offset_log = MemoryLog(), MemoryLog()
     svc, work = await work_node(data_log, offset_log, settings)
-    await work.configure(QUEUE, CONSUMER, "lease", 3, "h-dlq", None)
+    await work.configure(QUEUE, CONSUMER, "lease", 3, "h-dlq", None, durable_grants=True)
     p = svc.partition_of(QUEUE)
     history = History(rnd, clock)
     nodes = [svc]
@@ -217,6 +239,76 @@ async def test_random_histories_replay_to_the_owners_state(clock, seed):
             log = compacted(offset_log, p, drop_tombstones=rnd.random() < 0.5)
             assert await replayed_view(data_log, log, settings, p) == current
     assert failovers >= 10
+    final = view(svc.ownership.require(p))
+    assert await replayed_view(data_log, compacted(offset_log, p, True), settings, p) == final
+    for n in nodes:
+        n.close()
+
+
+@pytest.mark.parametrize("seed", range(10))
+async def test_a_failover_with_grants_written_behind_costs_at_most_the_documented(clock, seed):
+    """The owner answers leases, their grant writes still in flight, and dies: the new owner
+    has every record as the last write that landed left it. So each record of a lost grant is
+    leasable again at once with its attempt count one lower, the lost tokens are refused, and
+    everything else (completions, retries, extensions, which were answered once written) is
+    exactly as the old owner had it. Deliveries of a record exceed `max_attempts` by at most
+    the failovers that lost one of its grants."""
+    rnd = random.Random(7000 + seed)
+    settings = Settings(write_visible_timeout_ms=1000, max_lease_window=40)
+    data_log, offset_log = MemoryLog(), MemoryLog()
+    svc, work = await work_node(data_log, offset_log, settings)
+    max_attempts = 3
+    await work.configure(QUEUE, CONSUMER, "lease", max_attempts, "h-dlq", None)
+    p = svc.partition_of(QUEUE)
+    history = History(rnd, clock)
+    nodes = [svc]
+    lost_grants: Counter[int] = Counter()  # per record, grants a failover lost
+    lossy = 0
+    for _ in range(200):
+        await history.step(svc, work)
+        if rnd.random() > 0.15:
+            continue
+        state = svc.ownership.require(p)
+        written = view(state)  # every write so far has landed
+        offset_log.hold = True  # the next writes stay in flight, and the owner dies
+        behind = []
+        for _ in range(rnd.randint(1, 3)):
+            try:  # a lease that must wait for a write (dead letters) never answers
+                got = await asyncio.wait_for(
+                    work.lease(QUEUE, CONSUMER, rnd.randint(1, 4), 60_000, 0), 0.05)
+            except TimeoutError:
+                break
+            for r in got.records:
+                history.delivered[r.record.offset] += 1
+            behind += got.records
+        await offset_log.crash()
+        svc, work = await work_node(data_log, offset_log, settings)
+        nodes.append(svc)
+        after = view(svc.ownership.require(p))
+        # Everything is as the last write that landed left it: every completion, retry and
+        # extension answered before; each record of a lost grant is available again, its
+        # attempt count one lower than the lost delivery's.
+        assert after == written, _diff(after, written)
+        lost = {r.record.offset: r.attempt for r in behind}
+        lossy += bool(lost)
+        for off, attempt in lost.items():
+            lost_grants[off] += 1
+            now = after[2][off]
+            assert now == "new" if attempt == 1 else (isinstance(now, tuple)
+                                                      and now[2] == attempt - 1), (off, now)
+        state = svc.ownership.require(p)
+        window = state.windows[(QUEUE, CONSUMER)]
+        for r in behind:
+            off = r.record.offset
+            if off < (state.committed(QUEUE, CONSUMER) or 0) or off in window.done:
+                continue
+            with pytest.raises(VQError) as err:  # its grant was never written
+                await work.extend(QUEUE, CONSUMER, [r.token], 60_000)
+            assert err.value.code == "lease_expired"
+        history.drop([r.token for r in behind])
+    assert lossy >= 5
+    for off, n in history.delivered.items():
+        assert n <= max_attempts + lost_grants[off], (off, n, lost_grants[off])
     final = view(svc.ownership.require(p))
     assert await replayed_view(data_log, compacted(offset_log, p, True), settings, p) == final
     for n in nodes:

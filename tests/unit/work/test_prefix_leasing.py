@@ -466,3 +466,18 @@ async def test_put_with_the_prefix_puts_a_queues_consumer_back_under_the_prefix_
     await prefix.define("back", {"prefix": "bk-", "max_attempts": 4, "max_in_flight": 2})
     assert len((await prefix.lease("back", 10, 60_000, 2000)).records) == 2
     assert work.consumer_settings("bk-q", "back").max_attempts == 4
+
+
+async def test_a_prefix_consumers_durable_grants_reaches_its_queues_consumers(node):
+    svc, work, prefix, _ = node
+    info = await prefix.define("dg", {"prefix": "dg-", "durable_grants": True})
+    assert info.durable_grants is True
+    await _fill(svc, "dg-a", 2)
+    got = await prefix.lease("dg", 10, 60_000, 0)
+    assert len(got.records) == 2
+    assert work.consumer_settings("dg-a", "dg").durable_grants is True
+    await prefix.define("dg", {"prefix": "dg-"})  # the default: written behind
+    await prefix.settle("dg", Settle(COMPLETE), [(r.queue, r.leased.token) for r in got.records])
+    await _fill(svc, "dg-a", 1)
+    assert len((await prefix.lease("dg", 10, 60_000, 2000)).records) == 1
+    assert work.consumer_settings("dg-a", "dg").durable_grants is False
