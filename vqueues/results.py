@@ -195,9 +195,26 @@ class PrefixLeased(msgspec.Struct, frozen=True, gc=False):
     leased: LeasedRecord
 
 
+class PrefixRefusedToken(msgspec.Struct, frozen=True, gc=False):
+    """A token a prefix lease was given to complete and did not (`RefusedToken`'s codes, and
+    `wrong_node` for a queue whose partition this node does not serve)."""
+
+    queue: str
+    token: str
+    code: str
+
+
 class PrefixLeaseResult(msgspec.Struct, frozen=True, gc=False):
     consumer: str
     records: list[PrefixLeased]
+    # The {queue, token} pairs the call completed (or found done) and refused; None: none given.
+    completed: list[PrefixToken] | None = None
+    refused: list[PrefixRefusedToken] | None = None
+
+
+class PrefixToken(msgspec.Struct, frozen=True, gc=False):
+    queue: str
+    token: str
 
 
 class PrefixSettleResult(msgspec.Struct, frozen=True, gc=False):

@@ -10,7 +10,7 @@ import msgspec
 from aiohttp import web
 
 from vqueues.records import Record
-from vqueues.results import LeasedRecord, RefusedToken
+from vqueues.results import LeasedRecord, PrefixRefusedToken, PrefixToken, RefusedToken
 
 ENCODINGS = ("utf8", "base64")
 _encoder = msgspec.json.Encoder()
@@ -67,9 +67,12 @@ class PrefixLeasedOut(LeasedOut, kw_only=True):
     partition: int
 
 
-class PrefixLeasePage(msgspec.Struct):
+class PrefixLeasePage(msgspec.Struct, omit_defaults=True):
     consumer: str
     records: list[PrefixLeasedOut]
+    # With `complete` in the request: what each of its tokens did (ADR 16).
+    completed: list[PrefixToken] | None = None
+    refused: list[PrefixRefusedToken] | None = None
 
 
 def encode_prefix_leased(queue: str, partition: int, leased: LeasedRecord, encoding: str

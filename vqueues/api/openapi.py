@@ -247,7 +247,16 @@ def _request_schemas(s: Settings) -> dict[str, Any]:
                                         "write as the grants; the answer's `completed` and "
                                         "`refused` say what each did"}}},
         "PrefixLeaseRequest": {"type": "object", "additionalProperties": False,
-                               "properties": lease},
+                               "properties": {
+            **lease,
+            "complete": {"type": ["array", "null"], "maxItems": MAX_RIDING_TOKENS,
+                         "items": {"type": "object", "required": ["queue", "token"],
+                                   "additionalProperties": False,
+                                   "properties": {"queue": _NAME, "token": {"type": "string"}}},
+                         "description": "{queue, token} pairs to complete first, token by "
+                                        "token, each partition's in the same write as its "
+                                        "grants; the answer's `completed` and `refused` say "
+                                        "what each did"}}},
         "TokensRequest": {"type": "object", "required": ["tokens"], "additionalProperties": False,
                           "properties": {
             "tokens": _TOKENS}},

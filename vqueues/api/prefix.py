@@ -11,7 +11,7 @@ from vqueues.api import params
 from vqueues.api.answers import PrefixLeasePage, encode_prefix_leased, respond
 from vqueues.api.body import read_object, refuse_unknown
 from vqueues.api.keys import AUTH, IDENTITY, PREFIX, SETTINGS, WORK
-from vqueues.api.work import LEASE_FIELDS, SETTLE_FIELDS, lease_request
+from vqueues.api.work import LEASE_FIELDS, MAX_RIDING_TOKENS, SETTLE_FIELDS, lease_request
 from vqueues.errors import BadRequest, VQError
 from vqueues.names import validate_name
 from vqueues.state import prefix_consumers
@@ -48,11 +48,24 @@ async def delete_prefix_consumer(request: web.Request) -> web.Response:
 
 async def lease(request: web.Request) -> web.Response:
     consumer = _consumer(request)
-    _, encoding, max_records, wait_ms, visibility_ms = await lease_request(
-        request, tuple(f for f in LEASE_FIELDS if f not in ("tag", "complete")))
-    result = await request.app[PREFIX].lease(consumer, max_records, visibility_ms, wait_ms)
+    body, encoding, max_records, wait_ms, visibility_ms = await lease_request(
+        request, tuple(f for f in LEASE_FIELDS if f != "tag"))
+    complete = body.get("complete")
+    pairs = None
+    if complete is not None:
+        if not isinstance(complete, list):
+            raise BadRequest("invalid_token", "`complete` must be a list of "
+                             '{"queue": ..., "token": ...} objects')
+        if len(complete) > MAX_RIDING_TOKENS:
+            raise BadRequest("limit_out_of_range", f"`complete` holds at most "
+                             f"{MAX_RIDING_TOKENS} tokens", parameter="complete", min=0,
+                             max=MAX_RIDING_TOKENS)
+        pairs = _pairs(complete) if complete else []
+    result = await request.app[PREFIX].lease(consumer, max_records, visibility_ms, wait_ms,
+                                             pairs)
     return respond(PrefixLeasePage(consumer, [
-        encode_prefix_leased(r.queue, r.partition, r.leased, encoding) for r in result.records]))
+        encode_prefix_leased(r.queue, r.partition, r.leased, encoding) for r in result.records],
+        result.completed, result.refused))
 
 
 def _pairs(raw: Any) -> list[tuple[str, str]]:

@@ -20,21 +20,30 @@ import time
 from collections.abc import Awaitable, Sequence
 
 from vqueues.errors import BadRequest, Conflict, NotFound
+from vqueues.locks import KeyedLocks
 from vqueues.records import ConsumerAcked, OffsetEntry, now_ms
 from vqueues.results import (
     PrefixConsumerInfo,
     PrefixLeased,
     PrefixLeaseResult,
+    PrefixRefusedToken,
     PrefixSettleResult,
+    PrefixToken,
     SettleResult,
 )
 from vqueues.state import prefix_consumers
 from vqueues.state.consumer_config import LEASE, configured
 from vqueues.state.partition_state import PartitionState
 from vqueues.state.prefix_consumers import MAX_PREFIX_CONSUMERS, PrefixConsumer, PrefixConsumers
-from vqueues.state.tokens import new_grant
+from vqueues.state.tokens import new_grant, parse_token
 from vqueues.work import settlement
-from vqueues.work.work_service import LeaseDecision, Settle, SettleDecision, WorkService
+from vqueues.work.work_service import (
+    LeaseDecision,
+    Riding,
+    Settle,
+    SettleDecision,
+    WorkService,
+)
 
 log = logging.getLogger(__name__)
 
@@ -134,21 +143,29 @@ class PrefixLeasing:
     # Leasing -----------------------------------------------------------------------------------
 
     async def lease(self, consumer: str, max_records: int, visibility_ms: int | None,
-                    wait_ms: int) -> PrefixLeaseResult:
+                    wait_ms: int, complete: Sequence[tuple[str, str]] | None = None
+                    ) -> PrefixLeaseResult:
         """Up to `max_records` records from the queues under the prefix, in this node's
-        partitions, queue by queue in turn; waits up to `wait_ms` for one."""
+        partitions, queue by queue in turn; waits up to `wait_ms` for one. `complete`:
+        (queue, token) pairs finished first, token by token, each partition's in the same
+        write as its grants (ADR 16); answered once those writes are durable."""
         pc = self.get(consumer)
         if visibility_ms is not None:
             self.work.check_visibility(visibility_ms)
         deadline = time.monotonic() + wait_ms / 1000
+        riding = await self._ride(pc, complete) if complete is not None else None
+        try:
+            got = await self._lease_once(pc, max_records, visibility_ms, riding)
+        finally:
+            if riding is not None:
+                await riding.finish(self.work, self._locks)
         while True:
-            got = await self._lease_once(pc, max_records, visibility_ms)
             if got:
                 self.work.metrics.records_leased.inc(len(got))
-                return PrefixLeaseResult(consumer, got)
+                return _prefix_result(consumer, got, riding)
             remaining = deadline - time.monotonic()
             if remaining <= 0 or self.ownership.draining:
-                return PrefixLeaseResult(consumer, [])
+                return _prefix_result(consumer, [], riding)
             soonest = min((at for s in self.ownership.states.values()
                            if (at := s.ready_queues.next_at(consumer)) is not None),
                           default=None)
@@ -156,9 +173,49 @@ class PrefixLeasing:
                 remaining = min(remaining, max(0.001, (soonest - now_ms()) / 1000 + 0.001))
             await self.prefixes.wait(consumer, remaining)
             pc = self.get(consumer)
+            got = await self._lease_once(pc, max_records, visibility_ms)
+
+    async def _ride(self, pc: PrefixConsumer, pairs: Sequence[tuple[str, str]]) -> PrefixRiding:
+        """The completions a prefix lease carries, decided queue by queue under the queues'
+        locks (taken in one order, so no two calls wait for each other), which it keeps until
+        each partition's write is submitted."""
+        consumer = pc.consumer
+        riding = PrefixRiding()
+        by_queue: dict[str, list[str]] = {}
+        for queue, token in dict.fromkeys(pairs):
+            if not pc.covers(queue):
+                raise BadRequest("invalid_parameter", f"queue {queue!r} is not under the "
+                                 f"prefix {pc.prefix!r}")
+            if parse_token(token) is None:
+                riding.refused.append(PrefixRefusedToken(queue, token, "invalid_token"))
+            else:
+                by_queue.setdefault(queue, []).append(token)
+        for queue in sorted(by_queue):
+            state = self.ownership.states.get(self.queues.partition_of(queue))
+            if state is None or state.revoked or not state.ready.is_set():
+                riding.refused += [PrefixRefusedToken(queue, t, "wrong_node")
+                                   for t in by_queue[queue]]
+                continue
+            key = ("c", queue, consumer)
+            await self._locks.acquire(key)
+            part = riding.part(state)
+            part.keys.append(key)
+            work = state.windows.get((queue, consumer))
+            if work is None:  # not a lease consumer here: nothing of it is current
+                riding.refused += [PrefixRefusedToken(queue, t, "lease_expired")
+                                   for t in by_queue[queue]]
+                continue
+            one = Riding(by_queue[queue])
+            part.entries += one.decide(state, queue, consumer, work)
+            if one.count:
+                part.queues[queue] = one.count
+            part.done += [PrefixToken(queue, t) for t in one.done]
+            riding.refused += [PrefixRefusedToken(queue, r.token, r.code) for r in one.refused]
+        return riding
 
     async def _lease_once(self, pc: PrefixConsumer, max_records: int,
-                          visibility_ms: int | None) -> list[PrefixLeased]:
+                          visibility_ms: int | None, riding: PrefixRiding | None = None
+                          ) -> list[PrefixLeased]:
         """Turns of the round, from the partition after the one the last call started at,
         until `max_records`; a new round when no partition has turns left, until a new round
         finds nothing. One call's turns in a partition make one offset-topic write."""
@@ -188,7 +245,9 @@ class PrefixLeasing:
             for state in states:
                 if left.get(state.partition, 0) > 0:
                     await self._lease_partition(state, pc, max_records - len(out),
-                                                visibility_ms, left, out)
+                                                visibility_ms, left, out,
+                                                riding.take(state.partition)
+                                                if riding is not None else None)
                     if len(out) >= max_records:
                         return out
             if fresh and len(out) == had:
@@ -197,18 +256,22 @@ class PrefixLeasing:
 
     async def _lease_partition(self, state: PartitionState, pc: PrefixConsumer, wanted: int,
                                visibility_ms: int | None, left: dict[int, int],
-                               out: list[PrefixLeased]) -> None:
+                               out: list[PrefixLeased], riding: RidingPart | None = None
+                               ) -> None:
         """Lease up to `wanted` records from `state`'s queues in turn, while the round has
-        turns of it left (`left`, by partition); the records go to `out`."""
+        turns of it left (`left`, by partition); the records go to `out`. `riding`: the
+        completions the call decided in this partition, whose locks it holds: written first,
+        in the same write, which the answer then waits for."""
         consumer, p = pc.consumer, state.partition
-        held: list[tuple[str, str, str]] = []
+        held: list[tuple[str, str, str]] = list(riding.keys) if riding is not None else []
+        own = set(held)
         decisions: list[LeaseDecision] = []
-        entries: list[OffsetEntry] = []
+        entries: list[OffsetEntry] = list(riding.entries) if riding is not None else []
         grant = new_grant()
         taken = 0
         try:
             while taken < wanted and left.get(p, 0) > 0:
-                turns = self._next_turns(state, pc, wanted - taken, left, held)
+                turns = self._next_turns(state, pc, wanted - taken, left, held, own)
                 if not turns:
                     break
                 await self._make_consumers(state, pc, [q for q, _ in turns])
@@ -217,6 +280,8 @@ class PrefixLeasing:
                     decision = await self._decide(state, pc, queue, share, visibility_ms,
                                                   grant, entries)
                     if state.revoked:
+                        if riding is not None:
+                            riding.lost = True
                         return
                     got = len(decision.chosen) if decision is not None else 0
                     if decision is not None:
@@ -226,18 +291,28 @@ class PrefixLeasing:
                     _after_turn(state, consumer, queue, turn, share, got, left)
             durable = (self.entries.submit(state, entries, applied=True)
                        if entries and not state.revoked else None)
+            if riding is not None and state.revoked:
+                riding.lost = True
         finally:
             for key in held:
                 self._locks.release(key)
-        if durable is None:
-            return
-        if any(decision.durable for decision in decisions):
+        if durable is not None:
+            await self._answer_partition(state, durable, decisions, riding, out)
+
+    async def _answer_partition(self, state: PartitionState, durable: Awaitable[None],
+                                decisions: list[LeaseDecision], riding: RidingPart | None,
+                                out: list[PrefixLeased]) -> None:
+        """A partition's write submitted: waited for if it carries completions or durable
+        grants (undone if it fails), else finished behind; then its records to `out`."""
+        if (riding is not None and riding.queues) or any(d.durable for d in decisions):
             try:
                 await durable
             except BaseException:
                 for decision in decisions:
                     decision.undo()
                 raise
+            if riding is not None:
+                riding.completed(self.work, state)
         else:
             self.work.write_behind(state, durable, sum(len(d.chosen) for d in decisions))
         for decision in decisions:
@@ -245,8 +320,8 @@ class PrefixLeasing:
             out.extend(PrefixLeased(decision.queue, state.partition, one) for one in leased)
 
     def _next_turns(self, state: PartitionState, pc: PrefixConsumer, need: int,
-                    left: dict[int, int], held: list[tuple[str, str, str]]
-                    ) -> list[tuple[str, int]]:
+                    left: dict[int, int], held: list[tuple[str, str, str]],
+                    own: set[tuple[str, str, str]]) -> list[tuple[str, int]]:
         """The queues of the next turns, as many as the `need` records still wanted need:
         (queue, records its turn may take), each queue's lock taken (added to `held`)."""
         consumer, rq, p = pc.consumer, state.ready_queues, state.partition
@@ -259,8 +334,9 @@ class PrefixLeasing:
             queue, owed = found
             left[p] -= 1
             key = ("c", queue, consumer)
-            if self._locks.try_hold(key):
-                held.append(key)
+            if key in own or self._locks.try_hold(key):
+                if key not in own:
+                    held.append(key)
                 turn = owed or pc.records_per_turn * pc.weight_of(queue)
                 turns.append((queue, turn))
                 # what it may give: a queue of a few records gives no more, so a lease over
@@ -428,3 +504,79 @@ def _after_turn(state: PartitionState, consumer: str, queue: str, turn: int, sha
         change = work.next_change(now_ms())
         if change is not None:
             rq.later(consumer, queue, change)
+
+
+class RidingPart:
+    """A prefix lease's completions in one partition: their entries, the queues' locks the
+    call holds until they are submitted, and how many records each queue completed."""
+
+    __slots__ = ("done", "entries", "keys", "lost", "queues", "state")
+
+    def __init__(self, state: PartitionState) -> None:
+        self.state = state
+        self.entries: list[OffsetEntry] = []
+        self.keys: list[tuple[str, str, str]] = []
+        self.queues: dict[str, int] = {}
+        self.done: list[PrefixToken] = []  # completed, or found done already
+        self.lost = False  # the partition went before the part was written
+
+    def completed(self, work: WorkService, state: PartitionState) -> None:
+        """They are durable: counted, and parked leasers of their queues go on."""
+        for queue, count in self.queues.items():
+            work.metrics.records_completed.inc(count)
+            state.wake(queue)
+
+
+class PrefixRiding:
+    """The completions a prefix lease carries (ADR 16), by partition: a partition the lease
+    writes to takes its part (`take`) into that write; `finish` writes the rest alone."""
+
+    def __init__(self) -> None:
+        self.parts: dict[int, RidingPart] = {}
+        self.answered: list[RidingPart] = []  # every part, in the answer
+        self.refused: list[PrefixRefusedToken] = []
+
+    def part(self, state: PartitionState) -> RidingPart:
+        part = self.parts.get(state.partition)
+        if part is None:
+            part = self.parts[state.partition] = RidingPart(state)
+            self.answered.append(part)
+        return part
+
+    def take(self, partition: int) -> RidingPart | None:
+        return self.parts.pop(partition, None)
+
+    async def finish(self, work: WorkService, locks: KeyedLocks) -> None:
+        """The parts no lease took: each written alone, under its locks, then answered once
+        durable (a failure fails the call: its completions were not answered)."""
+        parts, self.parts = list(self.parts.values()), {}
+        durables: list[tuple[RidingPart, Awaitable[None]]] = []
+        try:
+            for part in parts:
+                if part.state.revoked:
+                    part.lost = True
+                elif part.entries:
+                    durables.append((part, work.entries.submit(part.state, part.entries,
+                                                               applied=True)))
+        finally:
+            for part in parts:
+                for key in part.keys:
+                    locks.release(key)
+        for part, durable in durables:
+            await durable
+            part.completed(work, part.state)
+
+    def answer(self) -> tuple[list[PrefixToken], list[PrefixRefusedToken]]:
+        """What each token did; asked once every part was written (or found unwritten)."""
+        refused = list(self.refused)
+        for part in self.answered:
+            if part.lost:
+                refused += [PrefixRefusedToken(t.queue, t.token, "wrong_node") for t in part.done]
+        return [t for part in self.answered if not part.lost for t in part.done], refused
+
+
+def _prefix_result(consumer: str, records: list[PrefixLeased], riding: PrefixRiding | None
+                   ) -> PrefixLeaseResult:
+    if riding is None:
+        return PrefixLeaseResult(consumer, records)
+    return PrefixLeaseResult(consumer, records, *riding.answer())

@@ -481,3 +481,57 @@ async def test_a_prefix_consumers_durable_grants_reaches_its_queues_consumers(no
     await _fill(svc, "dg-a", 1)
     assert len((await prefix.lease("dg", 10, 60_000, 2000)).records) == 1
     assert work.consumer_settings("dg-a", "dg").durable_grants is False
+
+
+async def test_a_prefix_lease_completes_what_it_carries_in_each_partitions_write(node):
+    svc, _, prefix, _ = node
+    await prefix.define("ride", {"prefix": "rd-", "records_per_turn": 1})
+    queues = [f"rd-{i}" for i in range(8)]
+    for q in queues:
+        await _fill(svc, q, 2)
+    first = await prefix.lease("ride", 8, 60_000, 0)
+    assert len(first.records) == 8
+    pairs = [(r.queue, r.leased.token) for r in first.records]
+    second = await prefix.lease("ride", 8, 60_000, 0,
+                                complete=[*pairs, ("rd-0", "bogus"), ("rd-1", "7.9.abc")])
+    assert second.completed is not None and second.refused is not None
+    assert sorted((t.queue, t.token) for t in second.completed) == sorted(pairs)
+    assert sorted((r.queue, r.token, r.code) for r in second.refused) == [
+        ("rd-0", "bogus", "invalid_token"), ("rd-1", "7.9.abc", "lease_expired")]
+    assert len(second.records) == 8
+    assert not {r.leased.record.offset for r in second.records} & \
+        {r.leased.record.offset for r in first.records if r.queue == "rd-0"}
+    for q in queues:
+        info = next(c for c in svc.queue_info(q).consumers if c.consumer == "ride")
+        assert (info.in_flight, info.lag) == (1, 1)  # one done, one leased
+    with pytest.raises(VQError) as err:
+        await prefix.lease("ride", 1, 60_000, 0, complete=[("elsewhere", "1.1.a")])
+    assert err.value.code == "invalid_parameter"
+    # one queue, one partition: the completions and the grants make one write
+    await _fill(svc, "rd-solo", 4)
+    solo = await prefix.lease("ride", 20, 60_000, 0)
+    mine = [(r.queue, r.leased.token) for r in solo.records if r.queue == "rd-solo"]
+    assert mine
+    writes = svc.entries.writes
+    page = await prefix.lease("ride", 20, 60_000, 0, complete=mine)
+    assert len(page.completed or []) == len(mine)
+    assert svc.entries.writes - writes == 1
+
+
+async def test_a_prefix_lease_with_nothing_to_lease_still_writes_its_completions(node):
+    svc, _, prefix, logs = node
+    await prefix.define("ride2", {"prefix": "r2-"})
+    await _fill(svc, "r2-a", 1)
+    got = await prefix.lease("ride2", 5, 60_000, 0)
+    page = await prefix.lease("ride2", 5, 60_000, 0,
+                              complete=[(r.queue, r.leased.token) for r in got.records])
+    assert page.records == [] and len(page.completed or []) == 1
+    info = next(c for c in svc.queue_info("r2-a").consumers if c.consumer == "ride2")
+    assert (info.in_flight, info.lag) == (0, 0)
+    # the completion is durable: a new owner has it
+    svc2, _ = await work_node(logs[0], logs[1], svc.settings, logs[2], PARTITIONS, 1 << 26)
+    try:
+        info = next(c for c in svc2.queue_info("r2-a").consumers if c.consumer == "ride2")
+        assert info.lag == 0
+    finally:
+        svc2.close()
