@@ -546,3 +546,32 @@ async def test_a_worker_on_several_idle_queues_long_polls_instead_of_spinning(no
         # made 30 each), and the record arriving meanwhile answered a parked poll at once.
         assert idle_calls <= 15
         assert [t for t, _ in got] == ["late"] and got[0][1] - sent < 0.4
+
+
+async def test_a_worker_completes_on_its_leases_and_alone_only_at_the_end(node):
+    q = qname("riding")
+    async with CountingClient(node.url) as vq:
+        await fill(vq, q, [f"r{i}" for i in range(1500)])
+        seen: Counter[str] = Counter()
+
+        async def handle(lease):
+            seen[lease.text] += 1
+
+        # A long delay: while busy, only the next lease takes finished tokens.
+        worker = Worker(vq, q, "w", handle, concurrency=8, wait_ms=200,
+                        complete_delay_ms=30_000)
+        runner = asyncio.create_task(worker.run())
+        deadline = time.monotonic() + 60
+        while len(seen) < 1500 and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        await worker.stop()
+        await runner
+        assert len(seen) == 1500 and set(seen.values()) == {1}
+        assert worker.completed == 1500 and worker.refused == 0
+        # One call per cycle: the standalone complete at most once, for the stop.
+        assert vq.calls["complete"] <= 1 and vq.calls["lease"] < 150
+        info = await vq.queue_info(q)
+        assert info is not None
+        (w,) = info["consumers"]
+        assert (w["lag"], w["in_flight"]) == (0, 0)
+        assert w["offset"] == info["last_offset"] + 1

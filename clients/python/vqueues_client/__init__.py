@@ -4,10 +4,12 @@ from vqueues_client.client import (
     AsyncClient,
     EnqueueResult,
     Lease,
+    LeasePage,
     NewRecord,
     ReadResult,
     Record,
     RecordResult,
+    Refused,
 )
 from vqueues_client.consumer import consume
 from vqueues_client.errors import DeadlineExceeded, VQError
@@ -18,7 +20,7 @@ from vqueues_client.worker import Worker
 
 __all__ = [
     "AsyncClient", "BatchProducer", "Client", "DeadlineExceeded", "EnqueueResult", "Lease",
-    "NewRecord", "ReadResult", "Record", "RecordResult", "VQError", "Worker", "consume", "murmur2",
-    "partition_for",
+    "LeasePage", "NewRecord", "ReadResult", "Record", "RecordResult", "Refused", "VQError",
+    "Worker", "consume", "murmur2", "partition_for",
 ]
 __version__ = "0.1.0"

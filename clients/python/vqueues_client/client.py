@@ -12,9 +12,9 @@ import re
 import ssl
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Self
+from typing import Any, Generic, Self, TypeVar
 from urllib.parse import quote
 
 import aiohttp
@@ -64,6 +64,34 @@ class Lease:
     @property
     def text(self) -> str | None:
         return self.record.text
+
+
+@dataclass(frozen=True, slots=True)
+class Refused:
+    """A token given to a lease's `complete=` that the node did not complete, and why:
+    `lease_expired` (not current: the record comes again), `invalid_token` (not a token), or,
+    for a prefix lease, `wrong_node` (that queue's partition is not the node's: complete it
+    with the node that leased it)."""
+
+    token: str
+    code: str
+    queue: str | None = None  # (prefix leases)
+
+
+C = TypeVar("C")
+
+
+class LeasePage(list[Lease], Generic[C]):
+    """A lease's answer: the leased records (a plain list of `Lease`, as without `complete=`)
+    and what each token given in `complete=` did: `completed` (done, or found done already) and
+    `refused`. Both are empty without `complete=`. A prefix lease names its tokens with their
+    queue: `completed` holds `(queue, token)` pairs there."""
+
+    def __init__(self, leases: Iterable[Lease] = (), completed: list[C] | None = None,
+                 refused: list[Refused] | None = None) -> None:
+        super().__init__(leases)
+        self.completed: list[C] = completed or []
+        self.refused: list[Refused] = refused or []
 
 
 _UNSET: Any = object()
@@ -828,21 +856,31 @@ class AsyncClient:
 
     async def lease(self, queue: str, consumer: str, *, max_records: int = 1,
                     visibility_ms: int | None = None, wait_ms: int = 0,
-                    tag: str | None = None) -> list[Lease]:
+                    tag: str | None = None,
+                    complete: Lease | str | list[Lease] | list[str] | list[Lease | str] |
+                    None = None) -> LeasePage[str]:
         """Lease up to `max_records` records no other worker holds (long poll: `wait_ms`).
 
-        A lease whose answer is lost (a retried call) simply expires: its records come again,
-        with the next attempt number."""
+        `complete`: leases (or tokens) finished since, at most 10,000, completed first in the
+        same call, token by token: the answer's `completed` (tokens) and `refused`
+        (`Refused`) say what each did. If the call raises, some may have been completed: send
+        them again (completing is idempotent). A lease whose answer is lost (a retried call)
+        simply expires: its records come again, with the next attempt number."""
         body: dict[str, Any] = {"max_records": max_records, "wait_ms": wait_ms}
         if visibility_ms is not None:
             body["visibility_ms"] = visibility_ms
         if tag is not None:
             body["tag"] = tag
+        if complete is not None:
+            body["complete"] = self._tokens(complete)
         out = await self._call_obj("POST", queue, self._c(queue, consumer) + "/lease", json=body,
                                    deadline_s=self.deadline_s + wait_ms / 1000)
         assert out is not None
-        return [Lease(_decode_record(r), r["token"], r["attempt"], r["deadline"])
-                for r in out["records"]]
+        return LeasePage([Lease(_decode_record(r), r["token"], r["attempt"], r["deadline"])
+                          for r in out["records"]],
+                         [str(t) for t in out.get("completed") or []],
+                         [Refused(str(r["token"]), str(r["code"]))
+                          for r in out.get("refused") or []])
 
     @staticmethod
     def _tokens(leases: Lease | str | list[Lease] | list[str] | list[Lease | str]) -> list[str]:
@@ -923,23 +961,45 @@ class AsyncClient:
         return [merged[c] for c in sorted(merged)]
 
     async def lease_prefix(self, consumer: str, node: str, *, max_records: int = 1,
-                           visibility_ms: int | None = None, wait_ms: int = 0) -> list[Lease]:
+                           visibility_ms: int | None = None, wait_ms: int = 0,
+                           complete: list[Lease] | list[tuple[str, str]] |
+                           list[Lease | tuple[str, str]] | None = None
+                           ) -> LeasePage[tuple[str, str]]:
         """Lease up to `max_records` records from the queues under `consumer`'s prefix that
         `node` (a URL of `node_urls()`) owns, queue by queue in turn. Settle them with the
-        same node."""
+        same node.
+
+        `complete`: leases from prefix leases of this node, or `(queue, token)` pairs, at
+        most 10,000, completed first in the same call, token by token: the answer's
+        `completed` (`(queue, token)` pairs) and `refused` (`Refused`, with `queue`; code
+        `wrong_node` for a queue this node does not serve) say what each did."""
         body: dict[str, Any] = {"max_records": max_records, "wait_ms": wait_ms}
         if visibility_ms is not None:
             body["visibility_ms"] = visibility_ms
+        if complete is not None:
+            body["complete"] = self._pairs(complete)
         out = await self._call_node(node, "POST", self._p(consumer) + "/lease", json=body,
                                     deadline_s=self.deadline_s + wait_ms / 1000)
-        return [Lease(_decode_record(r), r["token"], r["attempt"], r["deadline"], r["queue"],
-                      r["partition"]) for r in out["records"]]
+        return LeasePage([Lease(_decode_record(r), r["token"], r["attempt"], r["deadline"],
+                                r["queue"], r["partition"]) for r in out["records"]],
+                         [(str(t["queue"]), str(t["token"])) for t in out.get("completed") or []],
+                         [Refused(str(r["token"]), str(r["code"]), str(r["queue"]))
+                          for r in out.get("refused") or []])
 
     @staticmethod
-    def _pairs(leases: list[Lease]) -> list[dict[str, str]]:
-        if any(x.queue is None for x in leases):
-            raise ValueError("prefix calls take leases from a prefix lease (they name a queue)")
-        return [{"queue": str(x.queue), "token": x.token} for x in leases]
+    def _pairs(leases: list[Lease] | list[tuple[str, str]] | list[Lease | tuple[str, str]]
+               ) -> list[dict[str, str]]:
+        out = []
+        for x in leases:
+            if isinstance(x, Lease):
+                if x.queue is None:
+                    raise ValueError("prefix calls take leases from a prefix lease (they name "
+                                     "a queue)")
+                out.append({"queue": x.queue, "token": x.token})
+            else:
+                queue, token = x
+                out.append({"queue": queue, "token": token})
+        return out
 
     async def complete_prefix(self, consumer: str, node: str, leases: list[Lease]
                               ) -> dict[str, Any]:

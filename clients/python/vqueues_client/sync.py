@@ -11,6 +11,7 @@ from vqueues_client.client import (
     AsyncClient,
     EnqueueResult,
     Lease,
+    LeasePage,
     NewRecord,
     ReadResult,
     RecordResult,
@@ -93,7 +94,8 @@ class Client:
     def consumer_settings(self, queue: str, consumer: str) -> dict[str, Any] | None:
         return self._run(self._async.consumer_settings(queue, consumer))
 
-    def lease(self, queue: str, consumer: str, **kw: Any) -> list[Lease]:
+    def lease(self, queue: str, consumer: str, **kw: Any) -> LeasePage[str]:
+        """AsyncClient.lease: `complete=[...]` completes finished leases in the same call."""
         return self._run(self._async.lease(queue, consumer, **kw))
 
     def complete(self, queue: str, consumer: str, leases: Any) -> dict[str, Any]:
@@ -116,7 +118,7 @@ class Client:
     def delete_prefix_consumer(self, consumer: str) -> dict[str, Any] | None:
         return self._run(self._async.delete_prefix_consumer(consumer))
 
-    def lease_prefix(self, consumer: str, node: str, **kw: Any) -> list[Lease]:
+    def lease_prefix(self, consumer: str, node: str, **kw: Any) -> LeasePage[tuple[str, str]]:
         return self._run(self._async.lease_prefix(consumer, node, **kw))
 
     def complete_prefix(self, consumer: str, node: str, leases: list[Lease]) -> dict[str, Any]:

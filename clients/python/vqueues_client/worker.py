@@ -6,19 +6,25 @@ handled, in calls of at least a quarter of that room, up to `max_batch`), long-p
 that has nothing with one slot reserved, so an idle queue holds no room another could use.
 Without an explicit `prefetch` the room follows the handlers: 10 records per slot (at least
 64), growing up to 30 per slot while the slots would handle more than that within two lease
-round trips (both times measured as it runs). A handler that returns has its record completed
-in a batch with the others finishing within `complete_delay_ms` (one call, not one per record);
-one that raises has its record retried after a backoff that grows with its attempt number, with
-the exception as the reason (past the consumer's `max_attempts` the server moves it to the
-dead-letter queue). A lease close to its deadline (a slow handler, or a record waiting in the
-buffer) is extended, in one call per queue; others never are. `stop()` stops leasing, gives the
-records still in the buffer back and lets running handlers finish, or, with `finish=False`,
-cancels them and gives their records back at once.
+round trips (both times measured as it runs). A handler that returns has its record's token
+sent with its source's next lease (`complete=`: one call per cycle, not a lease and a
+complete); tokens no lease took within `complete_delay_ms` are completed in one standalone
+call. A token the node refuses (its lease expired, say) goes to `on_refused(lease, code)`, or
+else to a warning log line `complete_refused`. A handler that raises has its record retried
+after a backoff that grows with its attempt number, with the exception as the reason (past the
+consumer's `max_attempts` the server moves it to the dead-letter queue). A lease close to its
+deadline (a slow handler, or a record waiting in the buffer) is extended, in one call per
+queue; others never are. `stop()` stops leasing, gives the records still in the buffer back and
+lets running handlers finish, or, with `finish=False`, cancels them and gives their records
+back at once; then completes what is finished.
 
 `Worker(vq, None, "pool", handle, prefix=True)` leases from the prefix consumer "pool" (one
 pool for every queue under its prefix, docs/work-queues.md): a leaser per node of the cluster
-map (each node leases from the queues it owns, in turn), settling with that node; the map is
-refreshed every `map_refresh_s` and on a node's `wrong_node`, leasers following it.
+map (each node leases from the queues it owns, in turn), settling with that node (a finished
+record's token rides only on leases to the node that leased it); the map is refreshed every
+`map_refresh_s` and on a node's `wrong_node`, leasers following it. A completion a node refuses
+as `wrong_node` (or cannot take: gone) is sent once on its own to the queue's owner in the
+refreshed map, and reported only if that fails too.
 """
 
 from __future__ import annotations
@@ -32,12 +38,16 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from vqueues_client.client import AsyncClient, Lease
+from vqueues_client.client import AsyncClient, Lease, LeasePage, Refused
 from vqueues_client.errors import VQError
 
 log = logging.getLogger(__name__)
 
 Handler = Callable[[Lease], Awaitable[Any]] | Callable[[Lease], Any]
+# Called with a finished record whose completion the node refused, and the refusal's code.
+RefusedHook = Callable[[Lease, str], Any]
+# The most tokens one lease carries (the node's limit).
+MAX_RIDING = 10_000
 
 
 class _Source:
@@ -67,13 +77,23 @@ class _Source:
                 out.add((self.queue or "", str(item)))
         return out
 
-    async def lease(self, n: int, visibility_ms: int, wait_ms: int) -> list[Lease]:
+    async def lease(self, n: int, visibility_ms: int, wait_ms: int, complete: list[Lease]
+                    ) -> tuple[list[Lease], list[Refused]]:
+        """Records leased, and the refused of `complete` (sent only when it holds any)."""
+        page: LeasePage[Any]
         if self.queue is not None:
-            return await self.client.lease(self.queue, self.consumer, max_records=n,
-                                           visibility_ms=visibility_ms, wait_ms=wait_ms)
-        assert self.node is not None
-        return await self.client.lease_prefix(self.consumer, self.node, max_records=n,
-                                              visibility_ms=visibility_ms, wait_ms=wait_ms)
+            page = await self.client.lease(self.queue, self.consumer, max_records=n,
+                                           visibility_ms=visibility_ms, wait_ms=wait_ms,
+                                           complete=complete or None)
+        else:
+            assert self.node is not None
+            page = await self.client.lease_prefix(self.consumer, self.node, max_records=n,
+                                                  visibility_ms=visibility_ms, wait_ms=wait_ms,
+                                                  complete=complete or None)
+        return list(page), page.refused if complete else []
+
+    def refused_id(self, refused: Refused) -> tuple[str, str]:
+        return (refused.queue or self.queue or ""), refused.token
 
     async def complete(self, leases: list[Lease]) -> None:
         if self.queue is not None:
@@ -115,8 +135,8 @@ class Worker:
                  wait_ms: int = 1000, idle_sleep_s: float = 0.05,
                  backoff_initial_ms: int = 1000, backoff_max_ms: int = 60_000,
                  prefetch: int | None = None, max_batch: int = 100,
-                 complete_delay_ms: float = 5.0, prefix: bool = False,
-                 map_refresh_s: float = 5.0) -> None:
+                 complete_delay_ms: float = 50.0, prefix: bool = False,
+                 map_refresh_s: float = 5.0, on_refused: RefusedHook | None = None) -> None:
         self.client = client
         self.prefix = prefix
         self.queues = [] if queues is None else [queues] if isinstance(queues, str) \
@@ -149,9 +169,12 @@ class Worker:
         self._handler_s = 0.0  # moving averages: a handler's run, a lease call's round trip
         self._lease_s = 0.0
         self.max_batch = max_batch
+        # The longest a finished record's token waits for a lease to ride on.
         self.complete_delay_s = complete_delay_ms / 1000
+        self.on_refused = on_refused
         self.completed = 0
         self.failed = 0
+        self.refused = 0  # finished records whose completion the node refused
         self._stopping = asyncio.Event()
         self._finish = True
         self._buffer: asyncio.Queue[_Item] = asyncio.Queue()
@@ -161,7 +184,8 @@ class Worker:
         self._leases: dict[tuple[str, str], tuple[_Source, Lease]] = {}
         self._deadlines: dict[tuple[str, str], int] = {}
         self._done: dict[_Source, list[Lease]] = {}  # handled, to complete
-        self._flushers: dict[_Source, asyncio.Task[None]] = {}
+        self._flushers: dict[_Source, asyncio.Task[None]] = {}  # waiting complete_delay_ms
+        self._flushing: set[asyncio.Task[None]] = set()  # past the wait, completing
         self._leasers: dict[str, asyncio.Task[None]] = {}  # by source name
         self._map_stale = asyncio.Event()  # a prefix leaser found its node gone
         self._running: set[asyncio.Task[Any]] = set()
@@ -279,11 +303,14 @@ class Worker:
                 self.max_batch, min(self.max_batch, max(1, self.capacity // 4))))
             if not n:
                 return
+            riding = self._take(source)
             started = time.perf_counter()
             try:
-                got = await source.lease(n, self.visibility_ms, self.wait_ms if idle else 0)
+                got, refused = await source.lease(n, self.visibility_ms,
+                                                  self.wait_ms if idle else 0, riding)
             except VQError as exc:
                 self._release(n)
+                self._put_back(source, riding)  # sent again: completing is idempotent
                 log.warning("lease_failed", extra={"source": source.name, "error": str(exc)})
                 if source.node is not None and exc.code in ("wrong_node", "connection_error",
                                                             "deadline_exceeded"):
@@ -293,6 +320,7 @@ class Worker:
                 continue
             except BaseException:
                 self._release(n)
+                self._put_back(source, riding, arm=False)  # (torn down: stop() flushes them)
                 raise
             self._release(n - len(got))
             if not idle and got:  # a long poll's time is the wait, not the round trip
@@ -304,6 +332,8 @@ class Worker:
                 self._leases[lease_id] = (source, lease)
                 self._deadlines[lease_id] = lease.deadline
                 self._buffer.put_nowait((source, lease))
+            if riding:
+                await self._rode(source, riding, refused)
 
     async def _give_back_buffered(self) -> None:
         """Records leased ahead that no handler took: back to the queue at once."""
@@ -360,51 +390,141 @@ class Worker:
         # Handled: its room goes to the next lease now, not once the completion is back.
         self._handled(source, lease)
         self._done.setdefault(source, []).append(lease)
-        if len(self._done[source]) >= self.max_batch:
-            await self._flush(source)
-        elif source not in self._flushers:
-            self._flushers[source] = asyncio.create_task(self._flush_later(source))
+        self._arm(source)
 
     async def _call(self, lease: Lease) -> Any:
         if self._is_async:
             return await self.handler(lease)
         return await asyncio.to_thread(self.handler, lease)
 
-    # Completing in batches -------------------------------------------------------------------
+    # Completing: on the next lease, or alone ----------------------------------------------
+
+    def _arm(self, source: _Source) -> None:
+        """Finished tokens of `source` wait: if no lease takes them within
+        `complete_delay_ms`, they are completed in one call of their own."""
+        if source not in self._flushers and self._done.get(source):
+            self._flushers[source] = asyncio.create_task(self._flush_later(source))
+
+    def _take(self, source: _Source) -> list[Lease]:
+        """The finished leases of `source` for the lease about to be sent."""
+        done = self._done.pop(source, [])
+        if len(done) > MAX_RIDING:
+            self._done[source] = done[MAX_RIDING:]
+            return done[:MAX_RIDING]
+        timer = self._flushers.pop(source, None)
+        if timer is not None:
+            timer.cancel()
+        return done
+
+    def _put_back(self, source: _Source, leases: list[Lease], arm: bool = True) -> None:
+        """Tokens a failed lease carried: to send again, first."""
+        if leases:
+            self._done[source] = leases + self._done.get(source, [])
+            if arm:
+                self._arm(source)
+
+    async def _rode(self, source: _Source, leases: list[Lease], refused: list[Refused]
+                    ) -> None:
+        """A lease answered the tokens it carried: report the refused; those of a queue the
+        node does not serve (prefix) go alone to its owner."""
+        if not refused:
+            self.completed += len(leases)
+            return
+        codes = {source.refused_id(r): r.code for r in refused}
+        elsewhere = []
+        for lease in leases:
+            code = codes.get(source.id_of(lease))
+            if code is None:
+                self.completed += 1
+            elif code == "wrong_node":
+                elsewhere.append(lease)
+            else:
+                self._report(source, lease, code)
+        if elsewhere:
+            await self._complete_at_owners(source, elsewhere, "wrong_node")
+
+    def _report(self, source: _Source, lease: Lease, code: str) -> None:
+        """A finished record's completion refused (it may come again): to the hook, or
+        else a log line."""
+        self.refused += 1
+        if self.on_refused is None:
+            log.warning("complete_refused", extra={"source": source.name,
+                                                   "queue": lease.queue or source.queue,
+                                                   "token": lease.token, "code": code})
+            return
+        try:
+            self.on_refused(lease, code)
+        except Exception:
+            log.exception("on_refused_failed", extra={"token": lease.token})
 
     async def _flush_later(self, source: _Source) -> None:
         await asyncio.sleep(self.complete_delay_s)
         self._flushers.pop(source, None)
-        await self._flush(source)
+        me = asyncio.current_task()
+        assert me is not None
+        self._flushing.add(me)  # (stop waits for it)
+        try:
+            await self._flush(source)
+        finally:
+            self._flushing.discard(me)
 
     async def _flush_all(self) -> None:
         for task in list(self._flushers.values()):
             task.cancel()
         self._flushers.clear()
+        await asyncio.gather(*self._flushing, return_exceptions=True)
         for source in list(self._done):
             await self._flush(source)
 
     async def _flush(self, source: _Source) -> None:
-        """Complete what the handlers of `source` finished, in one call; a token gone stale
-        (its lease expired and another worker has the record) is dropped and the rest sent
-        again (a complete is all or nothing)."""
-        leases = self._done.pop(source, [])
+        """Complete what the handlers of `source` finished and no lease took, in one call."""
+        await self._complete_alone(source, self._done.pop(source, []), reroute=True)
+
+    async def _complete_alone(self, source: _Source, leases: list[Lease], reroute: bool
+                              ) -> None:
+        """A standalone complete. A token gone stale (its lease expired and another worker
+        has the record) is reported and the rest sent again (a complete is all or
+        nothing)."""
         while leases:
             try:
                 await source.complete(leases)
                 self.completed += len(leases)
-                break
+                return
             except VQError as exc:
                 stale = source.stale(exc)
-                if not stale:
-                    log.warning("complete_failed", extra={"source": source.name,
-                                                          "error": str(exc)})
-                    break
-                log.warning("complete_stale", extra={"source": source.name,
-                                                     "stale": len(stale)})
-                self._settled(source, [x for x in leases if source.id_of(x) in stale])
-                leases = [x for x in leases if source.id_of(x) not in stale]
-        self._settled(source, leases)
+                if stale:
+                    for lease in leases:
+                        if source.id_of(lease) in stale:
+                            self._report(source, lease, exc.code)
+                    leases = [x for x in leases if source.id_of(x) not in stale]
+                    continue
+                if reroute and source.node is not None and \
+                        exc.code in ("wrong_node", "connection_error"):
+                    await self._complete_at_owners(source, leases, exc.code)
+                    return
+                log.warning("complete_failed", extra={"source": source.name,
+                                                      "error": str(exc)})
+                for lease in leases:
+                    self._report(source, lease, exc.code)
+                return
+
+    async def _complete_at_owners(self, source: _Source, leases: list[Lease], code: str
+                                  ) -> None:
+        """Prefix leases a node would not complete (`code`): once more, each to its queue's
+        owner in the refreshed map; reported if that fails too."""
+        self._map_stale.set()
+        with contextlib.suppress(VQError):
+            await self.client.refresh_map()
+        by_owner: dict[str, list[Lease]] = {}
+        for lease in leases:
+            by_owner.setdefault(self.client.cached_owner(lease.queue or ""), []).append(lease)
+        for url, group in by_owner.items():
+            if url == source.node and code == "wrong_node":
+                for lease in group:  # the map has not moved: nowhere else to send it
+                    self._report(source, lease, code)
+                continue
+            await self._complete_alone(_Source(self.client, self.consumer, node=url), group,
+                                       reroute=False)
 
     def _handled(self, source: _Source, lease: Lease) -> None:
         """The record needs no room and no extending any more (its completion is pending)."""

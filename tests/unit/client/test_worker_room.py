@@ -6,7 +6,7 @@ import asyncio
 import time
 from typing import cast
 
-from vqueues_client import AsyncClient, Lease, Record, Worker
+from vqueues_client import AsyncClient, Lease, LeasePage, Record, Worker
 
 
 class FakeLeases:
@@ -23,12 +23,14 @@ class FakeLeases:
         self.peak = 0
         self.completed: list[str] = []
 
-    async def lease(self, queue, consumer, max_records, visibility_ms, wait_ms):
+    async def lease(self, queue, consumer, max_records, visibility_ms, wait_ms, complete=None):
         await asyncio.sleep(self.rtt_s)
+        done = [x.token for x in complete or []]  # finished records ride on the lease
+        self.completed += done
         n = min(max_records, self.left)
         if not n:
             await asyncio.sleep(wait_ms / 1000)
-            return []
+            return LeasePage([], done)
         self.left -= n
         deadline = int(time.time() * 1000) + visibility_ms
         out = [Lease(Record(o, 0, b"x"), f"{o}.1.1", 1, deadline)
@@ -36,7 +38,7 @@ class FakeLeases:
         self.next += n
         self.leased += n
         self.peak = max(self.peak, self.leased - self.handled)
-        return out
+        return LeasePage(out, done)
 
     async def complete(self, queue, consumer, leases):
         await asyncio.sleep(self.rtt_s)
