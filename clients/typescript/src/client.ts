@@ -5,8 +5,8 @@ import { Transport } from "./http.js";
 import { partitionFor } from "./murmur2.js";
 import { Stream, type StreamOptions } from "./stream.js";
 import type {
-  AckResult, ConsumerDeletion, ConsumerSettingsInfo, PartitionsInfo, QueueDeletion, QueueInfo,
-  ScheduledCancellation, SettleResult,
+  AckResult, ConsumerDeletion, ConsumerSettingsInfo, PartitionsInfo, PrefixRefusedToken,
+  PrefixToken, QueueDeletion, QueueInfo, RefusedToken, ScheduledCancellation, SettleResult,
 } from "./types.js";
 
 /** A record's value: text (sent as UTF-8), bytes (sent base64), or null. */
@@ -106,7 +106,30 @@ export interface LeaseOptions extends CallOptions {
   visibilityMs?: number;
   waitMs?: number;
   tag?: string;
+  /** Tokens (or leases) to complete first, token by token, in the same write as the grants
+   * (at most 10,000): the answer's `completed` and `refused` say what each did. */
+  complete?: Tokens;
 }
+
+/** `leasePrefix`'s options: `complete` takes the prefix lease's leases, or `{queue, token}`
+ * pairs, all leased from the node the call goes to. */
+export interface PrefixLeaseOptions extends Omit<LeaseOptions, "tag" | "complete"> {
+  complete?: Array<Lease | PrefixToken>;
+}
+
+/** What `lease` answers: the leased records (an array, as before) and what became of the
+ * tokens its `complete` carried: `completed` (done, or found done already) and `refused`
+ * (each with its `code`); both empty when it carried none. The two are not enumerable: the
+ * array compares, spreads and prints as the records alone. */
+export type LeaseBatch = Lease[] & { readonly completed: string[];
+                                     readonly refused: RefusedToken[] };
+
+/** What `leasePrefix` answers: as `LeaseBatch`, its tokens `{queue, token}` pairs. */
+export type PrefixLeaseBatch = Lease[] & { readonly completed: PrefixToken[];
+                                           readonly refused: PrefixRefusedToken[] };
+
+/** The most tokens one lease's `complete` may carry (the node's fixed limit). */
+export const MAX_RIDING_TOKENS = 10_000;
 
 export interface ConsumerSettings {
   mode?: "cursor" | "lease";
@@ -116,9 +139,12 @@ export interface ConsumerSettings {
   visibilityMs?: number;
   /** Records leased at once, at most; null: no cap. */
   maxInFlight?: number | null;
+  /** Leases answered only once their grants are written (false, the default: written
+   * behind the answer; docs/work-queues.md, "What survives a failover"). */
+  durableGrants?: boolean;
 }
 
-type Tokens = Lease | string | Array<Lease | string>;
+export type Tokens = Lease | string | Array<Lease | string>;
 type Json = Record<string, unknown>;
 
 function isNewRecord(x: unknown): x is NewRecord {
@@ -229,6 +255,14 @@ function decodeRecord(raw: Json): QueueRecord {
   const data = value === null ? null :
     b64 ? new Uint8Array(Buffer.from(value, "base64")) : new Uint8Array(Buffer.from(value));
   return new QueueRecord(raw.offset as number, raw.timestamp as number, data, headers);
+}
+
+function batch<T, R>(leases: Lease[], completed: unknown, refused: unknown
+                     ): Lease[] & { readonly completed: T[]; readonly refused: R[] } {
+  return Object.defineProperties(leases, {
+    completed: { value: (completed ?? []) as T[], enumerable: false },
+    refused: { value: (refused ?? []) as R[], enumerable: false },
+  }) as Lease[] & { readonly completed: T[]; readonly refused: R[] };
 }
 
 function decodeLease(raw: Json): Lease {
@@ -784,6 +818,7 @@ export class Client {
     if (settings.deadLetterQueue !== undefined) body.dead_letter_queue = settings.deadLetterQueue;
     if (settings.visibilityMs !== undefined) body.visibility_ms = settings.visibilityMs;
     if (settings.maxInFlight !== undefined) body.max_in_flight = settings.maxInFlight;
+    if (settings.durableGrants !== undefined) body.durable_grants = settings.durableGrants;
     return await this.call("PUT", queue, Client.c(queue, consumer),
                            { ...opts, body }) as unknown as ConsumerSettingsInfo;
   }
@@ -794,14 +829,19 @@ export class Client {
                            { ...opts, ok404: true }) as unknown as ConsumerSettingsInfo | null;
   }
 
-  /** Lease up to `maxRecords` records no other worker holds (long poll: `waitMs`). */
-  async lease(queue: string, consumer: string, opts: LeaseOptions = {}): Promise<Lease[]> {
+  /** Lease up to `maxRecords` records no other worker holds (long poll: `waitMs`),
+   * completing the tokens in `complete` first, in the same write: one round trip per cycle.
+   * A call that fails may have completed them: send them again (completing is idempotent). */
+  async lease(queue: string, consumer: string, opts: LeaseOptions = {}): Promise<LeaseBatch> {
     const body: Json = { max_records: opts.maxRecords ?? 1, wait_ms: opts.waitMs ?? 0 };
     if (opts.visibilityMs !== undefined) body.visibility_ms = opts.visibilityMs;
     if (opts.tag !== undefined) body.tag = opts.tag;
+    const complete = opts.complete === undefined ? [] : Client.tokens(opts.complete);
+    if (complete.length) body.complete = complete;
     const out = await this.call("POST", queue, Client.c(queue, consumer) + "/lease", {
       ...opts, body, deadlineMs: (opts.deadlineMs ?? this.deadlineMs) + (opts.waitMs ?? 0) });
-    return (out!.records as Json[]).map(decodeLease);
+    return batch<string, RefusedToken>((out!.records as Json[]).map(decodeLease),
+                                       out!.completed, out!.refused);
   }
 
   /** Finish leased records for good; 409 `lease_expired` if a lease is not current any more
@@ -907,6 +947,7 @@ export class Client {
   async configurePrefixConsumer(consumer: string, prefix: string, settings: {
     maxAttempts?: number; visibilityMs?: number; deadLetterQueue?: string;
     maxInFlight?: number; weights?: Record<string, number>; recordsPerTurn?: number;
+    durableGrants?: boolean;
   } = {}, opts: CallOptions = {}): Promise<Json> {
     const body: Json = { prefix };
     if (settings.maxAttempts !== undefined) body.max_attempts = settings.maxAttempts;
@@ -915,6 +956,7 @@ export class Client {
     if (settings.maxInFlight !== undefined) body.max_in_flight = settings.maxInFlight;
     if (settings.weights !== undefined) body.weights = settings.weights;
     if (settings.recordsPerTurn !== undefined) body.records_per_turn = settings.recordsPerTurn;
+    if (settings.durableGrants !== undefined) body.durable_grants = settings.durableGrants;
     return (await this.call("PUT", null, Client.p(consumer), { ...opts, body }))!;
   }
 
@@ -941,17 +983,22 @@ export class Client {
 
   /** Lease up to `maxRecords` records from the queues under `consumer`'s prefix that `node`
    * (a URL of `nodeUrls()`) owns, queue by queue in turn; each names its `queue`. Settle them
-   * with the same node. */
-  async leasePrefix(consumer: string, node: string, opts: Omit<LeaseOptions, "tag"> = {}
-                    ): Promise<Lease[]> {
+   * with the same node; `complete` (leases of that node) are completed first, in the same
+   * write as their partition's grants (`completed`, `refused`: `wrong_node` for a queue that
+   * node does not serve). */
+  async leasePrefix(consumer: string, node: string, opts: PrefixLeaseOptions = {}
+                    ): Promise<PrefixLeaseBatch> {
     const body: Json = { max_records: opts.maxRecords ?? 1, wait_ms: opts.waitMs ?? 0 };
     if (opts.visibilityMs !== undefined) body.visibility_ms = opts.visibilityMs;
+    if (opts.complete?.length) body.complete = Client.pairs(opts.complete);
     const out = await this.callNode(node, "POST", Client.p(consumer) + "/lease", body, {
       ...opts, deadlineMs: (opts.deadlineMs ?? this.deadlineMs) + (opts.waitMs ?? 0) });
-    return (out.records as Json[]).map(decodeLease);
+    return batch<PrefixToken, PrefixRefusedToken>((out.records as Json[]).map(decodeLease),
+                                                  out.completed, out.refused);
   }
 
-  private static pairs(leases: Lease[]): Array<{ queue: string; token: string }> {
+  private static pairs(leases: Array<Lease | PrefixToken>
+                       ): Array<{ queue: string; token: string }> {
     return leases.map((x) => {
       if (x.queue === undefined) {
         throw new TypeError("prefix calls take leases from a prefix lease (they name a queue)");

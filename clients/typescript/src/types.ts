@@ -44,6 +44,8 @@ export interface ConsumerSettingsInfo {
   offset: number | null;
   max_in_flight?: number | null;
   prefix?: string | null;
+  /** Leases answered only once their grants are written (false: written behind). */
+  durable_grants?: boolean;
 }
 
 export interface SettleResult {
@@ -57,6 +59,28 @@ export interface SettleResult {
   offset: number;
   /** (extend) The new lease deadline, UTC epoch ms. */
   deadline?: number | null;
+}
+
+/** A token a lease's `complete` did not complete, and why: `lease_expired` (not current; the
+ * record comes again) or `invalid_token` (not a token). */
+export interface RefusedToken {
+  token: string;
+  code: "lease_expired" | "invalid_token" | (string & {});
+}
+
+/** A prefix consumer's lease token: the queue it came from and the token. */
+export interface PrefixToken {
+  queue: string;
+  token: string;
+}
+
+/** A `{queue, token}` a prefix lease's `complete` did not complete: `lease_expired`,
+ * `invalid_token`, or `wrong_node` (the queue's partition is not served by the node the lease
+ * went to: complete it with the queue's owner). */
+export interface PrefixRefusedToken {
+  queue: string;
+  token: string;
+  code: "lease_expired" | "invalid_token" | "wrong_node" | (string & {});
 }
 
 export interface QueueDeletion {
@@ -108,7 +132,7 @@ export const SCHEMA_FIELDS: Readonly<Record<string, readonly string[]>> = {
   QueueInfo: ["queue", "partition", "records", "first_offset", "last_offset", "consumers",
               "scheduled", "next_due"],
   ConsumerSettings: ["queue", "consumer", "mode", "max_attempts", "dead_letter_queue",
-                     "visibility_ms", "offset", "max_in_flight", "prefix"],
+                     "visibility_ms", "offset", "max_in_flight", "prefix", "durable_grants"],
   SettleResult: ["queue", "consumer", "done", "dead_lettered", "offset", "deadline"],
   QueueDeletion: ["queue", "deleted", "partition", "records", "consumers", "deleted_before"],
   ConsumerDeletion: ["queue", "consumer", "deleted", "offset"],

@@ -1,5 +1,16 @@
-import { type Client, type Lease, sleep } from "./client.js";
+import { type Client, type Lease, MAX_RIDING_TOKENS, sleep } from "./client.js";
 import { VQError } from "./errors.js";
+
+/** A handled record whose completion the node refused: `code` is `lease_expired` (its lease
+ * was not current any more: the record comes again, to this worker or another),
+ * `invalid_token`, or `wrong_node` (prefix: the node does not serve the queue, and its owner
+ * refused it too). */
+export interface RefusedCompletion {
+  lease: Lease;
+  queue: string;
+  token: string;
+  code: string;
+}
 
 /** What a Worker runs for each leased record; `signal` aborts on `stop({ finish: false })`. */
 export type Handler = (lease: Lease, signal: AbortSignal) => unknown | Promise<unknown>;
@@ -7,10 +18,12 @@ export type Handler = (lease: Lease, signal: AbortSignal) => unknown | Promise<u
 export interface WorkerOptions {
   /** Handlers running at once (4). */
   concurrency?: number;
-  /** Records leased per call, at most (the free slots, up to this), and completed per call
-   * (100). */
+  /** Records leased per call, at most (the free slots, up to this), and completed per
+   * standalone complete (100); a lease carries up to 10,000 tokens. */
   maxBatch?: number;
-  /** How long a handled record waits for others to complete with it in one call, ms (5). */
+  /** How long a handled record's token waits for the next lease to carry it, ms (50): when
+   * no lease of its queue (node, for a prefix worker) goes out within it, a standalone
+   * complete sends it with the others waiting. */
   completeDelayMs?: number;
   /** Records leased ahead of the slots, at most. By default it follows the handlers: what
    * the slots handle in two lease round trips, up to 30 per slot, and none for slow ones. */
@@ -27,6 +40,9 @@ export interface WorkerOptions {
   extendBeforeMs?: number;
   /** Called with errors the worker goes on after (a failed lease call, say). */
   onError?: (err: unknown) => void;
+  /** Called for each handled record whose completion the node refused (its record comes
+   * again). Without it, each is logged with `console.warn`. */
+  onRefused?: (refused: RefusedCompletion) => void;
   /** Lease from the prefix consumer named `consumer` (give no queues): a leaser per node of
    * the cluster map, each settling with its node. */
   prefix?: boolean;
@@ -37,9 +53,13 @@ export interface WorkerOptions {
 /** Where records come from and go back to: a queue, or one node of a prefix consumer. */
 interface Source {
   name: string;
+  /** Lease, completing `complete` (leases of this source) first: the leases granted, and
+   * the completed and refused ones among `complete`. */
   lease(maxRecords: number, waitMs: number, visibilityMs: number | undefined,
-        signal: AbortSignal): Promise<Lease[]>;
+        signal: AbortSignal, complete: Lease[]): Promise<Leased>;
   complete(leases: Lease[]): Promise<unknown>;
+  /** The queue a lease of this source is from. */
+  queueOf(lease: Lease): string;
   /** The leases a `lease_expired` refusal names as stale. */
   stale(exc: VQError, leases: Lease[]): Set<Lease>;
   retry(lease: Lease, delayMs: number, reason: string | undefined): Promise<unknown>;
@@ -47,12 +67,27 @@ interface Source {
   extend(leases: Lease[], visibilityMs: number): Promise<Map<Lease, number>>;
 }
 
+interface Leased {
+  leases: Lease[];
+  completed: number;
+  refused: Array<[Lease, string]>;
+}
+
 function queueSource(client: Client, queue: string, consumer: string): Source {
   return {
     name: queue,
-    lease: (n, waitMs, visibilityMs, signal) => client.lease(queue, consumer, {
-      maxRecords: n, waitMs, visibilityMs, signal }),
+    lease: async (n, waitMs, visibilityMs, signal, complete) => {
+      const out = await client.lease(queue, consumer, { maxRecords: n, waitMs, visibilityMs,
+                                                        signal, complete });
+      const byToken = new Map(complete.map((l) => [l.token, l]));
+      return { leases: out, completed: out.completed.length,
+               refused: out.refused.flatMap((r): Array<[Lease, string]> => {
+                 const lease = byToken.get(r.token);
+                 return lease ? [[lease, r.code]] : [];
+               }) };
+    },
     complete: (leases) => client.complete(queue, consumer, leases),
+    queueOf: () => queue,
     stale: (exc, leases) => {
       const names = new Set((exc.details.stale as unknown[] | undefined ?? []).map(String));
       return new Set(leases.filter((l) => names.has(l.token)));
@@ -68,9 +103,18 @@ function queueSource(client: Client, queue: string, consumer: string): Source {
 function nodeSource(client: Client, node: string, consumer: string): Source {
   return {
     name: `${consumer}@${node}`,
-    lease: (n, waitMs, visibilityMs, signal) => client.leasePrefix(consumer, node, {
-      maxRecords: n, waitMs, visibilityMs, signal }),
+    lease: async (n, waitMs, visibilityMs, signal, complete) => {
+      const out = await client.leasePrefix(consumer, node, { maxRecords: n, waitMs,
+                                                             visibilityMs, signal, complete });
+      const byPair = new Map(complete.map((l) => [`${l.queue}\u0000${l.token}`, l]));
+      return { leases: out, completed: out.completed.length,
+               refused: out.refused.flatMap((r): Array<[Lease, string]> => {
+                 const lease = byPair.get(`${r.queue}\u0000${r.token}`);
+                 return lease ? [[lease, r.code]] : [];
+               }) };
+    },
     complete: (leases) => client.completePrefix(consumer, node, leases),
+    queueOf: (lease) => lease.queue ?? "",
     stale: (exc, leases) => {
       const pairs = (exc.details.stale as Array<{ queue?: string; token?: string }> | undefined
         ?? []).map((x) => `${x.queue}\u0000${x.token}`);
@@ -101,10 +145,14 @@ function nodeSource(client: Client, node: string, consumer: string): Source {
  * record runs in a slot, in lease order. Without an explicit `prefetch` the room ahead is what
  * the slots handle in two lease round trips (both measured as it runs), up to 30 per slot:
  * none for slow handlers, whose records would wait. A handler that returns has its record
- * completed, in one call with the others of its queue (or node) finishing within
- * `completeDelayMs`; its slot takes the next record meanwhile. (Leasing only for free slots
- * and completing record by record, 16 slots with a no-op handler drained 1,291 records/s;
- * this way 24,810: scripts/bench_clients.py.) One that throws has its record retried after a
+ * completed by the next lease of its queue (of its node, for a prefix worker), which carries
+ * the tokens finished since the last one: one HTTP call per cycle for a busy worker. A token
+ * no lease carries within `completeDelayMs` (the leaser long-polls an empty queue, or waits
+ * for a free slot) goes in a standalone complete with the others waiting. A failed lease
+ * call's tokens are sent again (completing is idempotent). A completion the node refuses
+ * (its record comes again) goes to `onRefused`, token by token (else `console.warn`); for a
+ * prefix worker, a `wrong_node` refusal (the queue moved) is completed with the queue's owner
+ * through `client.complete`, and reported only if that refuses it too. One that throws has its record retried after a
  * backoff that grows with its attempt number and the error as the reason (past the consumer's
  * `max_attempts` the node moves it to the dead-letter queue). A lease close to its deadline
  * (its handler slow, or the record still waiting for a slot) is extended, in one call per
@@ -117,8 +165,9 @@ export class Worker {
   /** Records handled: completed, and retried after a failure. */
   completed = 0;
   retried = 0;
-  private readonly opts: Required<Omit<WorkerOptions, "visibilityMs" | "onError" | "prefetch">> &
-    Pick<WorkerOptions, "visibilityMs" | "onError">;
+  private readonly opts: Required<Omit<WorkerOptions,
+                                       "visibilityMs" | "onError" | "onRefused" | "prefetch">> &
+    Pick<WorkerOptions, "visibilityMs" | "onError" | "onRefused">;
   private readonly nodes = new Map<string, Promise<void>>();  // (prefix) a leaser per node
   private readonly queues: string[];
   private running = 0;
@@ -129,8 +178,9 @@ export class Worker {
   private readonly leasers: Promise<void>[] = [];
   private readonly handling = new Set<Promise<void>>();
   private waiting: Array<() => void> = [];  // leasers waiting for a free slot
-  private readonly done = new Map<Source, Lease[]>();  // handled, to complete together
-  private readonly timers = new Map<Source, NodeJS.Timeout>();  // each batch's flush
+  // Handled, waiting for the source's next lease to carry them, or the flush timer.
+  private readonly done = new Map<Source, Lease[]>();
+  private readonly timers = new Map<Source, NodeJS.Timeout>();  // each source's flush
   private readonly flushing = new Set<Promise<void>>();
   private readonly buffer: Array<[Source, Lease]> = [];  // leased ahead, for the next free slot
   private ahead: number;  // room for records leased ahead of the slots
@@ -157,11 +207,12 @@ export class Worker {
     this.ahead = Math.max(0, options.prefetch ?? 0);
     this.opts = {
       concurrency: this.concurrency, maxBatch: options.maxBatch ?? 100,
-      completeDelayMs: options.completeDelayMs ?? 5,
+      completeDelayMs: options.completeDelayMs ?? 50,
       waitMs: options.waitMs ?? 5_000, visibilityMs: options.visibilityMs,
       backoffInitialMs: options.backoffInitialMs ?? 1_000,
       backoffMaxMs: options.backoffMaxMs ?? 60_000,
       extendBeforeMs: options.extendBeforeMs ?? 5_000, onError: options.onError,
+      onRefused: options.onRefused,
       prefix: options.prefix ?? false, mapRefreshMs: options.mapRefreshMs ?? 5_000,
     };
   }
@@ -240,9 +291,13 @@ export class Worker {
       this.reserved += wanted;
       let leases: Lease[];
       const started = performance.now();
+      const riding = this.take(source);
       try {
-        leases = await source.lease(wanted, this.opts.waitMs, this.opts.visibilityMs,
-                                    this.abort.signal);
+        const out = await source.lease(wanted, this.opts.waitMs, this.opts.visibilityMs,
+                                       this.abort.signal, riding);
+        leases = out.leases;
+        this.completed += out.completed;
+        this.refused(source, out.refused);
         delay = 100;
         if (!idle && leases.length) {  // a long poll's time is the wait, not the round trip
           this.leaseMs = average(this.leaseMs, performance.now() - started);
@@ -250,6 +305,7 @@ export class Worker {
         }
         idle = leases.length === 0;
       } catch (exc) {
+        this.putBack(source, riding);  // maybe completed already: sent again, harmlessly
         if (this.stopping) return;
         this.opts.onError?.(exc);
         if (this.opts.prefix && exc instanceof VQError &&
@@ -378,45 +434,127 @@ export class Worker {
     await this.giveBack(source, lease, Math.round(Math.random() * backoff), reason);
   }
 
-  /** Complete `lease` with the others of its source handled within `completeDelayMs`. */
+  /** Keep `lease` for the source's next lease to carry (or the flush `completeDelayMs`
+   * later). */
   private toComplete(source: Source, lease: Lease): void {
-    let batch = this.done.get(source);
-    if (batch === undefined) {
-      batch = [];
-      this.done.set(source, batch);
-      this.timers.set(source, setTimeout(() => this.flush(source), this.opts.completeDelayMs));
-    }
-    batch.push(lease);
-    if (batch.length >= this.opts.maxBatch) this.flush(source);
+    this.putBack(source, [lease]);
   }
 
-  /** Send the source's handled records in one complete (a stale token, leased again since,
-   * is dropped and the rest sent again: a complete is all or nothing). */
+  /** The source's waiting tokens (at most a lease's worth), for its lease to carry. */
+  private take(source: Source): Lease[] {
+    const pending = this.done.get(source);
+    if (pending === undefined) return [];
+    const riding = pending.splice(0, MAX_RIDING_TOKENS);
+    if (!pending.length) {
+      this.done.delete(source);
+      clearTimeout(this.timers.get(source));
+      this.timers.delete(source);
+    }
+    return riding;
+  }
+
+  /** Tokens to complete with the source's next lease, or a standalone complete
+   * `completeDelayMs` from now, whichever comes first. */
+  private putBack(source: Source, leases: Lease[]): void {
+    if (!leases.length) return;
+    let pending = this.done.get(source);
+    if (pending === undefined) {
+      pending = [];
+      this.done.set(source, pending);
+    }
+    pending.push(...leases);
+    if (!this.timers.has(source)) {
+      this.timers.set(source, setTimeout(() => this.flush(source), this.opts.completeDelayMs));
+    }
+    if (pending.length >= MAX_RIDING_TOKENS) this.flush(source);
+  }
+
+  /** What a lease's `complete` refused: reported, or (`wrong_node`, a prefix worker's queue
+   * that moved) completed with the queue's owner. */
+  private refused(source: Source, refused: Array<[Lease, string]>): void {
+    const moved: Lease[] = [];
+    for (const [lease, code] of refused) {
+      if (code === "wrong_node") moved.push(lease); else this.report(source, lease, code);
+    }
+    if (moved.length) this.track(this.completeWithOwners(source, moved));
+  }
+
+  private report(source: Source, lease: Lease, code: string): void {
+    const refused = { lease, queue: source.queueOf(lease), token: lease.token, code };
+    if (this.opts.onRefused) {
+      try {
+        this.opts.onRefused(refused);
+      } catch (exc) {
+        this.opts.onError?.(exc);
+      }
+    } else {
+      console.warn(`vqueues Worker: the completion of ${refused.queue} token ${refused.token} ` +
+                   `was refused (${code}); the record comes again`);
+    }
+  }
+
+  private track(task: Promise<void>): void {
+    const tracked: Promise<void> = task.finally(() => this.flushing.delete(tracked));
+    this.flushing.add(tracked);
+  }
+
+  /** Send the source's waiting tokens in standalone completes of at most `maxBatch`. */
   private flush(source: Source): void {
     const batch = this.done.get(source);
-    if (batch === undefined) return;
     this.done.delete(source);
     clearTimeout(this.timers.get(source));
     this.timers.delete(source);
-    const task: Promise<void> = (async () => {
-      let leases: Lease[] = batch;
-      while (leases.length) {
-        try {
-          await source.complete(leases);
-          this.completed += leases.length;
-          return;
-        } catch (exc) {
-          const stale = exc instanceof VQError && exc.code === "lease_expired"
-            ? source.stale(exc, leases) : new Set<Lease>();
-          if (!stale.size) {
-            this.opts.onError?.(exc);
-            return;
-          }
-          leases = leases.filter((l) => !stale.has(l));
+    if (batch === undefined) return;
+    for (let i = 0; i < batch.length; i += this.opts.maxBatch) {
+      const chunk = batch.slice(i, i + this.opts.maxBatch);
+      this.track(this.completeAll(source, chunk, (ls) => source.complete(ls),
+                                  (exc, ls) => source.stale(exc, ls), this.opts.prefix));
+    }
+  }
+
+  /** Complete `leases` through `send`, all or nothing: a stale token (leased again since) is
+   * reported and the rest sent again. With `moveOn`, a node that does not serve the queues
+   * any more (`wrong_node`, or gone) has them completed with their owners instead. */
+  private async completeAll(source: Source, leases: Lease[],
+                            send: (leases: Lease[]) => Promise<unknown>,
+                            stale: (exc: VQError, leases: Lease[]) => Set<Lease>,
+                            moveOn: boolean): Promise<void> {
+    while (leases.length) {
+      try {
+        await send(leases);
+        this.completed += leases.length;
+        return;
+      } catch (exc) {
+        if (moveOn && exc instanceof VQError && (exc.code === "wrong_node" || exc.status === 0)) {
+          return await this.completeWithOwners(source, leases);
         }
+        const found = exc instanceof VQError && exc.code === "lease_expired"
+          ? stale(exc, leases) : new Set<Lease>();
+        if (!found.size) {
+          this.opts.onError?.(exc);
+          return;
+        }
+        for (const lease of found) this.report(source, lease, "lease_expired");
+        leases = leases.filter((l) => !found.has(l));
       }
-    })().finally(() => this.flushing.delete(task));
-    this.flushing.add(task);
+    }
+  }
+
+  /** (prefix) Complete leases with their queues' owners, one per-queue call per queue (the
+   * client routes it and follows `wrong_node`). */
+  private async completeWithOwners(source: Source, leases: Lease[]): Promise<void> {
+    const byQueue = new Map<string, Lease[]>();
+    for (const lease of leases) {
+      const queue = source.queueOf(lease);
+      const list = byQueue.get(queue);
+      if (list) list.push(lease); else byQueue.set(queue, [lease]);
+    }
+    await Promise.all([...byQueue].map(([queue, list]) => this.completeAll(
+      source, list, (ls) => this.client.complete(queue, this.consumer, ls),
+      (exc, ls) => {
+        const names = new Set((exc.details.stale as unknown[] | undefined ?? []).map(String));
+        return new Set(ls.filter((l) => names.has(l.token)));
+      }, false)));
   }
 
   /** Give a record back, available again after `delayMs` (a failure's backoff, or at once

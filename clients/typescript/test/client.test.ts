@@ -5,7 +5,7 @@ import { after, before, describe, test } from "node:test";
 
 import {
   BadRequestError, BatchProducer, Client, ConflictError, ERROR_CODES, type Lease, NotFoundError,
-  SCHEMA_FIELDS, Worker, type WorkerOptions, WrongNodeError, consume, partitionFor,
+  type RefusedCompletion, SCHEMA_FIELDS, Worker, type WorkerOptions, WrongNodeError, consume, partitionFor,
 } from "../src/index.js";
 import { DevCluster } from "./cluster.js";
 
@@ -181,7 +181,10 @@ describe("against two nodes", { timeout: 240_000 }, () => {
     const settings = await vq.configureConsumer(q, "w", { mode: "lease", maxAttempts: 3,
                                                           visibilityMs: 10_000 });
     assert.equal(settings.mode, "lease");
+    assert.equal(settings.durable_grants, false);
     assert.equal((await vq.consumerSettings(q, "w"))!.max_attempts, 3);
+    const durable = await vq.configureConsumer(q, "w", { durableGrants: true });
+    assert.deepEqual([durable.durable_grants, durable.max_attempts], [true, 3]);
     await vq.enqueue(q, ["a", "b"]);
     const leases = await vq.lease(q, "w", { maxRecords: 2 });
     assert.deepEqual(leases.map((l) => l.text), ["a", "b"]);
@@ -197,6 +200,25 @@ describe("against two nodes", { timeout: 240_000 }, () => {
                          (e: ConflictError) => e.code === "lease_expired" &&
                            e instanceof ConflictError);
     await vq.complete(q, "w", again);
+  });
+
+  test("a lease completes the tokens it carries first, token by token", async () => {
+    const q = `ts-ride-${run}`;
+    await vq.configureConsumer(q, "w", { mode: "lease" });
+    await vq.enqueue(q, ["a", "b", "c"]);
+    const first = await vq.lease(q, "w", { maxRecords: 2 });
+    assert.deepEqual(first.map((l) => l.text), ["a", "b"]);
+    assert.deepEqual([first.completed, first.refused], [[], []]);
+    const second = await vq.lease(q, "w", { maxRecords: 5,
+                                            complete: [first[0], first[1].token, "nonsense"] });
+    assert.deepEqual(second.map((l) => l.text), ["c"]);
+    assert.deepEqual(second.completed, [first[0].token, first[1].token]);
+    assert.deepEqual(second.refused, [{ token: "nonsense", code: "invalid_token" }]);
+    // Sent again (the answer lost, say): found done already, so completed again.
+    const third = await vq.lease(q, "w", { complete: [...first, ...second] });
+    assert.deepEqual([third.length, third.completed.length, third.refused], [0, 3, []]);
+    const pool = (await vq.queueInfo(q))!.consumers.find((c) => c.consumer === "w")!;
+    assert.deepEqual([pool.lag, pool.in_flight], [0, 0]);
   });
 
   test("a lease stream under credit, settled on the socket; a cursor stream acked", async () => {
@@ -259,15 +281,60 @@ describe("against two nodes", { timeout: 240_000 }, () => {
     await vq.extendPrefix(pool, node, leases, 20_000);
     await vq.completePrefix(pool, node, leases);
     const handled = new Set(leases.map((l) => l.text!));
+    // A lease carries tokens to complete: of its node's queues (done already here: completed
+    // again), and one of the other node's, refused as wrong_node.
+    const other = [...owners][1];
+    let elsewhere: Lease[] = [];
+    while (!elsewhere.length && Date.now() < until + 10_000) {
+      try {
+        elsewhere = await vq.leasePrefix(pool, other, { maxRecords: 1, waitMs: 500 });
+      } catch (exc) {
+        if (!(exc instanceof NotFoundError)) throw exc;
+      }
+    }
+    assert.equal(elsewhere.length, 1);
+    const riding = await vq.leasePrefix(pool, node, { maxRecords: 1,
+                                                      complete: [...leases, ...elsewhere] });
+    const pair = (l: { queue?: string; token: string }) => `${l.queue}/${l.token}`;
+    assert.deepEqual(riding.completed.map(pair).sort(), leases.map(pair).sort());
+    assert.deepEqual(riding.refused, [{ queue: elsewhere[0].queue, token: elsewhere[0].token,
+                                        code: "wrong_node" }]);
+    await vq.completePrefix(pool, other, elsewhere);
+    await vq.completePrefix(pool, node, riding);
+    for (const l of [...elsewhere, ...riding]) handled.add(l.text!);
+    const started = handled.size;
+    const refused: RefusedCompletion[] = [];
+    const rode: string[] = [];  // each token a worker's lease carried, and the node it went to
+    const leasedFrom = new Map<string, string>();
+    const leasePrefix = vq.leasePrefix.bind(vq);
+    vq.leasePrefix = async (...args: Parameters<Client["leasePrefix"]>) => {
+      for (const l of args[2]?.complete ?? []) rode.push(`${args[1]} ${pair(l)}`);
+      const out = await leasePrefix(...args);
+      for (const l of out) leasedFrom.set(pair(l), args[1]);
+      return out;
+    };
     const worker = new Worker(vq, null, pool, (lease: Lease) => {
       handled.add(lease.text!);
-    }, { prefix: true, concurrency: 4, waitMs: 300, mapRefreshMs: 200 }).start();
+    }, { prefix: true, concurrency: 4, waitMs: 300, mapRefreshMs: 200,
+         onRefused: (r) => refused.push(r) }).start();
     const deadline = Date.now() + 30_000;
-    while (handled.size < 36 && Date.now() < deadline) {
-      await new Promise((r) => setTimeout(r, 100));
+    try {
+      while (handled.size < 36 && Date.now() < deadline) {
+        await new Promise((r) => setTimeout(r, 100));
+      }
+      await worker.stop();
+    } finally {
+      delete (vq as Partial<Client>).leasePrefix;  // the prototype's again
     }
-    await worker.stop();
     assert.equal(handled.size, 36);
+    assert.equal(worker.completed, 36 - started);
+    assert.deepEqual(refused, []);
+    // Tokens rode only on leases to the node that leased them.
+    assert.ok(rode.length > 0);
+    for (const entry of rode) {
+      const [to, token] = entry.split(" ");
+      assert.equal(leasedFrom.get(token), to, entry);
+    }
     const listed = await vq.prefixConsumers();
     assert.ok(listed.some((p) => p.consumer === pool));
     const names = await vq.listQueues(prefix);
@@ -290,14 +357,25 @@ describe("against two nodes", { timeout: 240_000 }, () => {
     return [done, worker];
   }
 
-  test("a Worker completes what its handlers finish together, in a few calls", async () => {
+  test("a Worker's completions ride on its leases: every record completed once", async () => {
     const q = `ts-batch-${run}`;
     await vq.enqueue(q, Array.from({ length: 300 }, (_, i) => `r${i}`));
-    const calls: number[] = [];  // records per complete call
+    const completed: string[] = [];  // the tokens the node answered completed
+    let riding = 0;  // tokens carried by leases
+    const calls: number[] = [];  // records per standalone complete call
     const complete = vq.complete.bind(vq);
     vq.complete = async (...args: Parameters<Client["complete"]>) => {
       calls.push(Array.isArray(args[2]) ? args[2].length : 1);
-      return await complete(...args);
+      const out = await complete(...args);
+      completed.push(...out.done);
+      return out;
+    };
+    const lease = vq.lease.bind(vq);
+    vq.lease = async (...args: Parameters<Client["lease"]>) => {
+      const out = await lease(...args);
+      riding += (args[2]?.complete as unknown[] | undefined)?.length ?? 0;
+      completed.push(...out.completed);
+      return out;
     };
     let done: string[];
     try {
@@ -306,11 +384,14 @@ describe("against two nodes", { timeout: 240_000 }, () => {
       assert.equal(worker.completed, 300);
     } finally {
       delete (vq as Partial<Client>).complete;  // the prototype's again
+      delete (vq as Partial<Client>).lease;
     }
     assert.deepEqual(done.sort(), Array.from({ length: 300 }, (_, i) => `r${i}`).sort());
-    assert.equal(calls.reduce((a, b) => a + b, 0), 300);
-    // One call per record before; now each call carries what finished within 5 ms.
-    assert.ok(calls.length < 100, `${calls.length} complete calls for 300 records`);
+    // Each record's token completed once, most on the next lease, the rest in completes.
+    assert.equal(completed.length, 300);
+    assert.equal(new Set(completed).size, 300);
+    assert.equal(riding + calls.reduce((a, b) => a + b, 0), 300);
+    assert.ok(riding > 0, "no token rode on a lease");
     const info = await vq.queueInfo(q);
     const pool = info!.consumers.find((c) => c.consumer === "batch")!;
     assert.deepEqual([pool.lag, pool.in_flight], [0, 0]);
@@ -370,54 +451,45 @@ describe("against two nodes", { timeout: 240_000 }, () => {
     assert.deepEqual([pool.lag, pool.in_flight], [0, 0]);
   });
 
-  test("a Worker's batched complete drops a stale token and completes the rest", async () => {
+  test("a Worker reports a stale token's refused completion and completes the rest",
+       async () => {
     const q = `ts-stale-token-${run}`;
     await vq.enqueue(q, ["victim", ...Array.from({ length: 19 }, (_, i) => `r${i}`)]);
     let again!: () => void;
     const leasedAgain = new Promise<void>((resolve) => { again = resolve; });
-    const refused: string[][] = [];  // tokens of complete calls answered 409
-    const complete = vq.complete.bind(vq);
-    vq.complete = async (...args: Parameters<Client["complete"]>) => {
-      try {
-        return await complete(...args);
-      } catch (exc) {
-        refused.push((args[2] as Lease[]).map((l) => l.token));
-        throw exc;
-      }
-    };
+    let seen!: () => void;
+    const refusedSeen = new Promise<void>((resolve) => { seen = resolve; });
+    const refused: RefusedCompletion[] = [];
     const errors: unknown[] = [];
     const handled: string[] = [];
     let staleToken = "";
-    let worker: Worker | undefined;
-    try {
-      // The victim's first handler gives its record back behind the worker's back, waits for
-      // it to be leased again, and returns: its token, stale now, goes into the same complete
-      // as the second delivery's (300 ms of batching).
-      worker = new Worker(vq, q, "stale", async (lease: Lease) => {
-        handled.push(`${lease.text}#${lease.attempt}`);
-        if (lease.text !== "victim") return;
-        if (lease.attempt === 1) {
-          staleToken = lease.token;
-          await vq.retry(q, "stale", [lease], { delayMs: 0 });
-          await leasedAgain;
-        } else {
-          again();
-        }
-      }, { concurrency: 4, completeDelayMs: 300, waitMs: 300,
-           onError: (e) => errors.push(e) }).start();
-      const deadline = Date.now() + 30_000;
-      while (worker.completed < 20 && Date.now() < deadline) {
-        await new Promise((r) => setTimeout(r, 50));
+    // The victim's first handler gives its record back behind the worker's back, waits for
+    // it to be leased again, and returns: its token, stale now, is sent (riding on a lease or
+    // in a complete) while the second delivery's handler holds the record, so the node
+    // refuses it (lease_expired) whichever way it goes.
+    const worker = new Worker(vq, q, "stale", async (lease: Lease) => {
+      handled.push(`${lease.text}#${lease.attempt}`);
+      if (lease.text !== "victim") return;
+      if (lease.attempt === 1) {
+        staleToken = lease.token;
+        await vq.retry(q, "stale", [lease], { delayMs: 0 });
+        await leasedAgain;
+      } else {
+        again();
+        await Promise.race([refusedSeen, new Promise((r) => setTimeout(r, 10_000))]);
       }
-      await worker.stop();
-    } finally {
-      delete (vq as Partial<Client>).complete;  // the prototype's again
+    }, { concurrency: 4, waitMs: 300, onError: (e) => errors.push(e),
+         onRefused: (r) => { refused.push(r); seen(); } }).start();
+    const deadline = Date.now() + 30_000;
+    while (worker.completed < 20 && Date.now() < deadline) {
+      await new Promise((r) => setTimeout(r, 50));
     }
+    await worker.stop();
     assert.equal(handled.length, 21, JSON.stringify(handled));
     assert.ok(handled.includes("victim#1") && handled.includes("victim#2"));
     assert.deepEqual(errors, []);
-    // The refused call named the stale token with others; those went again without it.
-    assert.ok(refused.some((tokens) => tokens.includes(staleToken)), JSON.stringify(refused));
+    assert.deepEqual(refused.map((r) => [r.queue, r.token, r.code, r.lease.text]),
+                     [[q, staleToken, "lease_expired", "victim"]]);
     assert.equal(worker.completed, 20);
     const pool = (await vq.queueInfo(q))!.consumers.find((c) => c.consumer === "stale")!;
     assert.deepEqual([pool.lag, pool.in_flight], [0, 0]);
