@@ -9,7 +9,7 @@ from typing import cast
 
 import pytest
 from vqueues_client import AsyncClient, BatchProducer, NewRecord, VQError
-from vqueues_client.client import Value
+from vqueues_client.types import Value
 
 from tests.narrow import failed_with, known
 from tests.support import NodeProcess, http

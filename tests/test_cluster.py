@@ -11,7 +11,7 @@ from typing import cast
 
 import pytest
 from vqueues_client import AsyncClient, BatchProducer, Client, NewRecord, consume
-from vqueues_client.client import Value
+from vqueues_client.types import Value
 
 from tests.narrow import known
 from tests.support import create_topics, cursor_counts, http, start_cluster

@@ -1,7 +1,12 @@
 """Partition-aware Python client for vqueues."""
 
-from vqueues_client.client import (
-    AsyncClient,
+from vqueues_client.client import AsyncClient
+from vqueues_client.consumer import consume
+from vqueues_client.errors import DeadlineExceeded, VQError
+from vqueues_client.hashing import murmur2, partition_for
+from vqueues_client.producer import BatchProducer
+from vqueues_client.sync import Client
+from vqueues_client.types import (
     EnqueueResult,
     Lease,
     LeasePage,
@@ -11,11 +16,6 @@ from vqueues_client.client import (
     RecordResult,
     Refused,
 )
-from vqueues_client.consumer import consume
-from vqueues_client.errors import DeadlineExceeded, VQError
-from vqueues_client.hashing import murmur2, partition_for
-from vqueues_client.producer import BatchProducer
-from vqueues_client.sync import Client
 from vqueues_client.worker import Worker
 
 __all__ = [

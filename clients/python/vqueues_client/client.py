@@ -3,273 +3,45 @@
 from __future__ import annotations
 
 import asyncio
-import base64
-import contextlib
 import io
 import json as jsonlib
 import random
-import re
-import ssl
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
-from typing import Any, Generic, Self, TypeVar
+from typing import Any
 from urllib.parse import quote
 
 import aiohttp
 
+from vqueues_client.encoding import (
+    checked_pairs,
+    decode_record,
+    encode_for_many,
+    encode_item,
+    error_from,
+    name_error,
+    named_record,
+    renamed,
+)
 from vqueues_client.errors import DeadlineExceeded, VQError
-from vqueues_client.hashing import partition_for
-
-Value = bytes | str | None
-
-
-@dataclass(frozen=True, slots=True)
-class Record:
-    offset: int
-    timestamp: int
-    value: bytes | None
-    headers: dict[str, str] = field(default_factory=dict)
-
-    @property
-    def text(self) -> str | None:
-        return None if self.value is None else self.value.decode("utf-8")
-
-
-@dataclass(frozen=True, slots=True)
-class Lease:
-    """A leased record: complete, retry or extend it by `token` before `deadline`. A prefix
-    lease says which `queue` (and `partition`) each record came from."""
-
-    record: Record
-    token: str
-    attempt: int  # 1 on the first delivery
-    deadline: int  # UTC epoch ms
-    queue: str | None = None  # (prefix leases)
-    partition: int | None = None  # (prefix leases)
-
-    @property
-    def offset(self) -> int:
-        return self.record.offset
-
-    @property
-    def value(self) -> bytes | None:
-        return self.record.value
-
-    @property
-    def headers(self) -> dict[str, str]:
-        return self.record.headers
-
-    @property
-    def text(self) -> str | None:
-        return self.record.text
-
-
-@dataclass(frozen=True, slots=True)
-class Refused:
-    """A token given to a lease's `complete=` that the node did not complete, and why:
-    `lease_expired` (not current: the record comes again), `invalid_token` (not a token), or,
-    for a prefix lease, `wrong_node` (that queue's partition is not the node's: complete it
-    with the node that leased it)."""
-
-    token: str
-    code: str
-    queue: str | None = None  # (prefix leases)
-
-
-C = TypeVar("C")
-
-
-class LeasePage(list[Lease], Generic[C]):
-    """A lease's answer: the leased records (a plain list of `Lease`, as without `complete=`)
-    and what each token given in `complete=` did: `completed` (done, or found done already) and
-    `refused`. Both are empty without `complete=`. A prefix lease names its tokens with their
-    queue: `completed` holds `(queue, token)` pairs there."""
-
-    def __init__(self, leases: Iterable[Lease] = (), completed: list[C] | None = None,
-                 refused: list[Refused] | None = None) -> None:
-        super().__init__(leases)
-        self.completed: list[C] = completed or []
-        self.refused: list[Refused] = refused or []
-
+from vqueues_client.transport import Transport
+from vqueues_client.types import (
+    EnqueueResult,
+    Lease,
+    LeasePage,
+    NewRecord,
+    ReadResult,
+    RecordResult,
+    Refused,
+    Value,
+)
 
 _UNSET: Any = object()
 # A prefix consumer's figures that each node gives for its own partitions.
 _COUNTS = ("queues", "ready_queues", "in_flight", "backlog")
 
 
-@dataclass(frozen=True, slots=True)
-class ReadResult:
-    partition: int
-    records: list[Record]
-    next_offset: int
-
-
-@dataclass(frozen=True, slots=True)
-class EnqueueResult:
-    partition: int
-    offsets: list[int] | None
-
-
-@dataclass(frozen=True, slots=True)
-class RecordResult:
-    """One record of a multi-queue enqueue: where it was written, or why it was not."""
-
-    queue: str
-    partition: int
-    offset: int | None  # None: failed (see `error`), or the node writes with acks=0
-    error: VQError | None = None
-
-    @property
-    def ok(self) -> bool:
-        return self.error is None
-
-
-@dataclass(frozen=True, slots=True)
-class NewRecord:
-    """One record to enqueue with headers of its own (a batch may mix them)."""
-
-    value: Value
-    headers: dict[str, str] | None = None
-    idempotency_key: str | None = None  # a repeat within the server's window writes nothing
-    tags: list[str] | None = None  # indexed by the server: read/lease/stream by tag
-    deliver_at: int | None = None  # UTC epoch ms: invisible until then
-    delay_ms: int | None = None  # invisible for this long
-
-
-def _encode_value(value: Value, headers: dict[str, str] | None) -> dict[str, Any]:
-    item: dict[str, Any]
-    if isinstance(value, bytes | bytearray | memoryview):
-        item = {"value": base64.b64encode(bytes(value)).decode("ascii"), "encoding": "base64"}
-    else:
-        item = {"value": value}
-    if headers:
-        item["headers"] = headers
-    return item
-
-
-def _encode_item(item: Value | NewRecord, headers: dict[str, str] | None) -> dict[str, Any]:
-    if isinstance(item, NewRecord):
-        out = _encode_value(item.value, item.headers)
-        if item.idempotency_key is not None:
-            out["idempotency_key"] = item.idempotency_key
-        if item.tags is not None:
-            out["tags"] = item.tags
-        if item.deliver_at is not None:
-            out["deliver_at"] = item.deliver_at
-        if item.delay_ms is not None:
-            out["delay_ms"] = item.delay_ms
-        return out
-    return _encode_value(item, headers)
-
-
-def _pairs(records: list[tuple[str, Value | NewRecord]]) -> list[tuple[str, Value | NewRecord]]:
-    """`records` checked: each a (queue, value) pair. A dict would unpack into its two keys,
-    and `{"queue": "q", "value": "v"}` would write "value" to a queue named "queue"."""
-    for i, rec in enumerate(records):
-        if not isinstance(rec, tuple | list) or len(rec) != 2 or not isinstance(rec[0], str):
-            raise TypeError(f"records[{i}] must be a (queue, value) pair, with the queue a "
-                            f"string; got {type(rec).__name__} {rec!r:.60}")
-    return records
-
-
-# A queue name's rule, as the node's (vqueues/names.py): 1-249 UTF-8 bytes, no control
-# characters (Unicode category Cc).
-MAX_NAME_BYTES = 249
-_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
-# `{"records":[` and `]}` around a multi-queue request's records.
-_ENVELOPE_BYTES = len(b'{"records":[]}')
-# Where a node's refusal of a whole request names the record it refused for.
-_RECORD_AT = re.compile(r"records\[(\d+)\]")
-
-
-def name_error(queue: str, what: str = "queue") -> VQError | None:
-    """The node's `400 invalid_name` for `queue`, found before sending; None if it is valid."""
-    try:
-        size = len(queue.encode("utf-8"))
-    except UnicodeEncodeError:
-        return VQError(400, "invalid_name", f"{what} name is not valid UTF-8")
-    if size == 0:
-        return VQError(400, "invalid_name", f"{what} name must not be empty")
-    if size > MAX_NAME_BYTES:
-        return VQError(400, "invalid_name", f"{what} name is {size} UTF-8 bytes; at most "
-                       f"{MAX_NAME_BYTES} allowed")
-    if _CONTROL.search(queue):
-        return VQError(400, "invalid_name", f"{what} name must not contain control characters")
-    return None
-
-
-def encode_for_many(queue: str, item: Value | NewRecord) -> tuple[bytes, int]:
-    """One record of a multi-queue request as the JSON sent (compact), and its value's size
-    as the node counts it (decoded bytes)."""
-    obj = {"queue": queue, **_encode_item(item, None)}
-    try:
-        data = jsonlib.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode()
-    except UnicodeEncodeError:  # a lone surrogate: escaped, for the node to refuse
-        data = jsonlib.dumps(obj, separators=(",", ":")).encode()
-    value = item.value if isinstance(item, NewRecord) else item
-    if value is None:
-        return data, 0
-    if isinstance(value, str):
-        return data, len(value.encode("utf-8", "surrogatepass"))
-    return data, memoryview(value).nbytes
-
-
-def request_bytes(sizes: list[int]) -> int:
-    """The size of a multi-queue request holding records of these encoded sizes."""
-    return _ENVELOPE_BYTES + sum(sizes) + max(0, len(sizes) - 1)
-
-
-def named_record(err: VQError, count: int) -> int | None:
-    """The one record (its index in the request) a node's refusal of a whole multi-queue
-    request of `count` records names (`records[i]`), or None."""
-    if err.retriable or not 400 <= err.status < 500:
-        return None
-    index = err.details.get("index")
-    match = _RECORD_AT.search(err.message)
-    at = int(match[1]) if match else index if type(index) is int else None
-    return at if at is not None and 0 <= at < count else None
-
-
-def renamed(err: VQError, name: Callable[[int], str], index: Callable[[int], int | None]
-            ) -> VQError:
-    """`err` with the records it names by their place in the client's own request
-    (`records[k]`, `index`, `first_index`) named as the caller knows them: `name(k)` in the
-    message, `index(k)` in the details (dropped where None)."""
-    message = _RECORD_AT.sub(lambda m: name(int(m[1])), err.message)
-    details = {**err.details, "message": message}
-    for field_ in ("index", "first_index"):
-        k = details.pop(field_, None)
-        if type(k) is int and index(k) is not None:
-            details[field_] = index(k)
-    return VQError(err.status, err.code, message, details, retriable=err.retriable)
-
-
-def _decode_record(raw: dict[str, Any]) -> Record:
-    value = raw.get("value")
-    b64 = raw.get("encoding") == "base64"
-    headers = raw.get("headers") or {}
-    if b64:
-        headers = {k: base64.b64decode(v).decode("utf-8", "replace") if v is not None else ""
-                   for k, v in headers.items()}
-    data = None if value is None else (base64.b64decode(value) if b64 else value.encode())
-    return Record(raw["offset"], raw["timestamp"], data, headers)
-
-
-def _error_from(status: int, body: Any, reason: str = "") -> VQError:
-    """The VQError a node's error answer (`{"error": {...}}`) stands for."""
-    err = body.get("error", {}) if isinstance(body, dict) else {}
-    return VQError(status, err.get("code", "http_error"), err.get("message", reason), err,
-                   retriable=err.get("retriable") is True)
-
-
-DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024  # the node's max_body_bytes default
-DEFAULT_MAX_BATCH_RECORDS = 1000  # its max_batch_records
-DEFAULT_MAX_RECORD_BYTES = 1024 * 1024  # its max_record_bytes
-
-
-class AsyncClient:
+class AsyncClient(Transport):
     """`async with AsyncClient(["http://node1:8080"]) as vq: await vq.enqueue("q", ["x"])`.
 
     `token` is sent as a bearer token on every call; `ca_file` verifies https:// nodes whose
@@ -277,229 +49,6 @@ class AsyncClient:
     and refreshed on a 409 wrong_node, on a connection error, and every `refresh_interval_s`.
     Retriable failures are retried with exponential backoff and jitter until `deadline_s`.
     """
-
-    def __init__(self, urls: str | list[str], *, deadline_s: float = 30.0,
-                 request_timeout_s: float = 60.0, refresh_interval_s: float = 30.0,
-                 backoff_initial_s: float = 0.05, backoff_max_s: float = 2.0,
-                 session: aiohttp.ClientSession | None = None, token: str | None = None,
-                 ca_file: str | None = None) -> None:
-        self.seeds = [u.rstrip("/") for u in ([urls] if isinstance(urls, str) else urls)]
-        if not self.seeds:
-            raise ValueError("at least one node URL is needed")
-        self.deadline_s = deadline_s
-        self.refresh_interval_s = refresh_interval_s
-        self.backoff_initial_s = backoff_initial_s
-        self.backoff_max_s = backoff_max_s
-        self._timeout = aiohttp.ClientTimeout(total=request_timeout_s)
-        # A bearer token for nodes run with auth on (docs/security.md), sent on every call.
-        self.headers = {"Authorization": f"Bearer {token}"} if token else {}
-        # https:// URLs are verified against the system's CAs, or `ca_file` (a PEM bundle) for
-        # a private CA; hostnames are checked too.
-        self._ssl = ssl.create_default_context(cafile=ca_file) if ca_file else True
-        self._session = session
-        self._own_session = session is None
-        self.partitions: int | None = None
-        self.owners: dict[int, str] = {}
-        self.generation = -1
-        # The node's limits (docs/api.md, "Limits"): their documented defaults until the
-        # cluster map publishes the node's own (`limits`). A 413 or too_many_records lowers
-        # them until the next map.
-        self.max_body_bytes = DEFAULT_MAX_BODY_BYTES
-        self.max_records_per_call = DEFAULT_MAX_BATCH_RECORDS
-        self.max_record_bytes = DEFAULT_MAX_RECORD_BYTES
-        self._map_at = 0.0
-        self._map_lock = asyncio.Lock()
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
-
-    async def close(self) -> None:
-        if self._session is not None and self._own_session:
-            await self._session.close()
-        self._session = None
-
-    @property
-    def session(self) -> aiohttp.ClientSession:
-        if self._session is None:
-            self._session = aiohttp.ClientSession(
-                timeout=self._timeout, connector=aiohttp.TCPConnector(ssl=self._ssl))
-        return self._session
-
-    # The cluster map ---------------------------------------------------------------------------
-
-    async def refresh_map(self) -> dict[str, Any]:
-        """Fetch the map from the first node that answers (known owners first, then seeds)."""
-        async with self._map_lock:
-            last: Exception | None = None
-            candidates = list(dict.fromkeys([*self.owners.values(), *self.seeds]))
-            random.shuffle(candidates)
-            for url in candidates:
-                try:
-                    async with self.session.get(f"{url}/v1/partitions",
-                                                headers=self.headers) as r:
-                        if r.status in (401, 403):  # the token, not the node: no retry
-                            body = await r.json(content_type=None)
-                            err = body.get("error", {}) if isinstance(body, dict) else {}
-                            raise VQError(r.status, err.get("code", "unauthenticated"),
-                                          err.get("message", ""), err, retriable=False)
-                        if r.status != 200:
-                            continue
-                        body = await r.json()
-                except (aiohttp.ClientError, TimeoutError) as exc:
-                    last = exc
-                    continue
-                assert isinstance(body, dict)
-                self.partitions = int(body["partitions"])
-                self.owners = {int(p): o["url"] for p, o in body.get("owners", {}).items()}
-                self.generation = int(body.get("generation", 0))
-                self._learn_limits(body.get("limits"))
-                self._map_at = time.monotonic()
-                return body
-            raise VQError(0, "no_node_reachable", f"no node answered: {last}", retriable=True)
-
-    def _learn_limits(self, limits: Any) -> None:
-        """Take the node's limits from its cluster map (a node before 0.2 publishes none)."""
-        if not isinstance(limits, dict):
-            return
-        for name, attr in (("max_body_bytes", "max_body_bytes"),
-                           ("max_batch_records", "max_records_per_call"),
-                           ("max_record_bytes", "max_record_bytes")):
-            value = limits.get(name)
-            if type(value) is int and value > 0:
-                setattr(self, attr, value)
-
-    def learn_refusal(self, err: VQError, sizes: list[int]) -> None:
-        """A node refused a multi-queue request of records of these encoded sizes as too
-        large (`payload_too_large`, `too_many_records`): take the limit it names, or else
-        half the request (never less than its largest record alone), until the next map."""
-        limit = err.details.get("max")
-        if err.code == "too_many_records":
-            self.max_records_per_call = limit if type(limit) is int and 0 < limit < \
-                len(sizes) else max(1, len(sizes) // 2)
-            return
-        sent = request_bytes(sizes)
-        self.max_body_bytes = limit if type(limit) is int and 0 < limit < sent else \
-            max(sent // 2, request_bytes([max(sizes)]))
-
-    async def _owner_url(self, queue: str) -> str:
-        await self._fresh_map()
-        return self.cached_owner(queue)
-
-    @property
-    def map_stale(self) -> bool:
-        """The cached map is unknown or older than `refresh_interval_s`."""
-        return self.partitions is None or \
-            time.monotonic() - self._map_at > self.refresh_interval_s
-
-    async def _fresh_map(self) -> None:
-        """Fetch the map if it is stale (`map_stale`)."""
-        if self.map_stale:
-            try:
-                await self.refresh_map()
-            except VQError:
-                if self.partitions is None:
-                    raise
-
-    def cached_owner(self, queue: str) -> str:
-        """The owner of `queue` in the cached map (a seed when it is unknown)."""
-        if self.partitions is None:
-            return self.seeds[0]
-        return self.owners.get(partition_for(queue, self.partitions), self.seeds[0])
-
-    # Requests ----------------------------------------------------------------------------------
-
-    async def _call(self, method: str, queue: str | None, path: str, *,
-                    json: Any = None, params: dict[str, str] | None = None,
-                    deadline_s: float | None = None, ok404: bool = False) -> Any:
-        deadline = time.monotonic() + (self.deadline_s if deadline_s is None else deadline_s)
-        delay = self.backoff_initial_s
-        last: VQError | None = None
-        url_override: str | None = None
-        while True:
-            try:
-                base = url_override or (await self._owner_url(queue) if queue else self.seeds[0])
-            except VQError as exc:  # no node answered for the map: retried like any call
-                if not exc.retriable:
-                    raise
-                last, url_override = exc, None
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise DeadlineExceeded(last) from None
-                await asyncio.sleep(min(remaining, random.uniform(0, delay)))
-                delay = min(self.backoff_max_s, delay * 2)
-                continue
-            url_override = None
-            try:
-                async with self.session.request(method, base + path, json=json,
-                                                params=params, headers=self.headers) as r:
-                    body = await r.json(content_type=None) if r.content_length != 0 else None
-                    if r.status < 300:
-                        return body
-                    last = _error_from(r.status, body, r.reason or "")
-                    err = last.details
-                    if r.status == 404 and ok404:
-                        return None
-                    if r.status == 409 and last.code == "wrong_node":
-                        url_override = err.get("owner")
-                        await self._refresh_quietly()
-                    elif r.status in (429, 503) and r.headers.get("Retry-After"):
-                        delay = max(delay, min(float(r.headers["Retry-After"]), 5.0) / 4)
-                        if last.code == "partition_unavailable":  # the map is moving
-                            await self._refresh_quietly()
-                    if not last.retriable:
-                        raise last
-            except (aiohttp.ClientConnectionError, TimeoutError) as exc:
-                last = VQError(0, "connection_error", f"{base}: {exc}", retriable=True)
-                await self._refresh_quietly()
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise DeadlineExceeded(last)
-            if url_override is None:
-                await asyncio.sleep(min(remaining, random.uniform(0, delay)))  # full jitter
-                delay = min(self.backoff_max_s, delay * 2)
-
-    async def _call_node(self, url: str, method: str, path: str, *, json: Any = None,
-                         deadline_s: float | None = None) -> dict[str, Any]:
-        """One call to one node (a prefix consumer's calls: the node holds those queues),
-        retried like `_call` while it fails retriably, but never sent elsewhere. A node that
-        refuses the connection is gone: that fails at once (`connection_error`), for the
-        caller to follow the cluster map."""
-        deadline = time.monotonic() + (self.deadline_s if deadline_s is None else deadline_s)
-        delay = self.backoff_initial_s
-        while True:
-            try:
-                async with self.session.request(method, url + path, json=json,
-                                                headers=self.headers) as r:
-                    body = await r.json(content_type=None) if r.content_length != 0 else None
-                    if r.status < 300:
-                        assert isinstance(body, dict), body
-                        return body
-                    last = _error_from(r.status, body, r.reason or "")
-                    if not last.retriable or last.code == "wrong_node":
-                        raise last
-            except (aiohttp.ClientConnectionError, TimeoutError) as exc:
-                last = VQError(0, "connection_error", f"{url}: {exc}", retriable=True)
-                if isinstance(exc, aiohttp.ClientConnectorError):
-                    raise last from None
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise DeadlineExceeded(last)
-            await asyncio.sleep(min(remaining, random.uniform(0, delay)))
-            delay = min(self.backoff_max_s, delay * 2)
-
-    async def _call_obj(self, method: str, queue: str | None, path: str, **kw: Any
-                        ) -> dict[str, Any] | None:
-        """`_call` for routes that answer a JSON object (or None on an allowed 404)."""
-        body = await self._call(method, queue, path, **kw)
-        assert body is None or isinstance(body, dict), body
-        return body
-
-    async def _refresh_quietly(self) -> None:
-        with contextlib.suppress(VQError):
-            await self.refresh_map()
 
     @staticmethod
     def _q(queue: str) -> str:
@@ -527,7 +76,7 @@ class AsyncClient:
                                  "one plain value; give each NewRecord its own")
             items = [NewRecord(items[0], headers, idempotency_key, tags, deliver_at, delay_ms)]
         body = await self._call("POST", queue, f"/v1/queues/{self._q(queue)}/records",
-                                json={"records": [_encode_item(v, headers) for v in items]})
+                                json={"records": [encode_item(v, headers) for v in items]})
         return EnqueueResult(body["partition"], body["offsets"])
 
     async def enqueue_many(self, records: list[tuple[str, Value | NewRecord]], *,
@@ -545,7 +94,7 @@ class AsyncClient:
         records sent again. A call refused as too large is split and sent again. Raises for
         a refusal of a whole call that names no record (401, 403, 415...)."""
         deadline = time.monotonic() + (self.deadline_s if deadline_s is None else deadline_s)
-        pairs = _pairs(records)
+        pairs = checked_pairs(records)
         queues = [q for q, _ in pairs]
         encoded = [encode_for_many(q, v) for q, v in pairs]
         results: list[RecordResult | None] = [None] * len(pairs)
@@ -597,41 +146,6 @@ class AsyncClient:
                 delay = min(self.backoff_max_s, delay * 2)
         return [r for r in results if r is not None]
 
-    def size_error(self, name: str, data: bytes, value_bytes: int) -> VQError | None:
-        """The node's 413 for a record (`name`: how to call it) whose value is over
-        `max_record_bytes`, or that alone makes a multi-queue request over `max_body_bytes`;
-        None if it fits."""
-        if value_bytes > self.max_record_bytes:
-            return VQError(413, "record_too_large", f"{name} is {value_bytes} bytes; at most "
-                           f"{self.max_record_bytes} (max_record_bytes)",
-                           {"max": self.max_record_bytes})
-        size = request_bytes([len(data)])
-        if size > self.max_body_bytes:
-            return VQError(413, "payload_too_large", f"{name} alone makes a {size}-byte "
-                           f"request; at most {self.max_body_bytes} (max_body_bytes)",
-                           {"max": self.max_body_bytes})
-        return None
-
-    def chunks(self, indices: list[int], sizes: list[int]) -> list[list[int]]:
-        """`indices`, in order, cut into multi-queue requests within the node's limits
-        (`sizes`: each index's encoded size)."""
-        out: list[list[int]] = []
-        chunk: list[int] = []
-        size = 0
-        for i in indices:
-            if chunk and (len(chunk) >= self.max_records_per_call
-                          or request_bytes([size, sizes[i]]) > self.max_body_bytes):
-                out.append(chunk)
-                chunk, size = [], 0
-            size += sizes[i] + (1 if chunk else 0)
-            chunk.append(i)
-        if chunk:
-            out.append(chunk)
-        return out
-
-    def _partition_of(self, queue: str) -> int:
-        return partition_for(queue, self.partitions) if self.partitions else -1
-
     async def _enqueue_at(self, url: str, queues: list[str], encoded: list[tuple[bytes, int]],
                           indices: list[int], results: list[RecordResult | None],
                           last: dict[int, VQError]) -> tuple[list[int], bool]:
@@ -680,7 +194,7 @@ class AsyncClient:
                 if "error" not in answer:
                     results[i] = RecordResult(q, answer["partition"], answer.get("offset"))
                     continue
-                err = _error_from(int(answer.get("status", 0)), answer)
+                err = error_from(int(answer.get("status", 0)), answer)
                 if err.retriable or err.code == "wrong_node":
                     retry.append(i)
                     last[i] = err
@@ -716,7 +230,7 @@ class AsyncClient:
                     **self.headers, "Content-Type": "application/json"}) as r:
                 answer = await r.json(content_type=None) if r.content_length != 0 else None
                 if r.status >= 300:
-                    raise _error_from(r.status, answer, r.reason or "")
+                    raise error_from(r.status, answer, r.reason or "")
         except (aiohttp.ClientConnectionError, TimeoutError) as exc:
             raise VQError(0, "connection_error", f"{url}: {exc}", retriable=True) from None
         assert isinstance(answer, dict) and isinstance(answer.get("results"), list), answer
@@ -731,7 +245,7 @@ class AsyncClient:
         deadline = self.deadline_s + (wait_ms or 0) / 1000
         body = await self._call("GET", queue, f"/v1/queues/{self._q(queue)}/records",
                                 params=params, deadline_s=deadline)
-        return ReadResult(body["partition"], [_decode_record(r) for r in body["records"]],
+        return ReadResult(body["partition"], [decode_record(r) for r in body["records"]],
                           body["next_offset"])
 
     async def ack(self, queue: str, consumer: str, offset: int, *,
@@ -767,17 +281,6 @@ class AsyncClient:
     async def cluster_map(self) -> dict[str, Any]:
         return await self.refresh_map()
 
-    async def _get_node(self, url: str, path: str, params: dict[str, str] | None = None
-                        ) -> tuple[int, Any]:
-        """One GET to one node (no routing, no retry): (status, JSON body)."""
-        async with self.session.get(url + path, params=params, headers=self.headers) as r:
-            return r.status, await r.json(content_type=None)
-
-    async def node_urls(self) -> list[str]:
-        """Every node in the cluster map (the seeds if no partition has an owner yet)."""
-        await self.refresh_map()
-        return sorted(set(self.owners.values())) or list(self.seeds)
-
     async def list_queues(self, prefix: str = "", *, limit: int | None = None,
                           stats: bool = False) -> list[Any]:
         """Queue names (or, with `stats`, one summary dict each) across the whole cluster,
@@ -791,7 +294,7 @@ class AsyncClient:
                     params["after"] = after
                 status, body = await self._get_node(url, "/v1/queues", params)
                 if status != 200:
-                    raise _error_from(status, body)
+                    raise error_from(status, body)
                 out.extend(body["stats"] if stats else body["queues"])
                 after = body["next_after"]
                 if after is None or (limit is not None and len(out) >= limit * 2):
@@ -876,7 +379,7 @@ class AsyncClient:
         out = await self._call_obj("POST", queue, self._c(queue, consumer) + "/lease", json=body,
                                    deadline_s=self.deadline_s + wait_ms / 1000)
         assert out is not None
-        return LeasePage([Lease(_decode_record(r), r["token"], r["attempt"], r["deadline"])
+        return LeasePage([Lease(decode_record(r), r["token"], r["attempt"], r["deadline"])
                           for r in out["records"]],
                          [str(t) for t in out.get("completed") or []],
                          [Refused(str(r["token"]), str(r["code"]))
@@ -953,7 +456,7 @@ class AsyncClient:
         for url in await self.node_urls():
             status, body = await self._get_node(url, "/v1/prefix-consumers")
             if status != 200:
-                raise _error_from(status, body)
+                raise error_from(status, body)
             for info in body["prefix_consumers"]:
                 seen = merged.setdefault(info["consumer"], {**info, **dict.fromkeys(_COUNTS, 0)})
                 for count in _COUNTS:
@@ -980,7 +483,7 @@ class AsyncClient:
             body["complete"] = self._pairs(complete)
         out = await self._call_node(node, "POST", self._p(consumer) + "/lease", json=body,
                                     deadline_s=self.deadline_s + wait_ms / 1000)
-        return LeasePage([Lease(_decode_record(r), r["token"], r["attempt"], r["deadline"],
+        return LeasePage([Lease(decode_record(r), r["token"], r["attempt"], r["deadline"],
                                 r["queue"], r["partition"]) for r in out["records"]],
                          [(str(t["queue"]), str(t["token"])) for t in out.get("completed") or []],
                          [Refused(str(r["token"]), str(r["code"]), str(r["queue"]))

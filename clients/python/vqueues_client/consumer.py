@@ -7,7 +7,8 @@ import inspect
 import time
 from collections.abc import Awaitable, Callable
 
-from vqueues_client.client import AsyncClient, Record
+from vqueues_client.client import AsyncClient
+from vqueues_client.types import Record
 
 Handler = Callable[[Record], Awaitable[object] | object]
 

@@ -8,18 +8,17 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from vqueues_client.client import (
-    AsyncClient,
-    NewRecord,
-    Value,
-    _error_from,
+from vqueues_client.client import AsyncClient
+from vqueues_client.encoding import (
     encode_for_many,
+    error_from,
     name_error,
     named_record,
     renamed,
     request_bytes,
 )
 from vqueues_client.errors import DeadlineExceeded, VQError
+from vqueues_client.types import NewRecord, Value
 
 
 @dataclass(slots=True)
@@ -212,7 +211,7 @@ class BatchProducer:
                 mine, at = answers[at:at + len(pending)], at + len(pending)
                 for n, (p, answer) in enumerate(zip(pending, mine, strict=True)):
                     if "error" in answer:
-                        err = _error_from(int(answer.get("status", 0)), answer)
+                        err = error_from(int(answer.get("status", 0)), answer)
                         refresh = self._failed(queue, pending[n:], self._ours(err, groups)) \
                             or refresh
                         break

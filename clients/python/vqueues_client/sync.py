@@ -7,8 +7,8 @@ import threading
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
-from vqueues_client.client import (
-    AsyncClient,
+from vqueues_client.client import AsyncClient
+from vqueues_client.types import (
     EnqueueResult,
     Lease,
     LeasePage,

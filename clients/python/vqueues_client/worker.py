@@ -38,8 +38,9 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from vqueues_client.client import AsyncClient, Lease, LeasePage, Refused
+from vqueues_client.client import AsyncClient
 from vqueues_client.errors import VQError
+from vqueues_client.types import Lease, LeasePage, Refused
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 from vqueues_client import AsyncClient, BatchProducer, DeadlineExceeded, NewRecord, VQError, consume
-from vqueues_client.client import Value
+from vqueues_client.types import Value
 
 from tests.narrow import failed_with, known
 
