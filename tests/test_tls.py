@@ -5,7 +5,7 @@ forwarded over HTTPS keeping the caller's identity, which the owner authorises."
 import json
 
 import pytest
-from vqueues_client import AsyncClient, VQError
+from vqueues_client import AsyncClient, DeadlineExceeded
 
 from tests.support import (
     NodeProcess,
@@ -71,9 +71,12 @@ async def test_the_client_verifies_with_a_ca_bundle(tls_cluster, topics):
             page = await vq.read(name, offset=0)
             assert [r.text for r in page.records] == [f"secret {name}"]
     async with AsyncClient(nodes[0].url, token="acme-token", deadline_s=1) as vq:
-        with pytest.raises(VQError) as err:  # the system CAs do not know the test's CA
+        with pytest.raises(DeadlineExceeded) as err:  # the system CAs do not know the test's CA
             await vq.enqueue(names[0], "never sent")
-        assert err.value.retriable and "CERTIFICATE_VERIFY_FAILED" in str(err.value)
+        # No node answered (retriable) until the deadline: the last error names the cause.
+        last = err.value.last
+        assert last is not None and last.retriable and last.code == "no_node_reachable"
+        assert "CERTIFICATE_VERIFY_FAILED" in str(err.value)
 
 
 def test_a_forwarded_request_keeps_the_callers_identity(tls_cluster, topics):
