@@ -186,6 +186,7 @@ class Worker:
         self._deadlines: dict[tuple[str, str], int] = {}
         self._done: dict[_Source, list[Lease]] = {}  # handled, to complete
         self._flushers: dict[_Source, asyncio.Task[None]] = {}  # waiting complete_delay_ms
+        self._no_riding: set[_Source] = set()  # nodes whose leases take no completions
         self._flushing: set[asyncio.Task[None]] = set()  # past the wait, completing
         self._leasers: dict[str, asyncio.Task[None]] = {}  # by source name
         self._map_stale = asyncio.Event()  # a prefix leaser found its node gone
@@ -312,6 +313,13 @@ class Worker:
             except VQError as exc:
                 self._release(n)
                 self._put_back(source, riding)  # sent again: completing is idempotent
+                if riding and exc.code == "invalid_parameter" and \
+                        "complete" in (exc.details.get("unknown") or ()):
+                    # A node from before completions rode on leases (a rolling upgrade):
+                    # complete alone there, as Workers did then.
+                    self._no_riding.add(source)
+                    log.info("lease_without_completions", extra={"source": source.name})
+                    continue
                 log.warning("lease_failed", extra={"source": source.name, "error": str(exc)})
                 if source.node is not None and exc.code in ("wrong_node", "connection_error",
                                                             "deadline_exceeded"):
@@ -407,7 +415,10 @@ class Worker:
             self._flushers[source] = asyncio.create_task(self._flush_later(source))
 
     def _take(self, source: _Source) -> list[Lease]:
-        """The finished leases of `source` for the lease about to be sent."""
+        """The finished leases of `source` for the lease about to be sent (none to a node
+        that takes no completions on a lease: they are completed alone)."""
+        if source in self._no_riding:
+            return []
         done = self._done.pop(source, [])
         if len(done) > MAX_RIDING:
             self._done[source] = done[MAX_RIDING:]

@@ -180,6 +180,8 @@ export class Worker {
   private waiting: Array<() => void> = [];  // leasers waiting for a free slot
   // Handled, waiting for the source's next lease to carry them, or the flush timer.
   private readonly done = new Map<Source, Lease[]>();
+  /** Sources whose node takes no completions on a lease (older than ADR 16). */
+  private readonly noRiding = new Set<Source>();
   private readonly timers = new Map<Source, NodeJS.Timeout>();  // each source's flush
   private readonly flushing = new Set<Promise<void>>();
   private readonly buffer: Array<[Source, Lease]> = [];  // leased ahead, for the next free slot
@@ -307,6 +309,13 @@ export class Worker {
       } catch (exc) {
         this.putBack(source, riding);  // maybe completed already: sent again, harmlessly
         if (this.stopping) return;
+        if (riding.length && exc instanceof VQError && exc.code === "invalid_parameter" &&
+            Array.isArray(exc.details.unknown) && exc.details.unknown.includes("complete")) {
+          // A node from before completions rode on leases (a rolling upgrade): complete
+          // alone there, as Workers did then.
+          this.noRiding.add(source);
+          continue;
+        }
         this.opts.onError?.(exc);
         if (this.opts.prefix && exc instanceof VQError &&
             (exc.code === "wrong_node" || exc.status === 0)) {
@@ -442,6 +451,7 @@ export class Worker {
 
   /** The source's waiting tokens (at most a lease's worth), for its lease to carry. */
   private take(source: Source): Lease[] {
+    if (this.noRiding.has(source)) return [];
     const pending = this.done.get(source);
     if (pending === undefined) return [];
     const riding = pending.splice(0, MAX_RIDING_TOKENS);

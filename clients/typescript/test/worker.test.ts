@@ -29,6 +29,8 @@ class FakeNode {
   readonly moved = new Set<string>();
   /** The next lease carrying tokens fails (500, not retriable) before doing anything. */
   failNextRiding = false;
+  /** A node from before completions rode on leases: `complete` on a lease is a 400. */
+  old = false;
   private polls = 0;
   private pollWaiters: Array<() => void> = [];
   private next = 0;
@@ -116,6 +118,12 @@ class FakeNode {
       return answer(200, { queue, consumer: "c", done: call.tokens, dead_lettered: [],
                            offset: 0, queues: [] });
     }
+    if (kind === "lease" && this.old && body.complete !== undefined) {
+      call.failed = true;
+      return answer(400, { error: { code: "invalid_parameter", retriable: false,
+                                    message: "unknown field(s) ['complete']",
+                                    unknown: ["complete"] } });
+    }
     if (pairs.length && this.failNextRiding) {
       this.failNextRiding = false;
       call.failed = true;
@@ -173,6 +181,7 @@ describe("a Worker against a fake node", () => {
     node.refuse.clear();
     node.moved.clear();
     node.wrongNode.length = 0;
+    node.old = false;
     vq?.close();
     vq = new Client([node.url]);
   }
@@ -271,6 +280,24 @@ describe("a Worker against a fake node", () => {
     assert.deepEqual(errors.map((e) => (e as { code?: string }).code), ["internal"]);
     const last = node.calls.filter((c) => c.route === "complete").at(-1);
     assert.ok(last?.tokens.includes(node.tokenOf("s19")), JSON.stringify(node.calls.at(-1)));
+  });
+
+  test("a worker completes alone on a node that takes no completions on a lease", async () => {
+    fresh();
+    node.old = true;  // a rolling upgrade: this node predates completions on leases
+    const values = Array.from({ length: 60 }, (_, i) => `old${i}`);
+    node.available.push(...values.map((value) => ({ queue: "old", value })));
+    const errors: unknown[] = [];
+    const worker = new Worker(vq, "old", "c", () => undefined, {
+      concurrency: 4, prefetch: 0, waitMs: 100, completeDelayMs: 50,
+      onError: (e) => errors.push(e) }).start();
+    await until(() => worker.completed === 60, "60 completions");
+    await worker.stop();
+    assert.deepEqual(errors, []);
+    for (const v of values) assert.equal(node.applied.get(node.tokenOf(v)), 1, v);
+    const refusedRides = node.calls.filter((c) => c.route === "lease" && c.failed);
+    assert.ok(refusedRides.length <= 1, `${refusedRides.length} leases carried tokens`);
+    assert.ok(node.calls.some((c) => c.route === "complete"));
   });
 
   test("a prefix worker completes a wrong_node refusal with the queue's owner", async () => {

@@ -30,6 +30,7 @@ class FakeWorkNode:
         self.expired: set[str] = set()
         self.elsewhere: set[str] = set()
         self.fail_leases = 0
+        self.old = False  # a node from before completions rode on leases: 400 on `complete`
         self.moved = False
         self.wake = asyncio.Event()
         self.arrived = asyncio.Event()
@@ -108,6 +109,10 @@ class FakeWorkNode:
         failed = self._failed()
         if failed is not None:
             return failed
+        if self.old and "complete" in body:
+            return web.json_response({"error": {
+                "code": "invalid_parameter", "message": "unknown field(s) ['complete']",
+                "retriable": False, "unknown": ["complete"]}}, status=400)
         answer: dict[str, Any] = {}
         if "complete" in body:
             answer = {"completed": [], "refused": []}
@@ -351,3 +356,20 @@ async def test_a_prefix_worker_rides_its_node_and_sends_wrong_node_ones_to_the_o
     # The two refused as wrong_node went alone to their queue's owner in the map.
     assert fake.requests["complete_prefix"] >= 1
     assert sum(len(x) for x in fake.rides if x) >= 60 - worker.capacity
+
+
+async def test_a_worker_completes_alone_on_a_node_that_takes_no_completions_on_a_lease(fake):
+    """A rolling upgrade: a node from before this change refuses `complete` on a lease (400
+    naming it unknown). The Worker then completes alone there, and drains the queue."""
+    fake.old = True
+    fake.fill("q", 300)
+    async with AsyncClient(fake.url) as vq:
+        async def handle(lease: Lease) -> None:
+            return None
+
+        worker = Worker(vq, "q", "w", handle, concurrency=4, wait_ms=100)
+        await run_until(worker, lambda: len(fake.completions()) == 300)
+    assert fake.completions() == {("q", i): 1 for i in range(300)}
+    assert worker.completed == 300
+    assert sum(1 for x in fake.rides if x) <= 1  # it tried once, then stopped riding
+    assert fake.requests["complete"] >= 1
