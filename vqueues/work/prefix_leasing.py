@@ -20,26 +20,23 @@ import time
 from collections.abc import Awaitable, Sequence
 
 from vqueues.errors import BadRequest, Conflict, NotFound
-from vqueues.locks import KeyedLocks
 from vqueues.records import ConsumerAcked, OffsetEntry, now_ms
 from vqueues.results import (
     PrefixConsumerInfo,
     PrefixLeased,
     PrefixLeaseResult,
-    PrefixRefusedToken,
     PrefixSettleResult,
-    PrefixToken,
     SettleResult,
 )
 from vqueues.state import prefix_consumers
 from vqueues.state.consumer_config import LEASE, configured
 from vqueues.state.partition_state import PartitionState
 from vqueues.state.prefix_consumers import MAX_PREFIX_CONSUMERS, PrefixConsumer, PrefixConsumers
-from vqueues.state.tokens import new_grant, parse_token
+from vqueues.state.tokens import new_grant
 from vqueues.work import settlement
+from vqueues.work.prefix_riding import PrefixRiding, RidingPart, prefix_result, ride
 from vqueues.work.work_service import (
     LeaseDecision,
-    Riding,
     Settle,
     SettleDecision,
     WorkService,
@@ -153,7 +150,8 @@ class PrefixLeasing:
         if visibility_ms is not None:
             self.work.check_visibility(visibility_ms)
         deadline = time.monotonic() + wait_ms / 1000
-        riding = await self._ride(pc, complete) if complete is not None else None
+        riding = (await ride(pc, complete, self.ownership, self.queues.partition_of,
+                             self._locks) if complete is not None else None)
         try:
             got = await self._lease_once(pc, max_records, visibility_ms, riding)
         finally:
@@ -162,10 +160,10 @@ class PrefixLeasing:
         while True:
             if got:
                 self.work.metrics.records_leased.inc(len(got))
-                return _prefix_result(consumer, got, riding)
+                return prefix_result(consumer, got, riding)
             remaining = deadline - time.monotonic()
             if remaining <= 0 or self.ownership.draining:
-                return _prefix_result(consumer, [], riding)
+                return prefix_result(consumer, [], riding)
             soonest = min((at for s in self.ownership.states.values()
                            if (at := s.ready_queues.next_at(consumer)) is not None),
                           default=None)
@@ -174,44 +172,6 @@ class PrefixLeasing:
             await self.prefixes.wait(consumer, remaining)
             pc = self.get(consumer)
             got = await self._lease_once(pc, max_records, visibility_ms)
-
-    async def _ride(self, pc: PrefixConsumer, pairs: Sequence[tuple[str, str]]) -> PrefixRiding:
-        """The completions a prefix lease carries, decided queue by queue under the queues'
-        locks (taken in one order, so no two calls wait for each other), which it keeps until
-        each partition's write is submitted."""
-        consumer = pc.consumer
-        riding = PrefixRiding()
-        by_queue: dict[str, list[str]] = {}
-        for queue, token in dict.fromkeys(pairs):
-            if not pc.covers(queue):
-                raise BadRequest("invalid_parameter", f"queue {queue!r} is not under the "
-                                 f"prefix {pc.prefix!r}")
-            if parse_token(token) is None:
-                riding.refused.append(PrefixRefusedToken(queue, token, "invalid_token"))
-            else:
-                by_queue.setdefault(queue, []).append(token)
-        for queue in sorted(by_queue):
-            state = self.ownership.states.get(self.queues.partition_of(queue))
-            if state is None or state.revoked or not state.ready.is_set():
-                riding.refused += [PrefixRefusedToken(queue, t, "wrong_node")
-                                   for t in by_queue[queue]]
-                continue
-            key = ("c", queue, consumer)
-            await self._locks.acquire(key)
-            part = riding.part(state)
-            part.keys.append(key)
-            work = state.windows.get((queue, consumer))
-            if work is None:  # not a lease consumer here: nothing of it is current
-                riding.refused += [PrefixRefusedToken(queue, t, "lease_expired")
-                                   for t in by_queue[queue]]
-                continue
-            one = Riding(by_queue[queue])
-            part.entries += one.decide(state, queue, consumer, work)
-            if one.count:
-                part.queues[queue] = one.count
-            part.done += [PrefixToken(queue, t) for t in one.done]
-            riding.refused += [PrefixRefusedToken(queue, r.token, r.code) for r in one.refused]
-        return riding
 
     async def _lease_once(self, pc: PrefixConsumer, max_records: int,
                           visibility_ms: int | None, riding: PrefixRiding | None = None
@@ -504,79 +464,3 @@ def _after_turn(state: PartitionState, consumer: str, queue: str, turn: int, sha
         change = work.next_change(now_ms())
         if change is not None:
             rq.later(consumer, queue, change)
-
-
-class RidingPart:
-    """A prefix lease's completions in one partition: their entries, the queues' locks the
-    call holds until they are submitted, and how many records each queue completed."""
-
-    __slots__ = ("done", "entries", "keys", "lost", "queues", "state")
-
-    def __init__(self, state: PartitionState) -> None:
-        self.state = state
-        self.entries: list[OffsetEntry] = []
-        self.keys: list[tuple[str, str, str]] = []
-        self.queues: dict[str, int] = {}
-        self.done: list[PrefixToken] = []  # completed, or found done already
-        self.lost = False  # the partition went before the part was written
-
-    def completed(self, work: WorkService, state: PartitionState) -> None:
-        """They are durable: counted, and parked leasers of their queues go on."""
-        for queue, count in self.queues.items():
-            work.metrics.records_completed.inc(count)
-            state.wake(queue)
-
-
-class PrefixRiding:
-    """The completions a prefix lease carries (ADR 16), by partition: a partition the lease
-    writes to takes its part (`take`) into that write; `finish` writes the rest alone."""
-
-    def __init__(self) -> None:
-        self.parts: dict[int, RidingPart] = {}
-        self.answered: list[RidingPart] = []  # every part, in the answer
-        self.refused: list[PrefixRefusedToken] = []
-
-    def part(self, state: PartitionState) -> RidingPart:
-        part = self.parts.get(state.partition)
-        if part is None:
-            part = self.parts[state.partition] = RidingPart(state)
-            self.answered.append(part)
-        return part
-
-    def take(self, partition: int) -> RidingPart | None:
-        return self.parts.pop(partition, None)
-
-    async def finish(self, work: WorkService, locks: KeyedLocks) -> None:
-        """The parts no lease took: each written alone, under its locks, then answered once
-        durable (a failure fails the call: its completions were not answered)."""
-        parts, self.parts = list(self.parts.values()), {}
-        durables: list[tuple[RidingPart, Awaitable[None]]] = []
-        try:
-            for part in parts:
-                if part.state.revoked:
-                    part.lost = True
-                elif part.entries:
-                    durables.append((part, work.entries.submit(part.state, part.entries,
-                                                               applied=True)))
-        finally:
-            for part in parts:
-                for key in part.keys:
-                    locks.release(key)
-        for part, durable in durables:
-            await durable
-            part.completed(work, part.state)
-
-    def answer(self) -> tuple[list[PrefixToken], list[PrefixRefusedToken]]:
-        """What each token did; asked once every part was written (or found unwritten)."""
-        refused = list(self.refused)
-        for part in self.answered:
-            if part.lost:
-                refused += [PrefixRefusedToken(t.queue, t.token, "wrong_node") for t in part.done]
-        return [t for part in self.answered if not part.lost for t in part.done], refused
-
-
-def _prefix_result(consumer: str, records: list[PrefixLeased], riding: PrefixRiding | None
-                   ) -> PrefixLeaseResult:
-    if riding is None:
-        return PrefixLeaseResult(consumer, records)
-    return PrefixLeaseResult(consumer, records, *riding.answer())
