@@ -27,7 +27,8 @@ GroupKey = tuple[bool, int, int, int, str | None]
 class WindowWrite:
     """Collects one call's changes; `entries` applies them and makes the write."""
 
-    __slots__ = ("consumer", "dead", "done", "groups", "now", "queue", "state", "work")
+    __slots__ = ("applied", "consumer", "dead", "done", "groups", "now", "queue", "state",
+                 "work")
 
     def __init__(self, state: PartitionState, queue: str, consumer: str, work: LeaseWindow
                  ) -> None:
@@ -37,11 +38,12 @@ class WindowWrite:
         self.work = work
         self.groups: dict[GroupKey, list[int]] = {}
         self.done: list[int] = []
+        self.applied: list[int] = []  # finished in the window already (`finish_now`)
         self.dead = 0
         self.now = now_ms()
 
     def __bool__(self) -> bool:
-        return bool(self.groups or self.done or self.dead)
+        return bool(self.groups or self.done or self.applied or self.dead)
 
     def put(self, offset: int, leased: bool, until: int, attempts: int, grant: int,
             reason: str | None) -> None:
@@ -60,6 +62,17 @@ class WindowWrite:
         self.done += offsets
         self.dead += dead
 
+    def finish_now(self, offsets: list[int]) -> None:
+        """The records are done, in the window at once (so what the same call leases next
+        sees them finished), written with the rest of the call's changes."""
+        q = self.state.queues.get(self.queue)
+        if q is None:
+            self.done += offsets
+            return
+        done = sorted(set(offsets)) if len(offsets) > 1 else offsets
+        self.work.finish_many(done, q.offsets, self.now)
+        self.applied += done
+
     def entries(self) -> list[OffsetEntry]:
         """Apply the write to the partition's state and return its entries: the delta, then
         (when due) a checkpoint and the tombstones of what it supersedes."""
@@ -70,6 +83,8 @@ class WindowWrite:
         done = sorted(set(self.done)) if len(self.done) > 1 else self.done
         if held is not None and done:  # first, so the low-water mark is known
             work.finish_many(done, held, self.now)
+        if self.applied:
+            done = sorted({*self.applied, *done})
         low = work.low_water(held, committed) if held is not None else committed
         delta = WindowDelta(
             queue, consumer, state.generation, work.seq + 1,

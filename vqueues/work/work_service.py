@@ -17,7 +17,7 @@ import time
 from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
 
-from vqueues.errors import BadRequest
+from vqueues.errors import BadRequest, Unavailable
 from vqueues.queues.entry_writer import EntryWriter
 from vqueues.queues.record_reader import RecordReader
 from vqueues.queues.service import QueueService
@@ -177,34 +177,41 @@ class WorkService:
                 work, config = await self.configs.lease_consumer(state, queue, consumer)
             config, change = self.configs.follow_prefix(state, queue, consumer, config)
             first: list[OffsetEntry] = [] if change is None else [change]
-            if riding is not None and riding.tokens:
-                first += riding.decide(state, queue, consumer, work)
+            done = (riding.take(state, queue, consumer, work)
+                    if riding is not None and riding.tokens else None)
             decision = await self.decide_lease(state, queue, consumer, work, config,
-                                               max_records, visibility_ms, tag, new_grant())
+                                               max_records, visibility_ms, tag, new_grant(),
+                                               done)
             if decision is None:
-                if first and not state.revoked:
+                if done is not None:
+                    first += done.entries()
+                completed = riding.count if riding is not None else 0
+                if state.revoked:
+                    if completed:  # never answered as completed unless written
+                        self.ownership.require(state.partition)
+                        raise Unavailable("partition_unavailable", f"partition "
+                                          f"{state.partition} moved during the call; retry",
+                                          partition=state.partition)
+                    return []
+                if first:
                     written = self.entries.submit(state, first, applied=True)
-                    if riding is not None and riding.count:
+                    if completed:
                         await written
-                        self._completed(state, queue, riding.count)
+                        self._completed(state, queue, completed)
                     else:
                         self.write_behind(state, written, 0)
                 return []
             entries = [*first, *decision.entries] if first else decision.entries
             durable = self.entries.submit(state, entries, applied=True)
-        if riding is not None and riding.count:  # completions are answered once durable
+        completed = riding.count if riding is not None else 0
+        if completed or config.durable_grants:  # answered once durable
             try:
                 await durable
             except BaseException:
                 decision.undo()
                 raise
-            self._completed(state, queue, riding.count)
-        elif config.durable_grants:
-            try:
-                await durable
-            except BaseException:
-                decision.undo()
-                raise
+            if completed:
+                self._completed(state, queue, completed)
         else:
             self.write_behind(state, durable, len(decision.chosen))
         return await self.leased(state, decision)
@@ -232,12 +239,13 @@ class WorkService:
 
     async def decide_lease(self, state: PartitionState, queue: str, consumer: str,
                            work: LeaseWindow, config: ConsumerConfig, max_records: int,
-                           visibility_ms: int | None, tag: str | None, grant: int
-                           ) -> LeaseDecision | None:
+                           visibility_ms: int | None, tag: str | None, grant: int,
+                           write: WindowWrite | None = None) -> LeaseDecision | None:
         """Under the consumer's lock: what a lease of up to `max_records` takes (never past
         the consumer's in-flight cap), set in the window at once, and the write that says so
         (not yet submitted; `LeaseDecision.undo` gives the records back if it fails). None if
-        it takes nothing and finishes nothing."""
+        it takes nothing and finishes nothing. `write`: the call's write so far (its riding
+        completions), which the grants join; with None it is the caller's to submit."""
         visibility = visibility_ms or config.visibility_ms
         if work.needs_keys:
             await self.choice.prepare(state, queue, consumer, work, config)
@@ -256,7 +264,8 @@ class WorkService:
                                                          max_records, tag)
         if state.revoked or (not chosen and not skipped):
             return None
-        write = WindowWrite(state, queue, consumer, work)
+        if write is None:
+            write = WindowWrite(state, queue, consumer, work)
         write.finish(skipped)  # not for this consumer's filter: their completion
         until = write.now + visibility
         before = []
@@ -419,18 +428,22 @@ class Riding:
     __slots__ = ("count", "done", "refused", "tokens")
 
     def __init__(self, tokens: Sequence[str]) -> None:
-        self.tokens: list[str] = []
+        parsed: dict[str, tuple[int, int, int]] = {}
         self.refused: list[RefusedToken] = []
         for t in dict.fromkeys(tokens):  # repeats dropped, order kept
-            if parse_token(t) is None:
+            got = parse_token(t)
+            if got is None:
                 self.refused.append(RefusedToken(t, "invalid_token"))
             else:
-                self.tokens.append(t)
+                parsed[t] = got
+        self.tokens: list[str] = settlement.Tokens(parsed)  # parsed once
         self.done: list[str] = []
         self.count = 0  # records this call completed (not those found done)
 
-    def decide(self, state: PartitionState, queue: str, consumer: str, work: LeaseWindow
-               ) -> list[OffsetEntry]:
+    def take(self, state: PartitionState, queue: str, consumer: str, work: LeaseWindow
+             ) -> WindowWrite | None:
+        """The completions, finished in the window now, in a write the lease's grants join
+        (one offset-topic entry for both); None if none is current."""
         stale: list[str] = []
         _, act, already = settlement.check_tokens(state, queue, consumer, self.tokens, True,
                                                   stale)
@@ -439,10 +452,16 @@ class Riding:
         self.count = len(act)
         self.tokens = []  # decided once: a long poll's later passes complete nothing
         if not act:
-            return []
+            return None
         write = WindowWrite(state, queue, consumer, work)
-        write.finish([o for _, o in act])
-        return write.entries()
+        write.finish_now([o for _, o in act])
+        return write
+
+    def decide(self, state: PartitionState, queue: str, consumer: str, work: LeaseWindow
+               ) -> list[OffsetEntry]:
+        """`take`'s write on its own: the entries to submit."""
+        write = self.take(state, queue, consumer, work)
+        return write.entries() if write is not None else []
 
     def answered(self) -> Riding:
         """Past the first pass: nothing left to complete, nothing more to wait for."""

@@ -7,6 +7,7 @@ import asyncio
 import pytest
 
 from tests.unit.nodes import fill, work_node
+from vqueues.errors import VQError
 from vqueues.state.tokens import parse_token
 
 pytestmark = pytest.mark.unit
@@ -90,3 +91,31 @@ async def test_a_long_poll_writes_its_completions_at_once_then_waits_for_records
     page = await asyncio.wait_for(riding, 2)
     assert page.completed == [first.records[0].token]
     assert [r.record.offset for r in page.records] == [later]
+
+
+async def test_riding_completions_and_the_grants_are_one_offset_topic_entry(node):
+    svc, work, data_log, offset_log = node
+    await fill(svc, "one", 6)
+    first = await work.lease("one", "w", 3, 60_000, 0)
+    p = svc.partition_of("one")
+    before = len(offset_log.partitions.get(p, []))
+    second = await work.lease("one", "w", 3, 60_000, 0,
+                              complete=[r.token for r in first.records])
+    assert len(second.completed or []) == 3 and len(second.records) == 3
+    assert len(offset_log.partitions[p]) == before + 1  # one window delta, not two
+    # Replayed, it says both: the first three done, the next three leased.
+    svc2, _ = await work_node(data_log, offset_log, svc.settings)
+    try:
+        info = svc2.queue_info("one").consumers[0]
+        assert (info.offset, info.in_flight) == (first.records[-1].record.offset + 1, 3)
+    finally:
+        svc2.close()
+
+
+async def test_riding_completions_are_not_answered_from_a_partition_that_moved(node):
+    svc, work, *_ = node
+    await fill(svc, "moved", 2)
+    first = await work.lease("moved", "w", 2, 60_000, 0)
+    svc.ownership.states[svc.partition_of("moved")].revoked = True  # moved mid-call
+    with pytest.raises(VQError):
+        await work.lease("moved", "w", 2, 60_000, 0, complete=[r.token for r in first.records])
