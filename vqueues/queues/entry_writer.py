@@ -4,12 +4,14 @@ node goes through one `EntryWriter`, whose `OffsetWriter` groups concurrent writ
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Sequence
+import asyncio
+from collections.abc import Callable, Generator, Sequence
+from typing import Any
 
 from vqueues.queues.offset_writer import OffsetWriter
 from vqueues.records import OffsetEntry, outgoing
 from vqueues.state.partition_state import PartitionState
-from vqueues.storage import Submitter
+from vqueues.storage import Delivered, Submitter
 
 
 class EntryWriter:
@@ -36,12 +38,12 @@ class EntryWriter:
                 state.offsets_position = max(state.offsets_position, delivered[-1][0] + 1)
 
     def submit(self, state: PartitionState, entries: Sequence[OffsetEntry],
-                       applied: bool = False) -> Awaitable[None]:
+               applied: bool = False) -> PendingWrite:
         """Queue entries for the offset topic now (so writes keep the order their callers
         took, under a lock; `OffsetWriter` groups them) and apply them at once, unless the
-        caller did (`applied`); the returned awaitable ends once they are durable. For lease
-        state, where concurrent workers must see each other's changes before the writes come
-        back (ADR 8, ADR 12)."""
+        caller did (`applied`); await the returned write to know they are durable, or leave it
+        `behind`. For lease state, where concurrent workers must see each other's changes
+        before the writes come back (ADR 8, ADR 12)."""
         state.writes.begin()
         try:
             pending = self._writer.submit(state.partition, outgoing(state.generation, entries))
@@ -50,11 +52,42 @@ class EntryWriter:
             raise
         if not applied:
             state.apply_offset_entries(entries)
+        return PendingWrite(state, pending)
 
-        async def durable() -> None:
+
+class PendingWrite:
+    """A submitted write: awaited once (durable, or its failure raised), or left `behind`."""
+
+    __slots__ = ("_pending", "_state")
+
+    def __init__(self, state: PartitionState, pending: asyncio.Future[list[Delivered]]
+                 ) -> None:
+        self._state = state
+        self._pending = pending
+
+    def __await__(self) -> Generator[Any, None, None]:
+        return self._durable().__await__()
+
+    async def _durable(self) -> None:
+        try:
+            self._written(await self._pending)
+        finally:
+            self._state.writes.end()
+
+    def behind(self, failed: Callable[[BaseException], None]) -> None:
+        """Finish without a waiter (no task: a callback when the broker answers); `failed`
+        is called with the error if the write fails."""
+        def done(fut: asyncio.Future[list[Delivered]]) -> None:
             try:
-                delivered = await pending
-                state.offsets_position = max(state.offsets_position, delivered[-1][0] + 1)
+                exc = asyncio.CancelledError() if fut.cancelled() else fut.exception()
+                if exc is None:
+                    self._written(fut.result())
+                else:
+                    failed(exc)
             finally:
-                state.writes.end()
-        return durable()
+                self._state.writes.end()
+        self._pending.add_done_callback(done)
+
+    def _written(self, delivered: list[Delivered]) -> None:
+        state = self._state
+        state.offsets_position = max(state.offsets_position, delivered[-1][0] + 1)

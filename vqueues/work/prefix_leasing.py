@@ -20,6 +20,7 @@ import time
 from collections.abc import Awaitable, Sequence
 
 from vqueues.errors import BadRequest, Conflict, NotFound
+from vqueues.queues.entry_writer import PendingWrite
 from vqueues.records import ConsumerAcked, OffsetEntry, now_ms
 from vqueues.results import (
     PrefixConsumerInfo,
@@ -259,7 +260,7 @@ class PrefixLeasing:
         if durable is not None:
             await self._answer_partition(state, durable, decisions, riding, out)
 
-    async def _answer_partition(self, state: PartitionState, durable: Awaitable[None],
+    async def _answer_partition(self, state: PartitionState, durable: PendingWrite,
                                 decisions: list[LeaseDecision], riding: RidingPart | None,
                                 out: list[PrefixLeased]) -> None:
         """A partition's write submitted: waited for if it carries completions or durable

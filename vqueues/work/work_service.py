@@ -11,14 +11,13 @@ decisions are the parts': `consumer_configs` (settings), `lease_choice` (what a 
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
 
 from vqueues.errors import BadRequest, Unavailable
-from vqueues.queues.entry_writer import EntryWriter
+from vqueues.queues.entry_writer import EntryWriter, PendingWrite
 from vqueues.queues.record_reader import RecordReader
 from vqueues.queues.service import QueueService
 from vqueues.records import OffsetEntry, Record, now_ms
@@ -116,7 +115,6 @@ class WorkService:
         self.configs = ConsumerConfigs(settings, queues, entries)
         self.choice = LeaseChoice(settings, reader)
         self.dead_letters = DeadLetters(queues, entries, reader)
-        self._behind: set[asyncio.Future[None]] = set()  # writes of grants already answered
 
     # Settings (`ConsumerConfigs`) --------------------------------------------------------------
 
@@ -221,21 +219,16 @@ class WorkService:
         self.metrics.records_completed.inc(count)
         state.wake(queue)
 
-    def write_behind(self, state: PartitionState, durable: Awaitable[None], granted: int
+    def write_behind(self, state: PartitionState, durable: PendingWrite, granted: int
                      ) -> None:
         """A lease's write finished behind its answer (ADR 16). If it fails, the records stay
         leased here (their worker has them) and the failure is counted: a new owner, which
         never sees the grants, may lease them again before their deadline."""
-        async def finish() -> None:
-            try:
-                await durable
-            except Exception as exc:
-                self.metrics.grant_writes_failed.inc()
-                log.warning("grant_write_failed", extra={
-                    "partition": state.partition, "records": granted, "error": repr(exc)})
-        task = asyncio.ensure_future(finish())
-        self._behind.add(task)
-        task.add_done_callback(self._behind.discard)
+        def failed(exc: BaseException) -> None:
+            self.metrics.grant_writes_failed.inc()
+            log.warning("grant_write_failed", extra={
+                "partition": state.partition, "records": granted, "error": repr(exc)})
+        durable.behind(failed)
 
     async def decide_lease(self, state: PartitionState, queue: str, consumer: str,
                            work: LeaseWindow, config: ConsumerConfig, max_records: int,
