@@ -347,6 +347,53 @@ async def test_a_stream_pushes_leased_records_under_credit_and_takes_completions
     assert [r["value"] for r in page["records"]] == [f"s{i}" for i in range(11, 25)]
 
 
+async def test_completions_on_a_streams_credit_are_durable_once_answered(bootstrap):
+    t = create_topics(bootstrap, partitions=2)
+    q = qname("credit-kill")
+    node = NodeProcess(t).start()
+    try:
+        http("POST", f"{node.url}/v1/queues/{q}/records",
+             {"records": [{"value": f"r{i}"} for i in range(20)]})
+        url = (f"{node.url.replace('http', 'ws')}/v1/queues/{q}/consumers/w/stream"
+               "?mode=lease&visibility_ms=600")
+        async with aiohttp.ClientSession() as session, session.ws_connect(url) as ws:
+            await ws.send_json({"op": "credit", "n": 10})
+            first: list[Any] = []
+            while len(first) < 10:
+                frame = await ws.receive_json(timeout=10)
+                assert frame["type"] == "records"
+                first += frame["records"]
+            tokens = [r["token"] for r in first]
+            await ws.send_json({"op": "credit", "n": 5, "id": 1, "complete": tokens})
+            pushed: list[Any] = []
+            while True:
+                frame = await ws.receive_json(timeout=10)
+                if frame["type"] == "result":
+                    break
+                assert frame["type"] == "records", frame  # the credit's may come first
+                pushed += frame["records"]
+            assert (frame["id"], frame["op"], frame["result"]) == (
+                1, "credit", {"completed": tokens, "refused": []})
+    finally:
+        assert node.kill() == -9  # right after the answer: nothing flushed on the way out
+    node = NodeProcess(t, port=node.port).start()
+    try:
+        await asyncio.sleep(0.7)  # the leases the socket left behind have expired
+        seen: list[str] = []
+        for _ in range(10):
+            status, page = http("POST", f"{node.url}/v1/queues/{q}/consumers/w/lease",
+                                {"max_records": 50})
+            assert status == 200
+            if not page["records"]:
+                break
+            seen += [r["value"] for r in page["records"]]
+        assert sorted(seen, key=lambda v: int(v[1:])) == [f"r{i}" for i in range(10, 20)]
+        _, info = http("GET", f"{node.url}/v1/queues/{q}")
+        assert info["consumers"][0]["offset"] == first[-1]["offset"] + 1
+    finally:
+        node.terminate()
+
+
 async def test_a_cursor_stream_pushes_from_the_committed_offset_and_takes_acks(node):
     q = qname("cstream")
     async with AsyncClient(node.url) as vq:

@@ -87,6 +87,13 @@ class LeaseResult(msgspec.Struct, frozen=True, gc=False):
     refused: list[RefusedToken] | None = None
 
 
+class CompletedTokens(msgspec.Struct, frozen=True, gc=False):
+    """What the completions a stream's credit carried did, token by token (ADR 16)."""
+
+    completed: list[str]  # completed, or found done already
+    refused: list[RefusedToken]
+
+
 class SettleResult(msgspec.Struct, frozen=True, gc=False):
     """What complete, retry or extend did, token by token."""
 

@@ -406,7 +406,9 @@ def openapi_document(s: Settings) -> dict[str, Any]:
                 "responses": {"200": _ok("SettleResult"), **errors}}},
             "/v1/queues/{queue}/consumers/{consumer}/stream": {"get": {
                 "summary": "WebSocket: records pushed under credit; complete/retry/extend "
-                           "(lease) or ack (cursor) on the socket (docs/work-queues.md)",
+                           "(lease) or ack (cursor) on the socket; a lease stream's credit "
+                           "frame may carry `complete` (tokens, answered token by token once "
+                           "written) (docs/work-queues.md)",
                 "parameters": [queue_p, consumer_p,
                                {"name": "mode", "in": "query",
                                 "schema": {"enum": ["cursor", "lease"]}},

@@ -3,10 +3,11 @@ credit-based flow control (docs/work-queues.md#streaming).
 
 The client grants credit (`{"op": "credit", "n": N}`) and is never sent more records than it
 granted. In lease mode each record comes leased (token, attempt, deadline) and the client sends
-`complete`, `retry` and `extend` on the same socket; in cursor mode records come from the
-consumer's committed offset on, and the client sends `ack`. Every op may carry an `id`, echoed
-in its `result` or `error` frame. A dropped socket keeps nothing: its leases end at their
-deadline, as any lease does.
+`complete`, `retry` and `extend` on the same socket, or has its credit carry the tokens to
+complete (`"complete": [tokens]`, answered token by token once written, ADR 16); in cursor mode
+records come from the consumer's committed offset on, and the client sends `ack`. Every op may
+carry an `id`, echoed in its `result` or `error` frame. A dropped socket keeps nothing: its
+leases end at their deadline, as any lease does.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from vqueues.api import params
 from vqueues.api.answers import ENCODINGS, encode_leased, encode_record
 from vqueues.api.body import decode_object, refuse_unknown
 from vqueues.api.keys import SERVICE, SETTINGS, WORK
-from vqueues.api.work import SETTLE_FIELDS, SETTLING, settle
+from vqueues.api.work import SETTLE_FIELDS, SETTLING, riding_tokens, settle
 from vqueues.errors import BadRequest, Conflict, VQError
 from vqueues.names import validate_name
 from vqueues.state.consumer_config import CURSOR, LEASE, MODES
@@ -34,7 +35,7 @@ log = logging.getLogger(__name__)
 # The most credit a client may have outstanding; more is refused (a bound on what one socket
 # can make the node hold).
 MAX_CREDIT = 10_000
-_FRAME_FIELDS = {"credit": ("n",), "ack": ("offset",), **{
+_FRAME_FIELDS = {"credit": ("n", "complete"), "ack": ("offset",), **{
     kind: tuple(f for f in fields if f != "op") for kind, fields in SETTLE_FIELDS.items()}}
 # A push waits this long for records before looking at the socket and the credit again.
 PUSH_WAIT_MS = 1000
@@ -101,6 +102,23 @@ class _Stream:
                 self.credit -= len(out)
                 await self.send({"type": "records", "records": out})
 
+    def grant(self, op: dict[str, Any]) -> list[str] | None:
+        """A credit frame: its credit added once the frame is checked; the tokens its
+        `complete` carries (ADR 16), if any."""
+        n = op.get("n")
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise BadRequest("invalid_parameter", "credit `n` must be a positive integer")
+        if self.credit + n > MAX_CREDIT:
+            raise BadRequest("limit_out_of_range", f"at most {MAX_CREDIT} credit "
+                             "outstanding", parameter="n", min=1, max=MAX_CREDIT)
+        tokens = riding_tokens(op.get("complete"))
+        if tokens is not None and self.mode != LEASE:
+            raise Conflict("consumer_mode_mismatch", "a credit's `complete` is a lease "
+                           "stream's; this stream is a cursor stream", mode=self.mode)
+        self.credit += n
+        self.granted.set()
+        return tokens
+
     async def handle(self, op: dict[str, Any]) -> None:
         """One client frame."""
         app = self.request.app
@@ -109,22 +127,19 @@ class _Stream:
         try:
             known = _FRAME_FIELDS.get(kind, ()) if isinstance(kind, str) else ()
             refuse_unknown(op, ("op", "id", *known), "a frame")
+            riding: list[str] | None = None
             if kind == "credit":
-                n = op.get("n")
-                if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-                    raise BadRequest("invalid_parameter", "credit `n` must be a positive integer")
-                if self.credit + n > MAX_CREDIT:
-                    raise BadRequest("limit_out_of_range", f"at most {MAX_CREDIT} credit "
-                                     "outstanding", parameter="n", min=1, max=MAX_CREDIT)
-                self.credit += n
-                self.granted.set()
-                return
+                riding = self.grant(op)
+                if riding is None:
+                    return
             result: Any
             fence = app[SERVICE].ownership.fence
             partition = app[SERVICE].partition_of(self.queue)
             fence.check(partition)
             epoch = fence.epoch
-            if kind in SETTLING:
+            if riding is not None:
+                result = await app[WORK].complete_riding(self.queue, self.consumer, riding)
+            elif kind in SETTLING:
                 if self.mode != LEASE:  # as the HTTP routes answer a mode's wrong call
                     raise Conflict("consumer_mode_mismatch", f"{kind} is a lease stream's op; "
                                    "this stream is a cursor stream", mode=self.mode)

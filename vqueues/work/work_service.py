@@ -16,12 +16,13 @@ import time
 from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
 
-from vqueues.errors import BadRequest, Unavailable
+from vqueues.errors import BadRequest, Conflict, Unavailable
 from vqueues.queues.entry_writer import EntryWriter, PendingWrite
 from vqueues.queues.record_reader import RecordReader
 from vqueues.queues.service import QueueService
 from vqueues.records import OffsetEntry, Record, now_ms
 from vqueues.results import (
+    CompletedTokens,
     ConsumerSettings,
     LeasedRecord,
     LeaseResult,
@@ -213,6 +214,30 @@ class WorkService:
         else:
             self.write_behind(state, durable, len(decision.chosen))
         return await self.leased(state, decision)
+
+    async def complete_riding(self, queue: str, consumer: str, tokens: Sequence[str]
+                              ) -> CompletedTokens:
+        """Tokens a stream's credit carries (ADR 16), completed as a lease's riding ones are:
+        token by token, in one write, answered once it is durable."""
+        p = self.queues.partition_of(queue)
+        riding = Riding(tokens)
+        async with self._locks.hold(("c", queue, consumer)):
+            state = self.ownership.require(p)
+            work = state.windows.get((queue, consumer))
+            entries: list[OffsetEntry] = []
+            if work is None:
+                config = state.configs.get((queue, consumer))
+                if config is not None and config.mode != LEASE:
+                    raise Conflict("consumer_mode_mismatch", f"consumer {consumer!r} is a "
+                                   "cursor consumer", mode=config.mode)
+                riding.refuse_all("lease_expired")  # it holds no lease: none is current
+            elif riding.tokens:
+                entries = riding.decide(state, queue, consumer, work)
+            durable = self.entries.submit(state, entries, applied=True) if entries else None
+        if durable is not None:
+            await durable
+            self._completed(state, queue, riding.count)
+        return CompletedTokens(riding.done, riding.refused)
 
     def _completed(self, state: PartitionState, queue: str, count: int) -> None:
         """A lease's riding completions are durable: counted, and parked leasers go on."""
@@ -414,9 +439,10 @@ class WorkService:
 
 
 class Riding:
-    """Tokens a lease call completes before it leases (ADR 16), token by token: `decide`
-    applies them to the window under the consumer's lock and gives the entries to write
-    with the grants; `done` and `refused` are the answer."""
+    """Tokens a lease call completes before it leases, or a stream's credit carries (ADR 16),
+    token by token: `decide` applies them to the window under the consumer's lock and gives
+    the entries to write (with the grants, for a lease); `done` and `refused` are the
+    answer."""
 
     __slots__ = ("count", "done", "refused", "tokens")
 
@@ -455,6 +481,11 @@ class Riding:
         """`take`'s write on its own: the entries to submit."""
         write = self.take(state, queue, consumer, work)
         return write.entries() if write is not None else []
+
+    def refuse_all(self, code: str) -> None:
+        """None of the tokens is current (the consumer holds no lease)."""
+        self.refused += [RefusedToken(t, code) for t in self.tokens]
+        self.tokens = []
 
     def answered(self) -> Riding:
         """Past the first pass: nothing left to complete, nothing more to wait for."""

@@ -1043,7 +1043,8 @@ export class Client {
     for (let attempt = 0; ; attempt++) {
       try {
         return await Stream.open(this, base.replace(/^http/, "ws") + path, this.headers,
-                                 decode, opts.credit ?? 100, opts.signal);
+                                 decode, opts.credit ?? 100, opts.signal,
+                                 opts.completeDelayMs);
       } catch (exc) {
         if (!(exc instanceof VQError) || exc.code !== "wrong_node" || attempt > 0) throw exc;
         await this.refreshQuietly();

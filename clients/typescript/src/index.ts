@@ -15,7 +15,7 @@ export {
 export { murmur2, partitionFor } from "./murmur2.js";
 export { BatchProducer } from "./producer.js";
 export { Worker, type Handler, type RefusedCompletion, type WorkerOptions } from "./worker.js";
-export { Stream, type StreamOptions } from "./stream.js";
+export { Stream, type CreditCompletion, type StreamOptions } from "./stream.js";
 export type {
   AckResult, ConsumerDeletion, ConsumerInfo, ConsumerSettingsInfo, NodeLimits, PartitionsInfo,
   PrefixRefusedToken, PrefixToken, QueueDeletion, QueueInfo, RefusedToken, ScheduledCancellation,

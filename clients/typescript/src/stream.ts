@@ -1,5 +1,6 @@
-import type { Client, Lease, QueueRecord } from "./client.js";
+import { type Client, type Lease, MAX_RIDING_TOKENS, type QueueRecord } from "./client.js";
 import { VQError, errorFrom } from "./errors.js";
+import type { RefusedToken } from "./types.js";
 
 export interface StreamOptions {
   /** lease or cursor; the consumer's own mode when unset. */
@@ -8,7 +9,24 @@ export interface StreamOptions {
   tag?: string;
   /** Records the node may send ahead of those taken from the stream (100; at most 10,000). */
   credit?: number;
+  /** How long tokens given to `completeWithCredit` wait for a credit frame to carry them, ms
+   * (50): when none goes out within it, they are completed alone. */
+  completeDelayMs?: number;
   signal?: AbortSignal;
+}
+
+/** What the node did with tokens completed on a credit frame: `completed` (done, or found
+ * done already) and `refused` (`lease_expired`: not current, the record comes again;
+ * `invalid_token`: not a token). */
+export interface CreditCompletion {
+  completed: string[];
+  refused: RefusedToken[];
+}
+
+interface Riding {
+  tokens: string[];
+  resolve: (v: CreditCompletion) => void;
+  reject: (e: VQError) => void;
 }
 
 type Json = Record<string, unknown>;
@@ -29,9 +47,10 @@ interface Socket {
  * A WebSocket stream of one queue's records (docs/work-queues.md, "Streaming over a
  * WebSocket"), from the queue's owner, under credit: `for await (const lease of stream)`.
  * Each record taken grants one more credit, so the node keeps at most `credit` records
- * ahead. In lease mode settle with `complete`, `retry`, `extend`; in cursor mode `ack`. Each op
- * resolves to its HTTP route's answer, or rejects with the node's error. Needs the `ws` package
- * (an optional dependency: Node 20 has no WebSocket of its own).
+ * ahead. In lease mode settle with `complete`, `retry`, `extend`, or have the next credit frame
+ * carry the tokens (`completeWithCredit`: one frame and one write per cycle); in cursor mode
+ * `ack`. Each op resolves to its HTTP route's answer, or rejects with the node's error. Needs
+ * the `ws` package (an optional dependency: Node 20 has no WebSocket of its own).
  */
 export class Stream implements AsyncIterable<Lease | QueueRecord> {
   private readonly buffered: Array<Lease | QueueRecord> = [];
@@ -40,8 +59,13 @@ export class Stream implements AsyncIterable<Lease | QueueRecord> {
   private waiter: (() => void) | null = null;
   private ended: VQError | null | undefined = undefined;  // null: closed cleanly
   private nextId = 1;
+  private riding: Riding[] = [];  // tokens waiting for the next credit frame
+  private ridingTimer: NodeJS.Timeout | undefined;
+  private readonly completeDelayMs: number;
 
-  private constructor(private readonly socket: Socket, private readonly decode: Decoder) {
+  private constructor(private readonly socket: Socket, private readonly decode: Decoder,
+                      completeDelayMs = 50) {
+    this.completeDelayMs = completeDelayMs;
     socket.on("message", (data) => this.onFrame(JSON.parse(data.toString("utf8")) as Json));
     socket.on("close", () => this.finish(null));
     socket.on("error", (err) => this.finish(
@@ -51,7 +75,8 @@ export class Stream implements AsyncIterable<Lease | QueueRecord> {
   /** Open a stream on `url` (the queue's owner); `decode` turns a frame's record into a Lease
    * or a record. */
   static async open(client: Client, url: string, headers: Record<string, string>,
-                    decode: Decoder, credit: number, signal?: AbortSignal): Promise<Stream> {
+                    decode: Decoder, credit: number, signal?: AbortSignal,
+                    completeDelayMs?: number): Promise<Stream> {
     let WebSocketImpl: new (url: string, opts: { headers: Record<string, string>;
                                                  ca?: unknown }) => Socket;
     try {
@@ -78,15 +103,56 @@ export class Stream implements AsyncIterable<Lease | QueueRecord> {
         });
       });
     });
-    const stream = new Stream(socket, decode);
+    const stream = new Stream(socket, decode, completeDelayMs);
     signal?.addEventListener("abort", () => stream.close(), { once: true });
     stream.credit(credit);
     return stream;
   }
 
-  /** Let the node send `n` more records. */
+  /** Let the node send `n` more records; the frame carries the tokens waiting from
+   * `completeWithCredit`. */
   credit(n: number): void {
-    if (n > 0 && this.ended === undefined) this.socket.send(JSON.stringify({ op: "credit", n }));
+    if (n <= 0 || this.ended !== undefined) return;
+    const riding = this.takeRiding();
+    if (!riding.length) {
+      this.socket.send(JSON.stringify({ op: "credit", n }));
+      return;
+    }
+    const tokens = [...new Set(riding.flatMap((r) => r.tokens))];
+    this.op({ op: "credit", n, complete: tokens }).then(
+      (result) => answerRiding(riding, result as unknown as CreditCompletion),
+      (err: VQError) => {
+        for (const r of riding) r.reject(err);
+        // Refused for its `complete` (on a cursor stream, say), the frame added no credit.
+        if (err.code === "consumer_mode_mismatch" || err.code === "invalid_token") {
+          this.credit(n);
+        }
+      });
+  }
+
+  /**
+   * Complete `tokens` with the next credit frame the stream sends (the one the next record
+   * taken grants, or your own `credit(n)`), together with the others waiting: token by token,
+   * in one offset-topic write. Resolves once that write is durable to what the node did with
+   * these tokens; a refused token is in `refused`, not an error. Tokens no credit frame
+   * carries within `completeDelayMs` (you await this before taking the next record, or no
+   * record comes) are completed alone, still answered token by token. Rejects if the stream
+   * ends first or the node answers an error (their completion unknown: send them again,
+   * completing is idempotent); tokens still waiting at `close()` are rejected, not sent.
+   */
+  completeWithCredit(tokens: Array<Lease | string> | Lease | string): Promise<CreditCompletion> {
+    if (this.ended !== undefined) {
+      return Promise.reject(this.ended ?? new VQError(0, "connection_error", "stream closed",
+                                                      {}, true));
+    }
+    const list = toTokens(tokens);
+    if (list.length > MAX_RIDING_TOKENS) {
+      return Promise.reject(new RangeError(`at most ${MAX_RIDING_TOKENS} tokens at once`));
+    }
+    return new Promise((resolve, reject) => {
+      this.riding.push({ tokens: list, resolve, reject });
+      this.ridingTimer ??= setTimeout(() => { this.completeAlone(); }, this.completeDelayMs);
+    });
   }
 
   complete(tokens: Array<Lease | string> | Lease | string): Promise<Json> {
@@ -108,6 +174,8 @@ export class Stream implements AsyncIterable<Lease | QueueRecord> {
   }
 
   close(): void {
+    const closed = new VQError(0, "connection_error", "stream closed", {}, true);
+    for (const r of this.takeRiding(Infinity)) r.reject(closed);
     this.socket.close();
   }
 
@@ -160,17 +228,77 @@ export class Stream implements AsyncIterable<Lease | QueueRecord> {
   private finish(err: VQError | null): void {
     if (this.ended !== undefined) return;
     this.ended = err;
-    for (const op of this.ops.values()) {
-      op.reject(err ?? new VQError(0, "connection_error", "stream closed", {}, true));
-    }
+    const closed = err ?? new VQError(0, "connection_error", "stream closed", {}, true);
+    for (const op of this.ops.values()) op.reject(closed);
     this.ops.clear();
+    for (const r of this.takeRiding(Infinity)) r.reject(closed);
     this.wake();
+  }
+
+  /** The waiting completions one frame takes: up to MAX_RIDING_TOKENS tokens (what is left
+   * waits for the next frame, or the timer). */
+  private takeRiding(max = MAX_RIDING_TOKENS): Riding[] {
+    let count = 0;
+    let i = 0;
+    while (i < this.riding.length && count + this.riding[i].tokens.length <= max) {
+      count += this.riding[i++].tokens.length;
+    }
+    const taken = this.riding.splice(0, i);
+    clearTimeout(this.ridingTimer);
+    this.ridingTimer = undefined;
+    if (this.riding.length) {
+      this.ridingTimer = setTimeout(() => { this.completeAlone(); }, this.completeDelayMs);
+    }
+    return taken;
+  }
+
+  /** No credit frame carried them in time: the `complete` op, which is all or nothing, sent
+   * again without the tokens it names as stale or invalid, so each is answered on its own. */
+  private completeAlone(): void {
+    const riding = this.takeRiding();
+    if (!riding.length) return;
+    void (async () => {
+      let rest = [...new Set(riding.flatMap((r) => r.tokens))];
+      const out: CreditCompletion = { completed: [], refused: [] };
+      try {
+        while (rest.length) {
+          try {
+            const done = await this.op({ op: "complete", tokens: rest });
+            out.completed.push(...(done.done as string[]));
+            break;
+          } catch (exc) {
+            if (!(exc instanceof VQError)) throw exc;
+            const names = exc.code === "lease_expired" ? exc.details.stale
+              : exc.code === "invalid_token" ? exc.details.invalid : undefined;
+            const named = new Set((names as unknown[] | undefined ?? []).map(String));
+            const left = rest.filter((t) => !named.has(t));
+            if (left.length === rest.length) throw exc;  // names none of them: not a refusal
+            for (const t of rest) if (named.has(t)) out.refused.push({ token: t, code: exc.code });
+            rest = left;
+          }
+        }
+      } catch (exc) {
+        for (const r of riding) r.reject(exc as VQError);
+        return;
+      }
+      answerRiding(riding, out);
+    })();
   }
 
   private wake(): void {
     const w = this.waiter;
     this.waiter = null;
     w?.();
+  }
+}
+
+/** Each waiter gets what the node did with its own tokens. */
+function answerRiding(riding: Riding[], result: CreditCompletion): void {
+  const completed = new Set(result.completed);
+  const refused = new Map(result.refused.map((r) => [r.token, r]));
+  for (const r of riding) {
+    r.resolve({ completed: r.tokens.filter((t) => completed.has(t)),
+                refused: r.tokens.flatMap((t) => refused.has(t) ? [refused.get(t)!] : []) });
   }
 }
 

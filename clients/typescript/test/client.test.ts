@@ -4,8 +4,10 @@ import { randomUUID } from "node:crypto";
 import { after, before, describe, test } from "node:test";
 
 import {
-  BadRequestError, BatchProducer, Client, ConflictError, ERROR_CODES, type Lease, NotFoundError,
+  BadRequestError, BatchProducer, Client, ConflictError, type CreditCompletion, ERROR_CODES,
+  type Lease, NotFoundError,
   type RefusedCompletion, SCHEMA_FIELDS, Worker, type WorkerOptions, WrongNodeError, consume, partitionFor,
+  sleep,
 } from "../src/index.js";
 import { DevCluster } from "./cluster.js";
 
@@ -250,6 +252,68 @@ describe("against two nodes", { timeout: 240_000 }, () => {
     cursor.close();
     assert.deepEqual(seen, ["c0", "c1"]);
     assert.equal(acked.offset, written.offsets![1] + 1);
+  });
+
+  test("a lease stream's completions ride on its credit, answered token by token", async () => {
+    const q = `ts-stream-ride-${run}`;
+    await vq.configureConsumer(q, "s", { mode: "lease" });
+    const written = await vq.enqueue(q, ["r0", "r1", "r2", "r3", "r4", "r5"]);
+    // No completion goes alone within the test: each answer below came with a credit frame.
+    const stream = await vq.stream(q, "s", { credit: 2, completeDelayMs: 600_000 });
+    const leases: Lease[] = [];
+    const answers: Array<Promise<CreditCompletion>> = [];
+    for await (const item of stream) {
+      const lease = item as Lease;
+      leases.push(lease);
+      answers.push(stream.completeWithCredit(lease));  // carried by the next record's credit
+      if (leases.length === 5) break;
+    }
+    assert.deepEqual(leases.map((l) => l.text), ["r0", "r1", "r2", "r3", "r4"]);
+    for (let i = 0; i < 4; i++) {
+      assert.deepEqual(await answers[i], { completed: [leases[i].token], refused: [] });
+    }
+    // r4's completion waits for a credit frame: one granted by hand carries it.
+    const bogus = stream.completeWithCredit(["nonsense", leases[4]]);
+    stream.credit(1);
+    assert.deepEqual(await answers[4], { completed: [leases[4].token], refused: [] });
+    assert.deepEqual(await bogus, { completed: [leases[4].token],
+                                    refused: [{ token: "nonsense", code: "invalid_token" }] });
+    stream.close();
+    const info = (await vq.queueInfo(q))!.consumers.find((c) => c.consumer === "s")!;
+    assert.equal(info.offset, written.offsets![4] + 1);  // r0-r4 done
+
+    // Awaited before the next record is taken: no credit frame comes, so they go alone, still
+    // answered token by token.
+    const q2 = `ts-stream-alone-${run}`;
+    await vq.configureConsumer(q2, "s", { mode: "lease" });
+    await vq.enqueue(q2, ["a0", "a1"]);
+    const alone = await vq.stream(q2, "s", { credit: 1, completeDelayMs: 20 });
+    for await (const item of alone) {
+      const lease = item as Lease;
+      assert.deepEqual(await alone.completeWithCredit([lease, "nonsense"]), {
+        completed: [lease.token], refused: [{ token: "nonsense", code: "invalid_token" }] });
+      break;
+    }
+    alone.close();
+
+    // On a cursor stream the node refuses such a frame (409 consumer_mode_mismatch) and adds
+    // none of its credit: the stream grants it again, so records keep coming.
+    const c = `ts-stream-cursor-ride-${run}`;
+    await vq.enqueue(c, ["c0", "c1", "c2"]);
+    const cursor = await vq.stream(c, "r", { mode: "cursor", credit: 1 });
+    const seen: string[] = [];
+    let refused: Promise<unknown> | undefined;
+    const taking = (async () => {
+      for await (const rec of cursor) {
+        seen.push(rec.text!);
+        if (seen.length === 1) refused = cursor.completeWithCredit("1.1.1").catch((e) => e);
+        if (seen.length === 3) break;
+      }
+    })();
+    const stalled = await Promise.race([taking.then(() => false), sleep(20_000).then(() => true)]);
+    cursor.close();
+    assert.deepEqual([stalled, seen], [false, ["c0", "c1", "c2"]]);
+    assert.equal(((await refused) as { code: string }).code, "consumer_mode_mismatch");
   });
 
   test("a prefix consumer: one Worker over every queue under the prefix, on both nodes",

@@ -1,6 +1,7 @@
 """One round trip per cycle (ADR 16): grants answered from memory and written behind the answer
 (or before it, with `durable_grants`), and completions riding on the next lease, token by token,
-in the same offset-topic write as its grants, answered once that write is durable."""
+in the same offset-topic write as its grants, answered once that write is durable; and a
+stream's credit carrying completions the same way."""
 
 import asyncio
 
@@ -119,3 +120,52 @@ async def test_riding_completions_are_not_answered_from_a_partition_that_moved(n
     svc.ownership.states[svc.partition_of("moved")].revoked = True  # moved mid-call
     with pytest.raises(VQError):
         await work.lease("moved", "w", 2, 60_000, 0, complete=[r.token for r in first.records])
+
+
+async def test_a_streams_credit_completes_its_tokens_token_by_token_in_one_write(node):
+    svc, work, *_ = node
+    await fill(svc, "credit", 4)
+    first = await work.lease("credit", "w", 3, 60_000, 0)
+    tokens = [r.token for r in first.records]
+    off, attempt, grant = parse_token(tokens[0]) or (0, 0, 0)
+    stale = f"{off}.{attempt + 1}.{grant}"  # a delivery that never happened
+    writes = svc.entries.writes
+    got = await work.complete_riding("credit", "w", [*tokens, tokens[1], stale, "nope"])
+    assert svc.entries.writes == writes + 1  # every completion: one write
+    assert got.completed == tokens  # the repeat dropped
+    assert [(r.token, r.code) for r in got.refused] == [
+        ("nope", "invalid_token"), (stale, "lease_expired")]
+    info = svc.queue_info("credit").consumers[0]
+    assert (info.offset, info.in_flight) == (first.records[-1].record.offset + 1, 0)
+    again = await work.complete_riding("credit", "w", tokens)
+    assert (again.completed, again.refused) == (tokens, [])  # done already: idempotent
+    assert svc.entries.writes == writes + 1  # nothing new to write
+    # A consumer that holds no lease: none of its tokens is current.
+    none = await work.complete_riding("credit", "other", tokens[:1])
+    assert [(r.token, r.code) for r in none.refused] == [(tokens[0], "lease_expired")]
+    await work.configure("credit", "reader", "cursor", None, False, None)
+    with pytest.raises(VQError) as exc:
+        await work.complete_riding("credit", "reader", tokens[:1])
+    assert exc.value.code == "consumer_mode_mismatch"
+
+
+async def test_a_streams_credit_completions_are_answered_only_once_durable(node):
+    svc, work, data_log, offset_log = node
+    await fill(svc, "cdur", 2)
+    first = await work.lease("cdur", "w", 2, 60_000, 0)
+    await asyncio.sleep(0.05)  # the grants' write behind lands
+    offset_log.hold = True
+    riding = asyncio.ensure_future(work.complete_riding(
+        "cdur", "w", [r.token for r in first.records]))
+    await asyncio.sleep(0.05)
+    assert not riding.done()
+    await offset_log.crash()
+    with pytest.raises(ConnectionError):
+        await riding
+    # Not answered, so not promised: a new owner still has both records leased.
+    svc2, _ = await work_node(data_log, offset_log, svc.settings)
+    try:
+        info = svc2.queue_info("cdur").consumers[0]
+        assert (info.offset, info.in_flight) == (first.records[0].record.offset, 2)
+    finally:
+        svc2.close()
