@@ -5,7 +5,7 @@ buffer filled ahead of them (at most `concurrency + prefetch` records leased and
 handled, in calls of at least a quarter of that room, up to `max_batch`), long-polling a queue
 that has nothing with one slot reserved, so an idle queue holds no room another could use.
 Without an explicit `prefetch` the room follows the handlers: 10 records per slot (at least
-64), growing up to 30 per slot while the slots would handle more than that within two lease
+64), growing up to 64 per slot while the slots would handle more than that within two lease
 round trips (both times measured as it runs). A handler that returns has its record's token
 sent with its source's next lease (`complete=`: one call per cycle, not a lease and a
 complete); tokens no lease took within `complete_delay_ms` are completed in one standalone
@@ -135,7 +135,7 @@ class Worker:
                  handler: Handler, *, concurrency: int = 8, visibility_ms: int = 30_000,
                  wait_ms: int = 1000, idle_sleep_s: float = 0.05,
                  backoff_initial_ms: int = 1000, backoff_max_ms: int = 60_000,
-                 prefetch: int | None = None, max_batch: int = 100,
+                 prefetch: int | None = None, max_batch: int = 250,
                  complete_delay_ms: float = 50.0, prefix: bool = False,
                  map_refresh_s: float = 5.0, on_refused: RefusedHook | None = None) -> None:
         self.client = client
@@ -159,13 +159,12 @@ class Worker:
         self.backoff_max_ms = backoff_max_ms
         # Leased ahead: at least 10 per slot, as many as a worker per slot leasing 10 at a time
         # holds. Fast handlers empty that in less than a lease round trip, and the slots then
-        # wait: with a no-op handler, 16 slots drained 32,000 records/s with 160 ahead, 46,000
-        # with 480 and no more with 960 (the node's lease calls slowed). So the room grows to
-        # what the slots handle in two round trips, up to 30 per slot (`_adapt`); an explicit
+        # wait. So the room grows to what the slots handle in two round trips, up to 64 per
+        # slot (`_adapt`; ADR 15 has the figures that set it and `max_batch`); an explicit
         # `prefetch` is kept as given.
         self._adaptive = prefetch is None
         self._floor = max(10 * concurrency, 64) if prefetch is None else max(0, prefetch)
-        self._ceiling = max(30 * concurrency, self._floor) if prefetch is None else self._floor
+        self._ceiling = max(64 * concurrency, self._floor) if prefetch is None else self._floor
         self.capacity = concurrency + self._floor  # records leased and not yet handled, at most
         self._handler_s = 0.0  # moving averages: a handler's run, a lease call's round trip
         self._lease_s = 0.0
