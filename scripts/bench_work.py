@@ -10,7 +10,8 @@ queues prefilled with 100-byte records unless said:
   many workers         256 workers over 1,000 queues, 10 per lease
   per-key order        the 16-worker run over records carrying 100 distinct ordering keys
   Worker               vqueues_client.Worker, 16 slots, a no-op handler, 200,000 records
-  lease end to end     enqueue -> a lease long-polling the queue (p50/p99), and where it goes:
+  lease end to end     enqueue -> a lease long-polling the queue (p50/p99) beside enqueue -> a
+                       cursor read long-polling it (rounds alternating), and where it goes:
                        an HTTP exchange, the broker's acknowledgement (a raw produce), the
                        node's own work on the write, the lease's answer after the writer's
   dead letters         2,000 consumers' last leases expiring together: how long after the
@@ -272,8 +273,17 @@ async def measure_vqueues(args: argparse.Namespace, code: str | None = None
             await prefill(s, route, wq, args.records // 10)
             out.append(await measured("Worker, 16 slots, no-op handler", node, broker_pid,
                                       lambda: worker_drain(urls[0], wq, args.records)))
+            # The lease's end to end and the cursor read's, in alternating rounds of the same
+            # shape, so a slower minute weighs on both alike.
             after: list[float] = []
-            e2e = await bench.vq_lease_e2e(s, route("le2e"), "le2e", args.samples, after)
+            e2e: list[float] = []
+            cursor: list[float] = []
+            rounds = max(1, args.samples // 50)
+            for i in range(rounds):  # a queue per round: a read starts at its end
+                e2e += await bench.vq_lease_e2e(s, route("le2e"), "le2e",
+                                                args.samples // rounds, after)
+                cursor += (await bench.vq_e2e(s, route(f"ce2e-{i}"), f"ce2e-{i}",
+                                              args.samples // rounds))[0]
             # Its parts, each after the same 5 ms pause as the end to end's writes: an HTTP
             # exchange alone, a write alone, the broker's acknowledgement of a raw produce.
             http = await bench.vq_http_floor(s, urls[0], args.samples, bench.IDLE_S)
@@ -284,7 +294,8 @@ async def measure_vqueues(args: argparse.Namespace, code: str | None = None
             out.append({"name": "enqueue -> long-polling lease", "p50": bench.pct(e2e, .5),
                         "p99": bench.pct(e2e, .99), "http": bench.pct(http, .5),
                         "write": bench.pct(write, .5), "ack": bench.pct(ack, .5),
-                        "after": bench.pct(after, .5)})
+                        "after": bench.pct(after, .5), "cursor_p50": bench.pct(cursor, .5),
+                        "cursor_p99": bench.pct(cursor, .99)})
             late = await expiry_lateness(s, route)
             out.append({"name": "dead letters after the deadline", "p50": bench.pct(late, .5),
                         "p99": bench.pct(late, .99)})
@@ -380,6 +391,11 @@ def report(vq: list[dict[str, Any]], rd: list[dict[str, Any]],
               f"{r['per_server_cpu_s']:,.0f} |")
     e2e = rows["enqueue -> long-polling lease"]
     print(f"enqueue -> long-polling lease: p50 {e2e['p50']:.2f} ms, p99 {e2e['p99']:.2f} ms")
+    if "cursor_p50" in e2e:
+        print(f"  enqueue -> long-polling cursor read, rounds alternating with it: p50 "
+              f"{e2e['cursor_p50']:.2f} ms, p99 {e2e['cursor_p99']:.2f} ms; the lease "
+              f"{e2e['p50'] / e2e['cursor_p50']:.2f}x at p50, "
+              f"{e2e['p99'] / e2e['cursor_p99']:.2f}x at p99")
     # p50s of separate measures: they add up only roughly to the end to end's p50.
     print(f"  where it goes, p50s: the HTTP exchange (GET /healthz) {e2e['http']:.2f} ms + the "
           f"broker's acknowledgement (raw produce) {e2e['ack']:.2f} ms + the node's own work "
