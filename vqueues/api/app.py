@@ -19,6 +19,7 @@ from vqueues.api.middlewares import (
 )
 from vqueues.api.openapi import openapi_document, query_parameters
 from vqueues.api.proxy import forward_middleware, proxy_session
+from vqueues.api.sqs import route as sqs
 from vqueues.queues.quotas import QuotaFile, Quotas
 from vqueues.queues.service import QueueService
 from vqueues.settings import Settings
@@ -109,6 +110,7 @@ def create_app(service: QueueService, settings: Settings) -> web.Application:
     app.router.add_get("/v1/openapi.json", handlers.openapi)
     app.router.add_routes(compat.routes())
     app.router.add_routes(console.routes())
+    app.router.add_routes(sqs.routes())  # the SQS-compatible API (docs/sqs.md)
     app.router.add_get("/metrics", handlers.metrics)
     app.router.add_get("/healthz", handlers.healthz)
     app.router.add_get("/readyz", handlers.readyz)
