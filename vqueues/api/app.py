@@ -77,8 +77,8 @@ def create_app(service: QueueService, settings: Settings) -> web.Application:
     if settings.quota_file:
         app[QUOTAS] = QuotaFile(settings.quota_file, Quotas([]))
     app.cleanup_ctx.append(_reload_files)
-    if settings.forward:
-        app.cleanup_ctx.append(proxy_session)
+    # --forward's proxy and the SQS API's forwarding (docs/sqs.md) share one client session.
+    app.cleanup_ctx.append(proxy_session)
     q = "/v1/queues/{queue:[^/]+}"
     c = q + "/consumers/{consumer:[^/]+}"
     app.router.add_post(f"{q}/records", handlers.enqueue)

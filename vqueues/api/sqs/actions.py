@@ -4,6 +4,7 @@ queue service). docs/sqs.md says what maps to what."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import json
@@ -13,9 +14,11 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
+import aiohttp
 from aiohttp import web
 
-from vqueues.api.keys import QUOTAS, SERVICE, SETTINGS, WORK
+from vqueues.api.keys import PROXY, QUOTAS, SERVICE, SETTINGS, WORK
+from vqueues.api.proxy import FORWARDED
 from vqueues.api.sqs.attributes import (
     ANSWERED,
     COUNTED,
@@ -41,7 +44,7 @@ from vqueues.api.sqs.messages import (
     system_names,
 )
 from vqueues.api.sqs.protocol import SqsError
-from vqueues.errors import Conflict
+from vqueues.errors import Conflict, Unavailable
 from vqueues.queues.service import QueueService
 from vqueues.records import Record
 from vqueues.results import ConsumerSettings
@@ -61,6 +64,7 @@ class Call:
 
     app: web.Application
     endpoint: str
+    forwarded: bool = False  # sent on by another node: answered from this node alone
 
     @property
     def work(self) -> WorkService:
@@ -212,6 +216,24 @@ def list_page(names: list[str], body: Mapping[str, Any]) -> tuple[list[str], str
     return page, base64.urlsafe_b64encode(page[-1].encode()).decode() if more else None
 
 
+async def _peer_names(call: Call, url: str, ask: dict[str, Any]) -> list[str]:
+    """The queue names another node lists for its own partitions."""
+    headers = {"Content-Type": "application/x-amz-json-1.0",
+               "X-Amz-Target": "AmazonSQS.ListQueues",
+               FORWARDED: call.settings.effective_node_id}
+    try:
+        async with call.app[PROXY].post(url + "/", data=json.dumps(ask),
+                                        headers=headers) as resp:
+            answer = await resp.json(content_type=None)
+            if resp.status != 200 or not isinstance(answer, dict):
+                raise Unavailable("owner_unreachable", f"listing queues at {url} answered "
+                                  f"{resp.status}")
+    except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+        raise Unavailable("owner_unreachable", f"listing queues at {url} failed: {exc}",
+                          owner=url) from None
+    return [str(u).rsplit("/", 1)[-1] for u in answer.get("QueueUrls", [])]
+
+
 def list_prefix(body: Mapping[str, Any]) -> str:
     prefix = body.get("QueueNamePrefix") or ""
     if not isinstance(prefix, str):
@@ -220,7 +242,27 @@ def list_prefix(body: Mapping[str, Any]) -> str:
 
 
 async def list_queues(call: Call, body: Mapping[str, Any]) -> dict[str, Any]:
-    names = call.work.configs.with_attributes(SQS_CONSUMER, list_prefix(body))
+    """The SQS queues of the whole cluster: this node's, and those each other node of the
+    cluster map answers for its own partitions (a call another node sent on: this node's)."""
+    prefix = list_prefix(body)
+    ownership = call.service.ownership
+    owners = ownership.cluster_map.owners
+    if not call.forwarded and len(set(owners) | set(ownership.states)) < ownership.partitions:
+        raise Unavailable("partition_unavailable", "a partition has no owner (a rebalance is "
+                          "under way): the listing would miss its queues; retry shortly")
+    if any(not s.ready.is_set() for s in ownership.states.values()):
+        raise Unavailable("partition_replaying", "a partition of this node is still being "
+                          "replayed; retry shortly")
+    names = call.work.configs.with_attributes(SQS_CONSUMER, prefix)
+    if not call.forwarded:
+        me = ownership.node_id
+        peers = sorted({o.url.rstrip("/") for o in owners.values() if o.node != me})
+        ask = {"QueueNamePrefix": prefix, "MaxResults": body.get("MaxResults") or MAX_LIST}
+        if body.get("NextToken") is not None:
+            ask["NextToken"] = body["NextToken"]
+        for found in await asyncio.gather(*(_peer_names(call, url, ask) for url in peers)):
+            names += found
+        names.sort()
     page, token = list_page(names, body)
     out: dict[str, Any] = {"QueueUrls": [call.url(n) for n in page]}
     if token is not None:
