@@ -10,8 +10,9 @@ JSON arrays, so a queue and a consumer name can never be confused whatever they 
   ["q", queue]           -> {"v": 1, "deleted_before": n, "ts": ms}  the queue was deleted at n:
                                                                       its records below n are gone
   ["s", queue, consumer] -> {"v": 1, "mode", "max_attempts", "dlq", "visibility_ms"} settings,
-                            and "max_in_flight", "prefix", "durable_grants" when set
-                            (absent: none, none, false)
+                            and "max_in_flight", "prefix", "durable_grants", "attributes" (a
+                            str -> str object: an SQS queue's attributes, docs/sqs.md) when
+                            set (absent: none, none, false, none)
   ["W", queue, consumer, gen]      -> msgpack `WindowDelta` (checkpoint): a lease consumer's
                                       whole window as ranges, written by generation `gen`
   ["w", queue, consumer, gen, seq] -> msgpack `WindowDelta`: one call's changes to the window
@@ -29,7 +30,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from itertools import accumulate
 
@@ -96,6 +97,8 @@ class ConsumerConfigured:
     max_in_flight: int | None = None
     prefix: str | None = None
     durable_grants: bool = False
+    # Attributes kept with the settings (an SQS queue's, ADR 17), sorted by name; () for none.
+    attributes: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(slots=True, frozen=True)
@@ -201,13 +204,13 @@ def _value(ts: int = 0, **fields: int | str | None) -> bytes:
     return json.dumps(body, separators=(",", ":")).encode()
 
 
-def _body(fields: dict[str, int | str | bool | None]) -> bytes:
+def _body(fields: Mapping[str, int | str | bool | dict[str, str] | None]) -> bytes:
     body = {"v": FORMAT_VERSION, **fields, "ts": now_ms()}
     return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
 
 
 def _settings_body(entry: ConsumerConfigured) -> bytes:
-    settings: dict[str, int | str | bool | None] = {
+    settings: dict[str, int | str | bool | dict[str, str] | None] = {
         "mode": entry.mode, "max_attempts": entry.max_attempts,
         "dlq": entry.dead_letter_queue, "visibility_ms": entry.visibility_ms}
     if entry.max_in_flight is not None:
@@ -216,7 +219,16 @@ def _settings_body(entry: ConsumerConfigured) -> bytes:
         settings["prefix"] = entry.prefix
     if entry.durable_grants:
         settings["durable_grants"] = True
+    if entry.attributes:
+        settings["attributes"] = dict(entry.attributes)
     return _body(settings)
+
+
+def attributes_of(found: object) -> tuple[tuple[str, str], ...]:
+    """A settings entry's (or snapshot row's) attributes as sorted pairs; () for none."""
+    if not isinstance(found, dict):
+        return ()
+    return tuple(sorted((str(k), str(v)) for k, v in found.items()))
 
 
 def encode_offset_entry(entry: OffsetEntry) -> OffsetRecord:
@@ -364,7 +376,8 @@ def decode_offset_entry(key: bytes | None, value: bytes | None) -> OffsetEntry |
                                       int(b["max_attempts"]), b.get("dlq"),
                                       int(b["visibility_ms"]),
                                       int(cap) if cap is not None else None, b.get("prefix"),
-                                      bool(b.get("durable_grants", False)))
+                                      bool(b.get("durable_grants", False)),
+                                      attributes_of(b.get("attributes")))
         if parts[0] in ("w", "W") and len(parts) in (4, 5):
             q, c, gen = str(parts[1]), str(parts[2]), int(parts[3])
             seq = int(parts[4]) if parts[0] == "w" and len(parts) == 5 else None

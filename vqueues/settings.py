@@ -140,7 +140,8 @@ class Settings:
         "entries retention removed, and expires idle consumers")
     consumer_retention_ms: int = _f(
         7 * 24 * 3600 * 1000, "a consumer that has not acked for this long is removed (a "
-        "tombstone in the offset topic), like Kafka's offsets.retention.minutes; 0 keeps them")
+        "tombstone in the offset topic), like Kafka's offsets.retention.minutes; 0 keeps them. "
+        "An SQS queue's consumer never expires (docs/sqs.md)")
     idempotency_window_ms: int = _f(
         600_000, "an enqueue whose record carries an idempotency key already seen for its queue "
         "within this window writes nothing and answers the first record's offset (0: off)")
@@ -187,6 +188,13 @@ class Settings:
                           "another node over HTTPS (default: the system's CAs)")
     forward: bool = _f(False, "proxy a request for a partition another node owns to that node "
                        "(for clients that cannot route) instead of answering 409")
+    sqs_endpoint_url: str = _f(
+        "", "the SQS API's endpoint in queue URLs ({endpoint}/{account}/{queue}, docs/sqs.md); "
+        "give the same one (a load balancer's) to every node. Default: the scheme and Host of "
+        "each request")
+    sqs_account_id: str = _f("000000000000", "the account id in SQS queue URLs and ARNs "
+                             "(12 digits)")
+    sqs_region: str = _f("us-east-1", "the region in SQS queue ARNs")
     kafka_options: str = _f(
         "", "extra librdkafka settings for every client, comma-separated key=value "
         "(e.g. security.protocol=SASL_SSL,sasl.mechanism=PLAIN)")
@@ -318,6 +326,9 @@ class Settings:
             value = getattr(self, name)
             if value != "auto" and not (value.isascii() and value.isdigit()):
                 raise ValueError(f"{name} must be auto or a whole number of ms")
+        if not (len(self.sqs_account_id) == 12 and self.sqs_account_id.isascii()
+                and self.sqs_account_id.isdigit()):
+            raise ValueError("sqs_account_id must be 12 digits")
         if bool(self.tls_cert) != bool(self.tls_key):
             raise ValueError("tls_cert and tls_key go together: give both or neither")
         self.kafka_extra()

@@ -11,6 +11,7 @@ from vqueues.errors import VQError
 from vqueues.ownership.cluster_map import ClusterMap, Owner, encode_claim, encode_release
 from vqueues.records import (
     ConsumerAcked,
+    ConsumerConfigured,
     ConsumerDeleted,
     QueueDeleted,
     Record,
@@ -21,7 +22,20 @@ from vqueues.settings import Settings
 
 ENTRIES = [ConsumerAcked("q", "c", 0, 1_700_000_000_000),
            ConsumerAcked("a::b/ü", '["c"]', 2**40, 1_700_000_000_001),
-           ConsumerDeleted("q", "c"), QueueDeleted("q", 17)]
+           ConsumerDeleted("q", "c"), QueueDeleted("q", 17),
+           ConsumerConfigured("q", "sqs", "lease", 5, "q-dead", 30_000, None, None, True,
+                              (("CreatedTimestamp", "1700000000"), ("DelaySeconds", "5"))),
+           ConsumerConfigured("q", "c", "lease", 5, None, 30_000)]
+
+
+def test_a_settings_entry_carries_attributes_only_when_it_has_some():
+    import json
+    with_attrs = ConsumerConfigured("q", "sqs", "lease", 5, None, 1000, None, None, False,
+                                    (("FifoQueue", "true"),))
+    body = json.loads(encode_offset_entry(with_attrs)[1] or b"")
+    assert body["attributes"] == {"FifoQueue": "true"}
+    plain = ConsumerConfigured("q", "c", "lease", 5, None, 1000)
+    assert "attributes" not in json.loads(encode_offset_entry(plain)[1] or b"")
 
 
 @pytest.mark.parametrize("entry", ENTRIES)

@@ -19,6 +19,7 @@ from vqueues.api.middlewares import (
 )
 from vqueues.api.openapi import openapi_document, query_parameters
 from vqueues.api.proxy import forward_middleware, proxy_session
+from vqueues.api.sqs import route as sqs
 from vqueues.queues.quotas import QuotaFile, Quotas
 from vqueues.queues.service import QueueService
 from vqueues.settings import Settings
@@ -76,8 +77,8 @@ def create_app(service: QueueService, settings: Settings) -> web.Application:
     if settings.quota_file:
         app[QUOTAS] = QuotaFile(settings.quota_file, Quotas([]))
     app.cleanup_ctx.append(_reload_files)
-    if settings.forward:
-        app.cleanup_ctx.append(proxy_session)
+    # --forward's proxy and the SQS API's forwarding (docs/sqs.md) share one client session.
+    app.cleanup_ctx.append(proxy_session)
     q = "/v1/queues/{queue:[^/]+}"
     c = q + "/consumers/{consumer:[^/]+}"
     app.router.add_post(f"{q}/records", handlers.enqueue)
@@ -109,6 +110,7 @@ def create_app(service: QueueService, settings: Settings) -> web.Application:
     app.router.add_get("/v1/openapi.json", handlers.openapi)
     app.router.add_routes(compat.routes())
     app.router.add_routes(console.routes())
+    app.router.add_routes(sqs.routes())  # the SQS-compatible API (docs/sqs.md)
     app.router.add_get("/metrics", handlers.metrics)
     app.router.add_get("/healthz", handlers.healthz)
     app.router.add_get("/readyz", handlers.readyz)

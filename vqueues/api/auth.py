@@ -20,6 +20,7 @@ import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from vqueues.api.sqs.paths import SQS_ROUTES
 from vqueues.errors import VQError
 
 if TYPE_CHECKING:
@@ -154,6 +155,8 @@ def required_scope(route: str, method: str) -> str | None:
     """The scope a route needs (on its queue), "any" for any valid token, None if public."""
     if route in ("/healthz", "/readyz", "/v1/openapi.json") or route.startswith("/ui"):
         return None  # the console's files are public; what they fetch needs a token
+    if route in SQS_ROUTES:
+        return None  # SQS's own auth: the route answers it in SQS's shape (api/sqs/route.py)
     if route == "/metrics":
         return "metrics"
     if route in ("/v1/partitions", "/get_partitions"):

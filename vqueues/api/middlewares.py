@@ -14,6 +14,7 @@ from vqueues.api.answers import respond
 from vqueues.api.auth import required_scope
 from vqueues.api.body import UnreadableBody
 from vqueues.api.keys import AUTH, IDENTITY, PREFIX, QUERY_PARAMETERS, SERVICE, SETTINGS
+from vqueues.api.sqs.paths import SQS_ROUTES
 from vqueues.errors import Unavailable, VQError
 
 log = logging.getLogger(__name__)
@@ -138,7 +139,9 @@ async def metrics_middleware(request: web.Request, handler: Handler) -> web.Stre
 
 
 _UNFENCED = ("/v1/queues/{queue}/records", "/v1/records", "/v1/prefix-consumers/{consumer}",
-             "/v1/queues/{queue}/scheduled/{id}", "/get_records", "/get_partitions")
+             "/v1/queues/{queue}/scheduled/{id}", "/get_records", "/get_partitions",
+             # The SQS API fences its own actions, answering in SQS's shape (api/sqs/route.py).
+             *SQS_ROUTES)
 
 
 @web.middleware

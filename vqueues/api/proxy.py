@@ -27,12 +27,16 @@ async def forward_middleware(request: web.Request, handler: Handler) -> web.Stre
         upgrade = request.headers.get("Upgrade", "").lower() == "websocket"
         if not owner or FORWARDED in request.headers or upgrade:
             raise
-        return await _proxy(request, str(owner))
+        return await proxy(request, str(owner))
 
 
-async def _proxy(request: web.Request, owner: str) -> web.Response:
+async def proxy(request: web.Request, owner: str, extra: dict[str, str] | None = None
+                ) -> web.Response:
+    """The request sent on to `owner` (a node's URL), once, and its answer (the SQS API
+    forwards this way too, with `extra` headers)."""
     body = await request.read()  # cached by aiohttp if the handler read it already
     headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP_HEADERS}
+    headers.update(extra or {})
     headers[FORWARDED] = request.app[SETTINGS].effective_node_id
     try:
         async with request.app[PROXY].request(

@@ -39,7 +39,7 @@ from vqueues.results import (
 )
 from vqueues.settings import Settings
 from vqueues.state.cache import RecordCache
-from vqueues.state.consumer_config import CURSOR, LEASE
+from vqueues.state.consumer_config import CURSOR, LEASE, configured
 from vqueues.state.idempotency import key_of
 from vqueues.state.partition_state import PartitionState
 from vqueues.state.schedule import CANCEL_HEADER
@@ -276,11 +276,13 @@ class QueueService:
         schedule.remove(queue, record_id)
         return ScheduledCancellation(queue, record_id, True)
 
-    async def delete_queue(self, queue: str) -> QueueDeletion:
+    async def delete_queue(self, queue: str, keep: str | None = None) -> QueueDeletion:
         """Delete the queue and its consumers: a marker in the offset topic hides every record
-        below the partition's current end, for this node and every later owner."""
+        below the partition's current end, for this node and every later owner. `keep`: a
+        consumer that stays, with its settings, at the new start (an SQS PurgeQueue), in the
+        same offset-topic write."""
         p = self.partition_of(queue)
-        async with self.locks.hold(("q", queue)):
+        async with self.locks.hold(("q", queue)), self.locks.hold(("c", queue, keep or "")):
             state = self.ownership.require(p)
             stats = state.stats(queue)
             if stats is None:
@@ -293,6 +295,10 @@ class QueueService:
             entries: list[OffsetEntry] = [QueueDeleted(queue, before)]
             for c in stats.consumers:
                 entries += state.consumer_tombstones(queue, c)
+            kept = state.configs.get((queue, keep)) if keep is not None else None
+            if keep is not None and kept is not None:
+                entries += [ConsumerAcked(queue, keep, before, now_ms()),
+                            configured(queue, keep, kept)]
             await self.entries.write(state, entries)
             self.metrics.queues_deleted.inc()
         return QueueDeletion(queue, True, p, stats.records, sorted(stats.consumers), before)

@@ -15,15 +15,16 @@ from __future__ import annotations
 
 import json
 
-FORMAT_VERSION = 8
+FORMAT_VERSION = 9
 # Format 2 has no lease state; formats 2 and 3 hold the offsets raw, formats 4 to 7
 # delta-encoded; format 5 adds the idempotency window (before it, a restored window starts
 # empty); format 6 adds each delivery's grant and each window's keys in the offset topic
 # (ADR 12; a window of an older format is taken for ADR 8's, and checkpointed at its first
 # write); format 7 adds each consumer's in-flight cap and the prefix its settings came from
 # (ADR 13; an older row has neither); format 8 adds each consumer's `durable_grants` (ADR 16;
-# an older row writes grants behind).
-READABLE_VERSIONS = (2, 3, 4, 5, 6, 7, 8)
+# an older row writes grants behind); format 9 adds each consumer's attributes (an SQS
+# queue's, ADR 17; an older row has none).
+READABLE_VERSIONS = (2, 3, 4, 5, 6, 7, 8, 9)
 MAGIC = b"VQS2"
 
 

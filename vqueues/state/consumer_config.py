@@ -29,7 +29,8 @@ class ConsumerConfig:
     consumer a lease made with the defaults; either way the consumer follows the prefix
     consumer by its name that covers the queue. None: set on its own (PUT).
     `durable_grants`: a lease answers only once its grants are written (ADR 16); otherwise
-    they are written behind the answer."""
+    they are written behind the answer. `attributes`: what an SQS queue keeps beside its
+    consumer's settings (ADR 17), sorted by name; a consumer that has any never expires."""
 
     mode: str
     max_attempts: int
@@ -38,10 +39,12 @@ class ConsumerConfig:
     max_in_flight: int | None = None
     prefix: str | None = None
     durable_grants: bool = False
+    attributes: tuple[tuple[str, str], ...] = ()
 
 
 def configured(queue: str, consumer: str, config: ConsumerConfig) -> ConsumerConfigured:
     """The settings entry that gives (queue, consumer) `config`."""
     return ConsumerConfigured(queue, consumer, config.mode, config.max_attempts,
                               config.dead_letter_queue, config.visibility_ms,
-                              config.max_in_flight, config.prefix, config.durable_grants)
+                              config.max_in_flight, config.prefix, config.durable_grants,
+                              config.attributes)

@@ -17,14 +17,16 @@ from vqueues.records import (
     OffsetEntry,
     WindowDelta,
     WindowKeyCleared,
+    attributes_of,
     now_ms,
 )
 from vqueues.state.consumer_config import LEASE, ConsumerConfig
 from vqueues.state.window import Delivery, LeaseWindow
 
 # A snapshot's rows: (queue, consumer, mode, max_attempts, dead_letter_queue, visibility_ms,
-# max_in_flight, prefix, durable_grants); rows of snapshots before format 7 end after
-# visibility_ms, of format 7 after prefix.
+# max_in_flight, prefix, durable_grants, attributes as a dict or None); rows of snapshots
+# before format 7 end after visibility_ms, of format 7 after prefix, of format 8 after
+# durable_grants.
 ConfigRow = tuple[Any, ...]
 # (queue, consumer, frontier, dead_lettered, done starts, done ends,
 #  [(offset, attempts, until, leased, order_key, reason, grant)],
@@ -89,7 +91,7 @@ class LeaseWindows:
         key = (e.queue, e.consumer)
         self.configs[key] = _shared(ConsumerConfig(e.mode, e.max_attempts, e.dead_letter_queue,
                                                    e.visibility_ms, e.max_in_flight, e.prefix,
-                                                   e.durable_grants))
+                                                   e.durable_grants, e.attributes))
         if e.mode == LEASE:
             if key not in self.windows:
                 self.windows[key] = LeaseWindow(committed or 0)
@@ -212,7 +214,8 @@ class LeaseWindows:
         """Every consumer's settings and every window, as rows."""
         configs: list[ConfigRow] = [
             (q, c, k.mode, k.max_attempts, k.dead_letter_queue, k.visibility_ms, k.max_in_flight,
-             k.prefix, k.durable_grants) for (q, c), k in self.configs.items()]
+             k.prefix, k.durable_grants, dict(k.attributes) if k.attributes else None)
+            for (q, c), k in self.configs.items()]
         work: list[WindowRow] = [
             (q, c, w.frontier, w.dead_lettered, list(w.done.starts), list(w.done.ends),
              [(o, d.attempts, d.until, d.leased, d.order_key, d.reason, d.grant)
@@ -228,7 +231,8 @@ class LeaseWindows:
             str(row[2]), int(row[3]), row[4], int(row[5]),
             int(row[6]) if len(row) > 6 and row[6] is not None else None,
             row[7] if len(row) > 7 else None,
-            bool(row[8]) if len(row) > 8 else False)) for row in configs}
+            bool(row[8]) if len(row) > 8 else False,
+            attributes_of(row[9]) if len(row) > 9 else ())) for row in configs}
         self.windows = {}
         self.last_attempts = []
         for row in work:

@@ -342,15 +342,24 @@ class PartitionState:
         return self.index.committed(queue, consumer)
 
     def idle(self, queue: str, consumer: str, acked_before_ms: int) -> bool:
-        """Whether `consumer` of `queue` exists and last acked before `acked_before_ms`."""
-        return committed_offsets.idle(self.queues.get(queue), consumer, acked_before_ms)
+        """Whether `consumer` of `queue` exists, last acked before `acked_before_ms`, and may
+        expire: one whose settings carry attributes (an SQS queue's) never does."""
+        return committed_offsets.idle(self.queues.get(queue), consumer, acked_before_ms) \
+            and not self._kept_forever(queue, consumer)
+
+    def _kept_forever(self, queue: str, consumer: str) -> bool:
+        config = self.lease_windows.configs.get((queue, consumer))
+        return config is not None and bool(config.attributes)
 
     def stats(self, queue: str) -> QueueStats | None:
         return self.index.stats(queue)
 
     def consumers_in_shard(self, shard: int, above: int, acked_before_ms: int | None
                            ) -> ConsumerWalk:
-        return self.index.consumers_in_shard(shard, above, acked_before_ms)
+        found = self.index.consumers_in_shard(shard, above, acked_before_ms)
+        if found.idle:
+            found.idle = [(q, c) for q, c in found.idle if not self._kept_forever(q, c)]
+        return found
 
     def queue_names(self, start: str = "", after: str | None = None) -> Iterator[str]:
         return self.index.queue_names(start, after)

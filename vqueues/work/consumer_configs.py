@@ -9,6 +9,7 @@ consumer's lock.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import replace
 
 from vqueues.errors import BadRequest, Conflict, NotFound
@@ -62,11 +63,11 @@ class ConsumerConfigs:
     async def configure(self, queue: str, consumer: str, mode: str | None,
                         max_attempts: int | None, dead_letter_queue: str | bool | None,
                         visibility_ms: int | None, max_in_flight: int | bool | None = False,
-                        prefix: str | None = None, durable_grants: bool | None = None
-                        ) -> ConsumerSettings:
+                        prefix: str | None = None, durable_grants: bool | None = None,
+                        attributes: Mapping[str, str] | None = None) -> ConsumerSettings:
         """Set a consumer's settings (absent ones keep their value, or the defaults).
         `dead_letter_queue` and `max_in_flight`: False means "not given", None clears it;
-        `durable_grants` None keeps it. A
+        `durable_grants` and `attributes` (what an SQS queue keeps with it) None keep them. A
         consumer set here no longer follows a prefix consumer's settings (ADR 13), unless
         `prefix` names the prefix of the prefix consumer by its name that covers the queue:
         then it takes that one's settings, and follows it again."""
@@ -113,7 +114,8 @@ class ConsumerConfigs:
                 old.visibility_ms if visibility_ms is None else visibility_ms,
                 old.max_in_flight if max_in_flight is False else
                 (max_in_flight if isinstance(max_in_flight, int) else None), None,
-                old.durable_grants if durable_grants is None else durable_grants)
+                old.durable_grants if durable_grants is None else durable_grants,
+                old.attributes if attributes is None else tuple(sorted(attributes.items())))
             entries: list[OffsetEntry] = []
             committed = state.committed(queue, consumer)
             if committed is None:
@@ -142,6 +144,22 @@ class ConsumerConfigs:
                                 config.dead_letter_queue, config.visibility_ms, committed,
                                 config.max_in_flight, config.prefix or None,
                                 config.durable_grants)
+
+    def attributes_of(self, queue: str, consumer: str) -> dict[str, str] | None:
+        """The attributes kept with a consumer's settings; None if it has none (or no
+        settings)."""
+        state = self.queues.ownership.require(self.queues.partition_of(queue))
+        config = state.configs.get((queue, consumer))
+        return dict(config.attributes) if config is not None and config.attributes else None
+
+    def with_attributes(self, consumer: str, prefix: str) -> list[str]:
+        """The queues, in this node's ready partitions, whose `consumer` carries attributes
+        and whose name starts with `prefix`, sorted. It walks each partition's settings (one
+        per consumer that has any), not its queues."""
+        names = [q for state in self.queues.ownership.states.values() if state.ready.is_set()
+                 for (q, c), config in state.configs.items()
+                 if c == consumer and config.attributes and q.startswith(prefix)]
+        return sorted(names)
 
     def prefix_consumer(self, queue: str, consumer: str) -> PrefixConsumer | None:
         """The prefix consumer by this name whose prefix covers `queue`, if there is one."""

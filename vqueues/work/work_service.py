@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass
 
 from vqueues.errors import BadRequest, Conflict, Unavailable
@@ -125,11 +125,11 @@ class WorkService:
     async def configure(self, queue: str, consumer: str, mode: str | None,
                         max_attempts: int | None, dead_letter_queue: str | bool | None,
                         visibility_ms: int | None, max_in_flight: int | bool | None = False,
-                        prefix: str | None = None, durable_grants: bool | None = None
-                        ) -> ConsumerSettings:
+                        prefix: str | None = None, durable_grants: bool | None = None,
+                        attributes: Mapping[str, str] | None = None) -> ConsumerSettings:
         return await self.configs.configure(queue, consumer, mode, max_attempts,
                                             dead_letter_queue, visibility_ms, max_in_flight,
-                                            prefix, durable_grants)
+                                            prefix, durable_grants, attributes)
 
     def consumer_settings(self, queue: str, consumer: str) -> ConsumerSettings:
         return self.configs.settings_of(queue, consumer)

@@ -119,10 +119,20 @@ def test_a_snapshot_row_of_an_older_format_restores_without_cap_or_prefix():
     config = windows.configs[("q", "c")]
     assert (config.max_attempts, config.max_in_flight, config.prefix) == (3, None, None)
     rows, _ = windows.capture()
-    assert rows == [("q", "c", LEASE, 3, None, 1000, None, None, False)]
+    assert rows == [("q", "c", LEASE, 3, None, 1000, None, None, False, None)]
     # format 7's rows end after the prefix: grants written behind (ADR 16)
     windows.restore([("q", "c", LEASE, 3, None, 1000, 2, "q")], [])
     config = windows.configs[("q", "c")]
     assert (config.max_in_flight, config.prefix, config.durable_grants) == (2, "q", False)
     windows.restore([("q", "c", LEASE, 3, None, 1000, 2, "q", True)], [])
     assert windows.configs[("q", "c")].durable_grants is True
+    assert windows.configs[("q", "c")].attributes == ()  # format 8's rows end there
+
+
+def test_a_consumers_attributes_survive_capture_and_restore():
+    windows = LeaseWindows()
+    row = ("q", "sqs", LEASE, 3, None, 1000, None, None, True, {"b": "2", "a": "1"})
+    windows.restore([row], [])
+    assert windows.configs[("q", "sqs")].attributes == (("a", "1"), ("b", "2"))
+    rows, _ = windows.capture()
+    assert rows == [("q", "sqs", LEASE, 3, None, 1000, None, None, True, {"a": "1", "b": "2"})]

@@ -1,0 +1,98 @@
+"""The SQS API on two nodes (docs/sqs.md): an SDK that knows one node's endpoint reaches every
+queue (calls are sent on to the queue's owner), ListQueues lists the whole cluster, and a
+node SIGKILLed under SDK calls costs no acknowledged message: calls for its partitions are
+held until the other node has taken them over, then succeed."""
+
+import uuid
+
+import boto3
+import pytest
+from botocore.config import Config
+
+from tests.support import create_topics, queues_in_partition, start_cluster, wait_settled
+
+PARTITIONS = 8
+
+
+@pytest.fixture(scope="module")
+def cluster(default_bootstrap):
+    t = create_topics(default_bootstrap, partitions=PARTITIONS)
+    nodes = start_cluster(t, 2)
+    try:
+        yield nodes
+    finally:
+        for n in nodes:
+            n.terminate()
+
+
+def client(url, attempts=1):
+    """An SDK client that does not retry by itself (max_attempts 1): what it gets is what the
+    node answered."""
+    return boto3.client("sqs", endpoint_url=url, region_name="us-east-1",
+                        aws_access_key_id="x", aws_secret_access_key="x",
+                        config=Config(retries={"max_attempts": attempts, "mode": "standard"},
+                                      read_timeout=60))
+
+
+def names_on(owners, node, count, prefix):
+    """`count` queue names under `prefix` whose partitions `node` owns."""
+    out = []
+    for p in sorted(p for p, url in owners.items() if url == node.url):
+        out += queues_in_partition(p, PARTITIONS, 1, f"{prefix}-{p}")
+        if len(out) == count:
+            break
+    return out
+
+
+def test_one_endpoint_reaches_every_queue_and_lists_the_cluster(cluster):
+    a, b = cluster
+    owners = wait_settled([a, b], PARTITIONS)
+    prefix = f"lst{uuid.uuid4().hex[:6]}"
+    mine, theirs = names_on(owners, a, 2, prefix), names_on(owners, b, 2, prefix)
+    sqs = client(a.url)
+    urls = {q: sqs.create_queue(QueueName=q)["QueueUrl"] for q in mine + theirs}
+    assert all(u == f"{a.url}/000000000000/{q}" for q, u in urls.items())  # a's endpoint
+    q = theirs[0]
+    assert sqs.get_queue_url(QueueName=q)["QueueUrl"] == urls[q]
+    sent = sqs.send_message(QueueUrl=urls[q], MessageBody="far",
+                            MessageAttributes={"k": {"DataType": "String", "StringValue": "v"}})
+    [m] = sqs.receive_message(QueueUrl=urls[q], WaitTimeSeconds=5,
+                              MessageAttributeNames=["All"])["Messages"]
+    assert (m["MessageId"], m["MD5OfMessageAttributes"]) == (
+        sent["MessageId"], sent["MD5OfMessageAttributes"])
+    sqs.delete_message(QueueUrl=urls[q], ReceiptHandle=m["ReceiptHandle"])
+    # the same queue through the other node, by the same URL
+    assert client(b.url).receive_message(QueueUrl=urls[q]).get("Messages", []) == []
+    listed = sqs.list_queues(QueueNamePrefix=prefix)["QueueUrls"]
+    assert listed == sorted(urls.values())
+    seen, token = [], None
+    while True:
+        page = sqs.list_queues(QueueNamePrefix=prefix, MaxResults=1,
+                               **({"NextToken": token} if token else {}))
+        seen += page["QueueUrls"]
+        token = page.get("NextToken")
+        if token is None:
+            break
+    assert seen == listed
+    assert client(b.url).list_queues(QueueNamePrefix=prefix)["QueueUrls"] == [
+        u.replace(a.url, b.url) for u in listed]
+
+
+def test_calls_for_a_killed_nodes_queues_are_held_until_they_move(cluster):
+    a, b = cluster
+    owners = wait_settled([a, b], PARTITIONS)
+    [q] = names_on(owners, b, 1, f"kill{uuid.uuid4().hex[:6]}")
+    sqs = client(a.url)
+    url = sqs.create_queue(QueueName=q)["QueueUrl"]
+    acked = [sqs.send_message(QueueUrl=url, MessageBody=f"m{i}")["MessageId"]
+             for i in range(5)]
+    b.kill()
+    # a's map still names b: the calls wait for the group to move b's partitions to a
+    acked.append(sqs.send_message(QueueUrl=url, MessageBody="m5")["MessageId"])
+    got: list[str] = []
+    while len(got) < 6:
+        page = sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10, WaitTimeSeconds=2)
+        for m in page.get("Messages", []):
+            got.append(m["MessageId"])
+            sqs.delete_message(QueueUrl=url, ReceiptHandle=m["ReceiptHandle"])
+    assert sorted(got) == sorted(acked)

@@ -1,0 +1,130 @@
+"""The SQS route through the node's HTTP app over an in-memory node: its requests pass the
+native routes' middlewares (content type, body, Bearer auth) untouched, and every refusal is
+in SQS's shape (JSON 1.0 with x-amzn-query-error, or the query protocol's XML)."""
+
+import json
+
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+
+from tests.unit.nodes import queue_service
+from vqueues.api.app import create_app
+from vqueues.settings import Settings
+
+pytestmark = pytest.mark.unit
+JSON = "application/x-amz-json-1.0"
+
+
+async def call(api, action, body, path="/", content_type=JSON):
+    resp = await api.post(path, data=json.dumps(body) if isinstance(body, dict) else body,
+                          headers={"Content-Type": content_type,
+                                   "X-Amz-Target": f"AmazonSQS.{action}"})
+    return resp.status, await resp.read(), resp.headers
+
+
+async def test_a_queue_is_made_used_and_found_through_either_path(api):
+    status, raw, headers = await call(api, "CreateQueue", {"QueueName": "jobs"})
+    assert status == 200 and headers["Content-Type"] == JSON
+    url = json.loads(raw)["QueueUrl"]
+    assert url.endswith("/000000000000/jobs")
+    status, raw, _ = await call(api, "SendMessage", {"QueueUrl": url, "MessageBody": "hi"},
+                                path="/000000000000/jobs")
+    assert status == 200 and json.loads(raw)["MD5OfMessageBody"] == \
+        "49f68a5c8493ec2c0bf489821c21fc3b"
+    status, raw, _ = await call(api, "ReceiveMessage", {"QueueUrl": url})
+    assert [m["Body"] for m in json.loads(raw)["Messages"]] == ["hi"]
+
+
+@pytest.mark.parametrize(("action", "body", "status", "name", "code"), [
+    ("GetQueueUrl", {"QueueName": "missing"}, 400, "QueueDoesNotExist",
+     "AWS.SimpleQueueService.NonExistentQueue"),
+    ("SendMessage", {"QueueUrl": "http://h/000000000000/missing", "MessageBody": "x"}, 400,
+     "QueueDoesNotExist", "AWS.SimpleQueueService.NonExistentQueue"),
+    ("SendMessage", {"MessageBody": "x"}, 400, "MissingParameter", "MissingParameter"),
+    ("Frobnicate", {}, 400, "InvalidAction", "InvalidAction"),
+    ("TagQueue", {}, 400, "UnsupportedOperation", "AWS.SimpleQueueService.UnsupportedOperation"),
+    ("AddPermission", {}, 400, "UnsupportedOperation",
+     "AWS.SimpleQueueService.UnsupportedOperation"),
+    ("CreateQueue", {"QueueName": "no.dots"}, 400, "InvalidParameterValue",
+     "InvalidParameterValue"),
+    ("CreateQueue", {"QueueName": "x", "Attributes": {"Policy": "{}"}}, 400,
+     "UnsupportedOperation", "AWS.SimpleQueueService.UnsupportedOperation"),
+    ("CreateQueue", {"QueueName": "x", "Attributes": {"Nope": "1"}}, 400,
+     "InvalidAttributeName", "InvalidAttributeName"),
+    ("CreateQueue", {"QueueName": "x", "Attributes": {"DelaySeconds": "901"}}, 400,
+     "InvalidAttributeValue", "InvalidAttributeValue"),
+    ("CreateQueue", {"QueueName": "x.fifo"}, 400, "InvalidParameterValue",
+     "InvalidParameterValue"),
+    ("CreateQueue", "[1, 2]", 400, "InvalidParameterValue", "InvalidParameterValue"),
+    ("CreateQueue", "{not json", 400, "InvalidParameterValue", "InvalidParameterValue"),
+])
+async def test_refusals_are_in_sqs_shapes(api, action, body, status, name, code):
+    got, raw, headers = await call(api, action, body)
+    assert got == status
+    assert json.loads(raw)["__type"] == f"com.amazonaws.sqs#{name}"
+    assert headers["x-amzn-query-error"] == f"{code};Sender"
+
+
+async def test_a_receipt_handle_of_another_queue_is_invalid(api):
+    urls = [json.loads((await call(api, "CreateQueue", {"QueueName": q}))[1])["QueueUrl"]
+            for q in ("one", "two")]
+    await call(api, "SendMessage", {"QueueUrl": urls[0], "MessageBody": "x"})
+    _, raw, _ = await call(api, "ReceiveMessage", {"QueueUrl": urls[0]})
+    handle = json.loads(raw)["Messages"][0]["ReceiptHandle"]
+    status, raw, headers = await call(api, "DeleteMessage", {"QueueUrl": urls[1],
+                                                             "ReceiptHandle": handle})
+    assert status == 404 and headers["x-amzn-query-error"] == "ReceiptHandleIsInvalid;Sender"
+
+
+async def test_a_form_body_gets_the_query_protocols_xml_error(api):
+    resp = await api.post("/000000000000/q", data="Action=ListQueues&Version=2012-11-05",
+                          headers={"Content-Type": "application/x-www-form-urlencoded"})
+    assert resp.status == 400 and resp.content_type == "text/xml"
+    text = await resp.text()
+    assert "<Code>InvalidAction</Code>" in text and "<Type>Sender</Type>" in text
+
+
+async def test_a_post_without_the_target_is_an_invalid_action(api):
+    resp = await api.post("/", data="{}", headers={"Content-Type": "application/json"})
+    assert resp.status == 400
+    assert resp.headers["x-amzn-query-error"] == "InvalidAction;Sender"
+
+
+@pytest.fixture
+async def auth_api(tmp_path):
+    tokens = tmp_path / "tokens.json"
+    tokens.write_text(json.dumps({"tokens": []}))
+    settings = Settings(write_visible_timeout_ms=1000, auth=True, auth_token_file=str(tokens))
+    svc = await queue_service(settings)
+    server = TestServer(create_app(svc, settings))
+    await server.start_server(auto_decompress=False, access_log=None)
+    async with TestClient(server) as client:
+        yield client
+    svc.close()
+
+
+async def test_with_auth_on_the_route_answers_access_denied_in_sqs_shape(auth_api):
+    status, raw, headers = await call(auth_api, "ListQueues", {})
+    assert status == 403 and json.loads(raw)["__type"] == "com.amazonaws.sqs#AccessDenied"
+    assert headers["x-amzn-query-error"] == "AccessDenied;Sender"
+    # the native routes still want their Bearer token
+    resp = await auth_api.get("/v1/queues")
+    assert resp.status == 401
+
+
+async def test_sends_are_charged_to_the_enqueue_quota(tmp_path):
+    quotas = tmp_path / "quotas.json"
+    quotas.write_text(json.dumps({"quotas": [{"prefix": "", "records_per_s": 1}]}))
+    settings = Settings(write_visible_timeout_ms=1000, quota_file=str(quotas))
+    svc = await queue_service(settings)
+    server = TestServer(create_app(svc, settings))
+    await server.start_server(auto_decompress=False, access_log=None)
+    async with TestClient(server) as api:
+        _, raw, _ = await call(api, "CreateQueue", {"QueueName": "limited"})
+        url = json.loads(raw)["QueueUrl"]
+        status, _, _ = await call(api, "SendMessage", {"QueueUrl": url, "MessageBody": "1"})
+        assert status == 200
+        status, raw, headers = await call(api, "SendMessage", {"QueueUrl": url,
+                                                               "MessageBody": "2"})
+        assert status == 403 and headers["x-amzn-query-error"] == "RequestThrottled;Sender"
+    svc.close()

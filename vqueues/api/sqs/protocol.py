@@ -1,0 +1,106 @@
+"""The wire: AWS JSON 1.0 requests (`X-Amz-Target: AmazonSQS.<Action>`, content type
+`application/x-amz-json-1.0`) and their answers, and errors in SQS's shapes: a JSON body
+`{"__type": "com.amazonaws.sqs#<Name>", "message"}` with the `x-amzn-query-error` header
+(`<code>;Sender`) that SDKs of the older query protocol's error codes read. A query-protocol
+request (form body, `Action=...`) is answered with the query protocol's XML error."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+from xml.sax.saxutils import escape
+
+from aiohttp import web
+
+JSON_TYPE = "application/x-amz-json-1.0"
+FORM_TYPE = "application/x-www-form-urlencoded"
+TARGET_PREFIX = "AmazonSQS."
+
+# Name -> (HTTP status, the query protocol's code, fault). The codes are those of SQS's API
+# model (its awsQueryError traits); the common errors' are AWS's common error codes.
+ERRORS: dict[str, tuple[int, str, str]] = {
+    "QueueDoesNotExist": (400, "AWS.SimpleQueueService.NonExistentQueue", "Sender"),
+    "QueueNameExists": (400, "QueueAlreadyExists", "Sender"),
+    "ReceiptHandleIsInvalid": (404, "ReceiptHandleIsInvalid", "Sender"),
+    "BatchEntryIdsNotDistinct": (400, "AWS.SimpleQueueService.BatchEntryIdsNotDistinct",
+                                 "Sender"),
+    "EmptyBatchRequest": (400, "AWS.SimpleQueueService.EmptyBatchRequest", "Sender"),
+    "TooManyEntriesInBatchRequest": (
+        400, "AWS.SimpleQueueService.TooManyEntriesInBatchRequest", "Sender"),
+    "InvalidBatchEntryId": (400, "AWS.SimpleQueueService.InvalidBatchEntryId", "Sender"),
+    "BatchRequestTooLong": (400, "AWS.SimpleQueueService.BatchRequestTooLong", "Sender"),
+    "MessageNotInflight": (400, "AWS.SimpleQueueService.MessageNotInflight", "Sender"),
+    "UnsupportedOperation": (400, "AWS.SimpleQueueService.UnsupportedOperation", "Sender"),
+    "InvalidAttributeName": (400, "InvalidAttributeName", "Sender"),
+    "InvalidAttributeValue": (400, "InvalidAttributeValue", "Sender"),
+    "InvalidMessageContents": (400, "InvalidMessageContents", "Sender"),
+    "RequestThrottled": (403, "RequestThrottled", "Sender"),
+    "InvalidParameterValue": (400, "InvalidParameterValue", "Sender"),
+    "MissingParameter": (400, "MissingParameter", "Sender"),
+    "InvalidAction": (400, "InvalidAction", "Sender"),
+    "AccessDenied": (403, "AccessDenied", "Sender"),
+    "ServiceUnavailable": (503, "ServiceUnavailable", "Receiver"),
+    "InternalFailure": (500, "InternalFailure", "Receiver"),
+}
+
+
+class SqsError(Exception):
+    """An error answered in SQS's shape; `name` is a key of ERRORS."""
+
+    def __init__(self, name: str, message: str) -> None:
+        super().__init__(message)
+        self.name = name
+        self.message = message
+
+    @property
+    def status(self) -> int:
+        return ERRORS[self.name][0]
+
+    @property
+    def code(self) -> str:
+        """The query protocol's code (AWS.SimpleQueueService.NonExistentQueue, ...)."""
+        return ERRORS[self.name][1]
+
+    @property
+    def sender_fault(self) -> bool:
+        return ERRORS[self.name][2] == "Sender"
+
+
+def decode_json(raw: bytes) -> dict[str, Any]:
+    """A JSON 1.0 request's input object (an empty body is `{}`)."""
+    if not raw.strip():
+        return {}
+    try:
+        body = json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        raise SqsError("InvalidParameterValue", "the request body is not JSON") from None
+    if not isinstance(body, dict):
+        raise SqsError("InvalidParameterValue", "the request body is not a JSON object")
+    return body
+
+
+def json_answer(output: dict[str, Any], request_id: str) -> web.Response:
+    return web.Response(body=json.dumps(output, ensure_ascii=False, separators=(",", ":")),
+                        content_type=JSON_TYPE, charset=None,
+                        headers={"x-amzn-RequestId": request_id})
+
+
+def json_error(error: SqsError, request_id: str) -> web.Response:
+    body = {"__type": f"com.amazonaws.sqs#{error.name}", "message": error.message}
+    fault = ERRORS[error.name][2]
+    headers = {"x-amzn-RequestId": request_id, "x-amzn-query-error": f"{error.code};{fault}"}
+    if error.status == 503:
+        headers["Retry-After"] = "1"
+    return web.Response(body=json.dumps(body, ensure_ascii=False), status=error.status,
+                        content_type=JSON_TYPE, charset=None, headers=headers)
+
+
+def xml_error(error: SqsError, request_id: str) -> web.Response:
+    """The query protocol's ErrorResponse."""
+    fault = ERRORS[error.name][2]
+    body = ('<?xml version="1.0"?><ErrorResponse xmlns="http://queue.amazonaws.com/doc/'
+            f'2012-11-05/"><Error><Type>{fault}</Type><Code>{escape(error.code)}</Code>'
+            f"<Message>{escape(error.message)}</Message><Detail/></Error>"
+            f"<RequestId>{request_id}</RequestId></ErrorResponse>")
+    return web.Response(text=body, status=error.status, content_type="text/xml",
+                        headers={"x-amzn-RequestId": request_id})

@@ -1,0 +1,168 @@
+"""The SQS route: POST `/` and POST `/{account}/{queue}` (SDKs post to the endpoint, the
+query protocol to the queue URL). It reads and decodes its own body (the native routes'
+content-type, body and Bearer checks do not apply to it) and answers every error in SQS's
+shapes (protocol.py), the self-fence's too. A call for a queue another node owns is sent on
+to that node unchanged; while a partition has no ready owner the call is held and tried
+again, rather than answered with an error an SDK gives up on after a few retries."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+
+from aiohttp import web
+
+from vqueues.api.keys import AUTH, SERVICE, SETTINGS
+from vqueues.api.proxy import FORWARDED, proxy
+from vqueues.api.sqs.actions import ACTIONS, FENCED, UNSUPPORTED, Action, Call
+from vqueues.api.sqs.paths import SQS_PATHS
+from vqueues.api.sqs.protocol import (
+    FORM_TYPE,
+    JSON_TYPE,
+    TARGET_PREFIX,
+    SqsError,
+    decode_json,
+    json_answer,
+    json_error,
+    xml_error,
+)
+from vqueues.errors import NotFound, Unavailable, VQError, WrongNode
+
+log = logging.getLogger(__name__)
+
+# What says a partition is between owners (or its new owner is replaying it): held for.
+_CHANGING_OWNER = ("partition_unavailable", "partition_replaying")
+# ... and an owner that does not answer (it may have died: the map moves on), or a map that
+# names no owner yet.
+_HELD = (*_CHANGING_OWNER, "owner_unreachable", "wrong_node")
+HOLD_RETRY_S = 0.2
+FORWARDED_HOST = "X-Forwarded-Host"
+FORWARDED_PROTO = "X-Forwarded-Proto"
+
+
+def routes() -> list[web.RouteDef]:
+    return [web.post(path, handle) for path in SQS_PATHS]
+
+
+def endpoint(request: web.Request) -> str:
+    """What queue URLs start with: the setting; or the scheme and Host the caller used (for
+    a call another node sent on, the ones that node was called with)."""
+    configured = request.app[SETTINGS].sqs_endpoint_url
+    if configured:
+        return configured.rstrip("/")
+    if FORWARDED in request.headers and FORWARDED_HOST in request.headers:
+        scheme = request.headers.get(FORWARDED_PROTO, request.scheme)
+        return f"{scheme}://{request.headers[FORWARDED_HOST]}"
+    return f"{request.scheme}://{request.host}"
+
+
+def hold_s(request: web.Request) -> float:
+    """How long a call is held while its partition changes owner: a session timeout (a dead
+    node's partitions move then) and ten seconds to take them over."""
+    return request.app[SETTINGS].session_timeout_ms / 1000 + 10
+
+
+async def handle(request: web.Request) -> web.StreamResponse:
+    request_id = str(uuid.uuid4())
+    if request.content_type == FORM_TYPE:
+        return xml_error(SqsError("InvalidAction", "the SQS query protocol (form bodies) is "
+                                  "not supported: use an SDK that speaks AWS JSON 1.0 "
+                                  "(docs/sqs.md)"), request_id)
+    try:
+        name, action, body = await _decode(request)
+        deadline = time.monotonic() + hold_s(request)
+        while True:
+            try:
+                return await _answer(request, name, action, body, request_id)
+            except (WrongNode, Unavailable) as exc:
+                # A node a call was sent on to answers at once: the sender holds it.
+                forwarded = FORWARDED in request.headers and isinstance(exc, WrongNode)
+                if exc.code not in _HELD or forwarded or time.monotonic() >= deadline:
+                    raise _sqs_error(exc) from None
+            await asyncio.sleep(HOLD_RETRY_S)
+    except SqsError as exc:
+        return json_error(exc, request_id)
+
+
+async def _answer(request: web.Request, name: str, action: Action, body: dict[str, object],
+                  request_id: str) -> web.Response:
+    """The action's answer here, or the owner's if another node owns the queue."""
+    try:
+        return json_answer(await _act(request, name, action, body), request_id)
+    except WrongNode as exc:
+        owner = exc.details.get("owner")
+        if not owner or FORWARDED in request.headers:
+            raise
+        answer = await proxy(request, str(owner), {FORWARDED_HOST: request.host,
+                                                   FORWARDED_PROTO: request.scheme})
+        if answer.status == 503:  # that node no longer owns it, or cannot serve it yet
+            raise Unavailable("owner_unreachable", f"{owner} could not serve the call now",
+                              owner=owner) from None
+        return answer
+
+
+async def _decode(request: web.Request) -> tuple[str, Action, dict[str, object]]:
+    target = request.headers.get("X-Amz-Target", "")
+    if request.content_type != JSON_TYPE or not target.startswith(TARGET_PREFIX):
+        raise SqsError("InvalidAction", f"an SQS call is a POST of {JSON_TYPE} with the "
+                       "header X-Amz-Target: AmazonSQS.<Action>")
+    if AUTH in request.app:
+        raise SqsError("AccessDenied", "this node runs with auth on, and the SQS API does "
+                       "not verify AWS signatures yet (docs/sqs.md)")
+    name = target[len(TARGET_PREFIX):]
+    action = ACTIONS.get(name)
+    if action is None:
+        if name in UNSUPPORTED:
+            raise SqsError("UnsupportedOperation", f"{name} is not supported (docs/sqs.md)")
+        raise SqsError("InvalidAction", f"The action {name} is not valid for this endpoint.")
+    try:
+        raw = await request.read()
+    except web.HTTPRequestEntityTooLarge:
+        raise SqsError("InvalidParameterValue", "the request body exceeds "
+                       f"{request.app[SETTINGS].max_body_bytes} bytes") from None
+    return name, action, decode_json(raw)
+
+
+async def _act(request: web.Request, name: str, action: Action, body: dict[str, object]
+               ) -> dict[str, object]:
+    """One try of the action. WrongNode and a partition between owners come out as they are
+    (the caller forwards or holds); other service errors as SQS's."""
+    call = Call(request.app, endpoint(request), FORWARDED in request.headers)
+    fence = request.app[SERVICE].ownership.fence
+    try:
+        if name not in FENCED:
+            return await action(call, body)
+        fence.check()
+        epoch = fence.epoch
+        answer = await action(call, body)
+    except (WrongNode, SqsError, asyncio.CancelledError):
+        raise
+    except Unavailable as exc:
+        if exc.code in _CHANGING_OWNER:  # raised before anything was written, or by a
+            raise  # retry-safe step (a send's dedup id, a completion, a lease's wait)
+        raise _sqs_error(exc) from None
+    except VQError as exc:
+        raise _sqs_error(exc) from None
+    except Exception:
+        log.exception("sqs_call_crashed", extra={"action": name})
+        raise SqsError("InternalFailure", "internal error") from None
+    try:
+        fence.check_since(epoch)  # outside the hold: what it wrote may count or not
+    except VQError as exc:
+        raise _sqs_error(exc) from None
+    return answer
+
+
+def _sqs_error(exc: VQError) -> SqsError:
+    """A service's error as SQS's: a queue or consumer not found is QueueDoesNotExist; what
+    a retry may fix (a partition changing owner, a node standing still) ServiceUnavailable,
+    which SDKs retry; a refused value InvalidParameterValue."""
+    if isinstance(exc, NotFound) and exc.code in ("queue_not_found", "consumer_not_found"):
+        return SqsError("QueueDoesNotExist", "The specified queue does not exist.")
+    if isinstance(exc, (Unavailable, WrongNode)) or (exc.retriable and exc.status >= 500):
+        return SqsError("ServiceUnavailable", exc.message)
+    if exc.status < 500:
+        return SqsError("InvalidParameterValue", exc.message)
+    return SqsError("InternalFailure", exc.message)
