@@ -75,12 +75,12 @@ def drain(fake: FakeLeases, total: int, handler_s: float, **options) -> Worker:
     return worker
 
 
-def test_fast_handlers_get_more_records_leased_ahead_up_to_thirty_per_slot():
-    # 4 slots: 64 ahead at first (10 per slot, at least 64), at most 120 (30 per slot).
+def test_fast_handlers_get_more_records_leased_ahead_up_to_sixty_four_per_slot():
+    # 4 slots: 64 ahead at first (10 per slot, at least 64), at most 256 (64 per slot).
     fake = FakeLeases(4000, rtt_s=0.02)
     worker = drain(fake, 4000, handler_s=0)
-    assert worker.capacity == 4 + 120
-    assert 4 + 64 < fake.peak <= 4 + 120
+    assert worker.capacity == 4 + 256
+    assert 4 + 64 < fake.peak <= 4 + 256
 
 
 def test_slow_handlers_keep_ten_records_per_slot_ahead():
