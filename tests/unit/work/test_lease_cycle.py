@@ -58,21 +58,27 @@ async def test_completions_ride_on_a_lease_in_one_write_answered_token_by_token(
 
 
 async def test_a_lease_with_completions_answers_only_once_they_are_durable(node):
-    svc, work, data_log, offset_log = node
+    svc, work, *_ = node
     await fill(svc, "dur", 4)
     first = await work.lease("dur", "w", 2, 60_000, 0)
+    await _unanswered_and_not_promised(node, "dur", first, work.lease(
+        "dur", "w", 2, 60_000, 0, complete=[r.token for r in first.records]))
+
+
+async def _unanswered_and_not_promised(node, queue, first, completing) -> None:
+    """`completing` is not answered while its write is held, fails when the writer dies, and a
+    new owner has both records leased as the last write left them."""
+    svc, _, data_log, offset_log = node
     offset_log.hold = True
-    riding = asyncio.ensure_future(work.lease("dur", "w", 2, 60_000, 0,
-                                              complete=[r.token for r in first.records]))
+    riding = asyncio.ensure_future(completing)
     await asyncio.sleep(0.05)
     assert not riding.done()
     await offset_log.crash()
     with pytest.raises(ConnectionError):
         await riding
-    # Not answered, so not promised: a new owner has the records as the last write left them.
     svc2, _ = await work_node(data_log, offset_log, svc.settings)
     try:
-        info = svc2.queue_info("dur").consumers[0]
+        info = svc2.queue_info(queue).consumers[0]
         assert (info.offset, info.in_flight) == (first.records[0].record.offset, 2)
     finally:
         svc2.close()
@@ -150,22 +156,9 @@ async def test_a_streams_credit_completes_its_tokens_token_by_token_in_one_write
 
 
 async def test_a_streams_credit_completions_are_answered_only_once_durable(node):
-    svc, work, data_log, offset_log = node
+    svc, work, *_ = node
     await fill(svc, "cdur", 2)
     first = await work.lease("cdur", "w", 2, 60_000, 0)
     await asyncio.sleep(0.05)  # the grants' write behind lands
-    offset_log.hold = True
-    riding = asyncio.ensure_future(work.complete_riding(
+    await _unanswered_and_not_promised(node, "cdur", first, work.complete_riding(
         "cdur", "w", [r.token for r in first.records]))
-    await asyncio.sleep(0.05)
-    assert not riding.done()
-    await offset_log.crash()
-    with pytest.raises(ConnectionError):
-        await riding
-    # Not answered, so not promised: a new owner still has both records leased.
-    svc2, _ = await work_node(data_log, offset_log, svc.settings)
-    try:
-        info = svc2.queue_info("cdur").consumers[0]
-        assert (info.offset, info.in_flight) == (first.records[0].record.offset, 2)
-    finally:
-        svc2.close()
