@@ -99,20 +99,32 @@ def test_one_endpoint_reaches_every_queue_and_lists_the_cluster(cluster):
 
 
 def test_calls_for_a_killed_nodes_queues_are_held_until_they_move(cluster):
+    """...and what the dead node answered stays: the queue's attributes, every acknowledged
+    message, and a received message's receive count (durable grants: it never goes down)."""
     a, b = cluster
     owners = wait_settled([a, b], PARTITIONS)
     [q] = names_on(owners, b, 1, f"kill{uuid.uuid4().hex[:6]}")
     sqs = client(a.url)
-    url = sqs.create_queue(QueueName=q)["QueueUrl"]
+    url = sqs.create_queue(QueueName=q, Attributes={"VisibilityTimeout": "45",
+                                                    "ReceiveMessageWaitTimeSeconds": "1"}
+                           )["QueueUrl"]
+    before = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["All"])["Attributes"]
     acked = [sqs.send_message(QueueUrl=url, MessageBody=f"m{i}")["MessageId"]
              for i in range(5)]
+    [first] = sqs.receive_message(QueueUrl=url, VisibilityTimeout=1)["Messages"]
     b.kill()
     # a's map still names b: the calls wait for the group to move b's partitions to a
     acked.append(sqs.send_message(QueueUrl=url, MessageBody="m5")["MessageId"])
-    got: list[str] = []
+    after = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["All"])["Attributes"]
+    kept = ("VisibilityTimeout", "ReceiveMessageWaitTimeSeconds", "CreatedTimestamp",
+            "DelaySeconds", "QueueArn")
+    assert {k: after[k] for k in kept} == {k: before[k] for k in kept}
+    got: dict[str, str] = {}
     while len(got) < 6:
-        page = sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10, WaitTimeSeconds=2)
+        page = sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10, WaitTimeSeconds=2,
+                                   AttributeNames=["ApproximateReceiveCount"])
         for m in page.get("Messages", []):
-            got.append(m["MessageId"])
+            got[m["MessageId"]] = m["Attributes"]["ApproximateReceiveCount"]
             sqs.delete_message(QueueUrl=url, ReceiptHandle=m["ReceiptHandle"])
     assert sorted(got) == sorted(acked)
+    assert got[first["MessageId"]] == "2"
