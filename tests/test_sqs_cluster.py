@@ -1,23 +1,36 @@
-"""The SQS API on two nodes (docs/sqs.md): an SDK that knows one node's endpoint reaches every
-queue (calls are sent on to the queue's owner), ListQueues lists the whole cluster, and a
-node SIGKILLed under SDK calls costs no acknowledged message: calls for its partitions are
-held until the other node has taken them over, then succeed."""
+"""The SQS API on two nodes with auth on (docs/sqs.md): an SDK that knows one node's endpoint
+reaches every queue (calls are sent on to the queue's owner, which verifies their SigV4
+signatures), ListQueues lists the whole cluster, and a node SIGKILLed under SDK calls costs no
+acknowledged message: calls for its partitions are held until the other node has taken them
+over, then succeed."""
 
+import json
+import os
 import uuid
 
 import boto3
 import pytest
 from botocore.config import Config
+from botocore.exceptions import ClientError
 
 from tests.support import create_topics, queues_in_partition, start_cluster, wait_settled
 
 PARTITIONS = 8
 
 
+SECRET = "cluster-secret/+="
+
+
 @pytest.fixture(scope="module")
-def cluster(default_bootstrap):
+def cluster(default_bootstrap, tmp_path_factory):
+    keys = tmp_path_factory.mktemp("sqs") / "keys.json"
+    keys.write_text(json.dumps({"keys": [{"id": "AKIDTEST", "secret": SECRET, "name": "tests",
+                                          "scopes": {"read": [""], "write": [""],
+                                                     "admin": [""]}}]}))
+    os.chmod(keys, 0o600)
+    env = {"VQ_AUTH": "true", "VQ_SQS_ACCESS_KEY_FILE": str(keys)}
     t = create_topics(default_bootstrap, partitions=PARTITIONS)
-    nodes = start_cluster(t, 2)
+    nodes = start_cluster(t, 2, env={0: env, 1: env})
     try:
         yield nodes
     finally:
@@ -25,11 +38,11 @@ def cluster(default_bootstrap):
             n.terminate()
 
 
-def client(url, attempts=1):
+def client(url, attempts=1, secret=SECRET):
     """An SDK client that does not retry by itself (max_attempts 1): what it gets is what the
     node answered."""
-    return boto3.client("sqs", endpoint_url=url, region_name="us-east-1",
-                        aws_access_key_id="x", aws_secret_access_key="x",
+    return boto3.client("sqs", endpoint_url=url, region_name="eu-central-1",
+                        aws_access_key_id="AKIDTEST", aws_secret_access_key=secret,
                         config=Config(retries={"max_attempts": attempts, "mode": "standard"},
                                       read_timeout=60))
 
@@ -76,23 +89,42 @@ def test_one_endpoint_reaches_every_queue_and_lists_the_cluster(cluster):
     assert seen == listed
     assert client(b.url).list_queues(QueueNamePrefix=prefix)["QueueUrls"] == [
         u.replace(a.url, b.url) for u in listed]
+    # a wrong secret: refused (every node verifies a call before it acts or sends it on)
+    with pytest.raises(ClientError) as info:
+        client(a.url, secret="wrong").send_message(QueueUrl=urls[q], MessageBody="x")
+    assert info.value.response["Error"]["Code"] == "SignatureDoesNotMatch"
+    with pytest.raises(ClientError) as info:
+        client(a.url, secret="wrong").list_queues()
+    assert info.value.response["Error"]["Code"] == "SignatureDoesNotMatch"
 
 
 def test_calls_for_a_killed_nodes_queues_are_held_until_they_move(cluster):
+    """...and what the dead node answered stays: the queue's attributes, every acknowledged
+    message, and a received message's receive count (durable grants: it never goes down)."""
     a, b = cluster
     owners = wait_settled([a, b], PARTITIONS)
     [q] = names_on(owners, b, 1, f"kill{uuid.uuid4().hex[:6]}")
     sqs = client(a.url)
-    url = sqs.create_queue(QueueName=q)["QueueUrl"]
+    url = sqs.create_queue(QueueName=q, Attributes={"VisibilityTimeout": "45",
+                                                    "ReceiveMessageWaitTimeSeconds": "1"}
+                           )["QueueUrl"]
+    before = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["All"])["Attributes"]
     acked = [sqs.send_message(QueueUrl=url, MessageBody=f"m{i}")["MessageId"]
              for i in range(5)]
+    [first] = sqs.receive_message(QueueUrl=url, VisibilityTimeout=1)["Messages"]
     b.kill()
     # a's map still names b: the calls wait for the group to move b's partitions to a
     acked.append(sqs.send_message(QueueUrl=url, MessageBody="m5")["MessageId"])
-    got: list[str] = []
+    after = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["All"])["Attributes"]
+    kept = ("VisibilityTimeout", "ReceiveMessageWaitTimeSeconds", "CreatedTimestamp",
+            "DelaySeconds", "QueueArn")
+    assert {k: after[k] for k in kept} == {k: before[k] for k in kept}
+    got: dict[str, str] = {}
     while len(got) < 6:
-        page = sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10, WaitTimeSeconds=2)
+        page = sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10, WaitTimeSeconds=2,
+                                   AttributeNames=["ApproximateReceiveCount"])
         for m in page.get("Messages", []):
-            got.append(m["MessageId"])
+            got[m["MessageId"]] = m["Attributes"]["ApproximateReceiveCount"]
             sqs.delete_message(QueueUrl=url, ReceiptHandle=m["ReceiptHandle"])
     assert sorted(got) == sorted(acked)
+    assert got[first["MessageId"]] == "2"

@@ -195,6 +195,10 @@ class Settings:
     sqs_account_id: str = _f("000000000000", "the account id in SQS queue URLs and ARNs "
                              "(12 digits)")
     sqs_region: str = _f("us-east-1", "the region in SQS queue ARNs")
+    sqs_access_key_file: str = _f(
+        "", "with auth on: the SQS API's access keys (JSON: id, secret, name, scopes; the file "
+        "only its owner may read), against which SigV4 signatures are verified; reloaded when "
+        "it changes. Without it, auth on refuses every SQS call (docs/sqs.md)")
     kafka_options: str = _f(
         "", "extra librdkafka settings for every client, comma-separated key=value "
         "(e.g. security.protocol=SASL_SSL,sasl.mechanism=PLAIN)")

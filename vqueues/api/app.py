@@ -9,7 +9,16 @@ from aiohttp import web
 
 from vqueues.api import compat, console, handlers, multi, prefix, stream, work
 from vqueues.api.auth import Authenticator
-from vqueues.api.keys import AUTH, PREFIX, QUERY_PARAMETERS, QUOTAS, SERVICE, SETTINGS, WORK
+from vqueues.api.keys import (
+    AUTH,
+    PREFIX,
+    QUERY_PARAMETERS,
+    QUOTAS,
+    SERVICE,
+    SETTINGS,
+    SQS_KEYS,
+    WORK,
+)
 from vqueues.api.middlewares import (
     auth_middleware,
     error_middleware,
@@ -20,6 +29,7 @@ from vqueues.api.middlewares import (
 from vqueues.api.openapi import openapi_document, query_parameters
 from vqueues.api.proxy import forward_middleware, proxy_session
 from vqueues.api.sqs import route as sqs
+from vqueues.api.sqs.signatures import AccessKeyFile
 from vqueues.queues.quotas import QuotaFile, Quotas
 from vqueues.queues.service import QueueService
 from vqueues.settings import Settings
@@ -33,24 +43,22 @@ def authenticator(settings: Settings) -> Authenticator | None:
         return None
     return Authenticator(settings.auth_token_file, settings.auth_jwt_secret,
                          settings.auth_jwt_public_key, settings.auth_jwt_audience,
-                         settings.auth_jwt_allow_no_exp)
+                         settings.auth_jwt_allow_no_exp, bool(settings.sqs_access_key_file))
 
 
 async def _reload_files(app: web.Application) -> AsyncIterator[None]:
-    """Reread the token and quota files when they change (checked every second), without a
-    restart."""
+    """Reread the token, access key and quota files when they change (checked every second),
+    without a restart."""
     tokens = app[AUTH].tokens if AUTH in app else None
-    quotas = app.get(QUOTAS)
+    files = [f for f in (tokens, app.get(SQS_KEYS), app.get(QUOTAS)) if f is not None]
 
     async def watch() -> None:
         while True:
             await asyncio.sleep(1.0)
-            if tokens is not None:
-                tokens.reload()
-            if quotas is not None:
-                quotas.reload()
+            for f in files:
+                f.reload()
 
-    task = asyncio.create_task(watch()) if tokens is not None or quotas is not None else None
+    task = asyncio.create_task(watch()) if files else None
     yield
     if task is not None:
         task.cancel()
@@ -74,6 +82,8 @@ def create_app(service: QueueService, settings: Settings) -> web.Application:
     app[PREFIX] = PrefixLeasing(app[WORK])
     if auth is not None:
         app[AUTH] = auth
+        if settings.sqs_access_key_file:
+            app[SQS_KEYS] = AccessKeyFile(settings.sqs_access_key_file)
     if settings.quota_file:
         app[QUOTAS] = QuotaFile(settings.quota_file, Quotas([]))
     app.cleanup_ctx.append(_reload_files)

@@ -42,7 +42,7 @@ class Identity:
         return any(queue.startswith(prefix) for prefix in self.scopes.get(scope, ()))
 
 
-def _scopes(raw: Any) -> dict[str, tuple[str, ...]]:
+def parse_scopes(raw: Any) -> dict[str, tuple[str, ...]]:
     if not isinstance(raw, dict):
         raise ValueError("scopes must be an object of scope -> list of queue-name prefixes")
     out: dict[str, tuple[str, ...]] = {}
@@ -82,7 +82,7 @@ class TokenFile:
             with open(self.path, encoding="utf-8") as f:
                 body = json.load(f)
             entries = [(bytes.fromhex(e["sha256"]), Identity(str(e["name"]),
-                                                              _scopes(e.get("scopes", {}))))
+                                                              parse_scopes(e.get("scopes", {}))))
                        for e in body["tokens"]]
         except (OSError, ValueError, KeyError, TypeError) as exc:
             log.error("token_file_invalid", extra={"path": self.path, "error": str(exc)})
@@ -104,7 +104,8 @@ class Authenticator:
     """Turns an `Authorization: Bearer` header into an Identity (or a 401)."""
 
     def __init__(self, token_file: str = "", jwt_secret: str = "", jwt_public_key: str = "",
-                 jwt_audience: str = "", jwt_allow_no_exp: bool = False) -> None:
+                 jwt_audience: str = "", jwt_allow_no_exp: bool = False,
+                 sqs_keys: bool = False) -> None:
         self.tokens = TokenFile(token_file) if token_file else None
         self.jwt_secret = jwt_secret
         self.jwt_key = ""
@@ -116,8 +117,9 @@ class Authenticator:
         self.jwt_options: Options = {"require": [] if jwt_allow_no_exp else ["exp"]}
         if self.jwt_secret or self.jwt_key:
             import jwt  # noqa: F401  PyJWT (and cryptography) are slow to import: only when used
-        if not (self.tokens or self.jwt_secret or self.jwt_key):
-            raise ValueError("auth is on but no token file, JWT secret or JWT public key is set")
+        if not (self.tokens or self.jwt_secret or self.jwt_key or sqs_keys):
+            raise ValueError("auth is on but no token file, JWT secret, JWT public key or SQS "
+                             "access key file is set")
 
     def identify(self, header: str | None) -> Identity:
         if not header or not header.startswith("Bearer "):
@@ -144,7 +146,7 @@ class Authenticator:
                                     audience=self.jwt_audience, options=self.jwt_options)
             else:
                 raise VQError("unauthenticated", f"JWT algorithm {alg!r} is not accepted here")
-            return Identity(str(claims.get("sub", "jwt")), _scopes(claims.get("scopes", {})))
+            return Identity(str(claims.get("sub", "jwt")), parse_scopes(claims.get("scopes", {})))
         except VQError:
             raise
         except (jwt.PyJWTError, ValueError) as exc:

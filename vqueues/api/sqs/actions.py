@@ -8,17 +8,17 @@ import asyncio
 import base64
 import binascii
 import json
+import re
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-import aiohttp
 from aiohttp import web
 
-from vqueues.api.keys import PROXY, QUOTAS, SERVICE, SETTINGS, WORK
-from vqueues.api.proxy import FORWARDED
+from vqueues.api.keys import QUOTAS, SERVICE, SETTINGS, WORK
+from vqueues.api.proxy import proxy
 from vqueues.api.sqs.attributes import (
     ANSWERED,
     COUNTED,
@@ -43,6 +43,7 @@ from vqueues.api.sqs.messages import (
     received,
     system_names,
 )
+from vqueues.api.sqs.paths import FORWARDED_HOST, FORWARDED_PROTO
 from vqueues.api.sqs.protocol import SqsError
 from vqueues.errors import Conflict, Unavailable
 from vqueues.queues.service import QueueService
@@ -56,15 +57,20 @@ MAX_BATCH_BYTES = 1_048_576
 MAX_LIST = 1000
 MAX_WAIT_S = 20
 MAX_MESSAGES = 10
+_TOKEN = re.compile(r"[A-Za-z0-9_-]+={0,2}")
 
 
 @dataclass(slots=True)
 class Call:
     """One SQS call: the node's services, and the endpoint its queue URLs start with."""
 
-    app: web.Application
+    request: web.Request
     endpoint: str
     forwarded: bool = False  # sent on by another node: answered from this node alone
+
+    @property
+    def app(self) -> web.Application:
+        return self.request.app
 
     @property
     def work(self) -> WorkService:
@@ -205,7 +211,9 @@ def list_page(names: list[str], body: Mapping[str, Any]) -> tuple[list[str], str
     token = body.get("NextToken")
     if token is not None:
         try:
-            after = base64.urlsafe_b64decode(str(token).encode()).decode("utf-8")
+            if not isinstance(token, str) or not _TOKEN.fullmatch(token):
+                raise ValueError(token)
+            after = base64.urlsafe_b64decode(token.encode()).decode("utf-8")
         except (binascii.Error, ValueError):
             raise SqsError("InvalidParameterValue", "Invalid NextToken") from None
         names = [n for n in names if n > after]
@@ -216,22 +224,21 @@ def list_page(names: list[str], body: Mapping[str, Any]) -> tuple[list[str], str
     return page, base64.urlsafe_b64encode(page[-1].encode()).decode() if more else None
 
 
-async def _peer_names(call: Call, url: str, ask: dict[str, Any]) -> list[str]:
-    """The queue names another node lists for its own partitions."""
-    headers = {"Content-Type": "application/x-amz-json-1.0",
-               "X-Amz-Target": "AmazonSQS.ListQueues",
-               FORWARDED: call.settings.effective_node_id}
+async def _peer_names(call: Call, url: str) -> list[str]:
+    """The queue names another node lists for its own partitions: the call itself sent on
+    (signed as it came), which that node answers from its partitions alone, the same page
+    (MaxResults, NextToken) as this node's."""
+    request = call.request
+    answer = await proxy(request, url, {FORWARDED_HOST: request.host,
+                                        FORWARDED_PROTO: request.scheme})
     try:
-        async with call.app[PROXY].post(url + "/", data=json.dumps(ask),
-                                        headers=headers) as resp:
-            answer = await resp.json(content_type=None)
-            if resp.status != 200 or not isinstance(answer, dict):
-                raise Unavailable("owner_unreachable", f"listing queues at {url} answered "
-                                  f"{resp.status}")
-    except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
-        raise Unavailable("owner_unreachable", f"listing queues at {url} failed: {exc}",
-                          owner=url) from None
-    return [str(u).rsplit("/", 1)[-1] for u in answer.get("QueueUrls", [])]
+        found = json.loads(answer.body if isinstance(answer.body, bytes) else b"")
+    except ValueError:
+        found = None
+    if answer.status != 200 or not isinstance(found, dict):
+        raise Unavailable("owner_unreachable", f"listing queues at {url} answered "
+                          f"{answer.status}", owner=url)
+    return [str(u).rsplit("/", 1)[-1] for u in found.get("QueueUrls", [])]
 
 
 def list_prefix(body: Mapping[str, Any]) -> str:
@@ -245,6 +252,7 @@ async def list_queues(call: Call, body: Mapping[str, Any]) -> dict[str, Any]:
     """The SQS queues of the whole cluster: this node's, and those each other node of the
     cluster map answers for its own partitions (a call another node sent on: this node's)."""
     prefix = list_prefix(body)
+    list_page([], body)  # MaxResults and NextToken checked here, before any node is asked
     ownership = call.service.ownership
     owners = ownership.cluster_map.owners
     if not call.forwarded and len(set(owners) | set(ownership.states)) < ownership.partitions:
@@ -257,10 +265,7 @@ async def list_queues(call: Call, body: Mapping[str, Any]) -> dict[str, Any]:
     if not call.forwarded:
         me = ownership.node_id
         peers = sorted({o.url.rstrip("/") for o in owners.values() if o.node != me})
-        ask = {"QueueNamePrefix": prefix, "MaxResults": body.get("MaxResults") or MAX_LIST}
-        if body.get("NextToken") is not None:
-            ask["NextToken"] = body["NextToken"]
-        for found in await asyncio.gather(*(_peer_names(call, url, ask) for url in peers)):
+        for found in await asyncio.gather(*(_peer_names(call, url) for url in peers)):
             names += found
         names.sort()
     page, token = list_page(names, body)
@@ -560,3 +565,21 @@ UNSUPPORTED = ("AddPermission", "RemovePermission", "TagQueue", "UntagQueue", "L
 FENCED = frozenset(("CreateQueue", "DeleteQueue", "PurgeQueue", "SetQueueAttributes",
                     "ReceiveMessage", "DeleteMessage", "DeleteMessageBatch",
                     "ChangeMessageVisibility", "ChangeMessageVisibilityBatch"))
+
+# The scope (docs/security.md) each action needs on its queue, as the native routes': read
+# to receive and settle, write to send, admin to make, change, purge, delete and list queues.
+SCOPES = {"SendMessage": "write", "SendMessageBatch": "write",
+          "ReceiveMessage": "read", "DeleteMessage": "read", "DeleteMessageBatch": "read",
+          "ChangeMessageVisibility": "read", "ChangeMessageVisibilityBatch": "read",
+          "GetQueueAttributes": "read", "GetQueueUrl": "read",
+          "CreateQueue": "admin", "SetQueueAttributes": "admin", "PurgeQueue": "admin",
+          "DeleteQueue": "admin", "ListQueues": "admin"}
+
+
+def required_scope(name: str, body: Mapping[str, Any]) -> tuple[str, str]:
+    """(scope, queue name or, for ListQueues, the prefix) a call needs."""
+    if name == "ListQueues":
+        return "admin", list_prefix(body)
+    if name in ("CreateQueue", "GetQueueUrl"):
+        return SCOPES[name], check_queue_name(body.get("QueueName"))
+    return SCOPES[name], queue_of_url(body)

@@ -39,6 +39,10 @@ ERRORS: dict[str, tuple[int, str, str]] = {
     "MissingParameter": (400, "MissingParameter", "Sender"),
     "InvalidAction": (400, "InvalidAction", "Sender"),
     "AccessDenied": (403, "AccessDenied", "Sender"),
+    "MissingAuthenticationToken": (403, "MissingAuthenticationToken", "Sender"),
+    "IncompleteSignature": (400, "IncompleteSignature", "Sender"),
+    "InvalidClientTokenId": (403, "InvalidClientTokenId", "Sender"),
+    "SignatureDoesNotMatch": (403, "SignatureDoesNotMatch", "Sender"),
     "ServiceUnavailable": (503, "ServiceUnavailable", "Receiver"),
     "InternalFailure": (500, "InternalFailure", "Receiver"),
 }

@@ -8,16 +8,24 @@ again, rather than answered with an error an SDK gives up on after a few retries
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import logging
 import time
 import uuid
 
 from aiohttp import web
 
-from vqueues.api.keys import AUTH, SERVICE, SETTINGS
+from vqueues.api.keys import AUTH, SERVICE, SETTINGS, SQS_KEYS
 from vqueues.api.proxy import FORWARDED, proxy
-from vqueues.api.sqs.actions import ACTIONS, FENCED, UNSUPPORTED, Action, Call
-from vqueues.api.sqs.paths import SQS_PATHS
+from vqueues.api.sqs.actions import (
+    ACTIONS,
+    FENCED,
+    UNSUPPORTED,
+    Action,
+    Call,
+    required_scope,
+)
+from vqueues.api.sqs.paths import FORWARDED_HOST, FORWARDED_PROTO, SQS_PATHS
 from vqueues.api.sqs.protocol import (
     FORM_TYPE,
     JSON_TYPE,
@@ -28,6 +36,7 @@ from vqueues.api.sqs.protocol import (
     json_error,
     xml_error,
 )
+from vqueues.api.sqs.signatures import verify
 from vqueues.errors import NotFound, Unavailable, VQError, WrongNode
 
 log = logging.getLogger(__name__)
@@ -38,8 +47,6 @@ _CHANGING_OWNER = ("partition_unavailable", "partition_replaying")
 # names no owner yet.
 _HELD = (*_CHANGING_OWNER, "owner_unreachable", "wrong_node")
 HOLD_RETRY_S = 0.2
-FORWARDED_HOST = "X-Forwarded-Host"
-FORWARDED_PROTO = "X-Forwarded-Proto"
 
 
 def routes() -> list[web.RouteDef]:
@@ -108,9 +115,6 @@ async def _decode(request: web.Request) -> tuple[str, Action, dict[str, object]]
     if request.content_type != JSON_TYPE or not target.startswith(TARGET_PREFIX):
         raise SqsError("InvalidAction", f"an SQS call is a POST of {JSON_TYPE} with the "
                        "header X-Amz-Target: AmazonSQS.<Action>")
-    if AUTH in request.app:
-        raise SqsError("AccessDenied", "this node runs with auth on, and the SQS API does "
-                       "not verify AWS signatures yet (docs/sqs.md)")
     name = target[len(TARGET_PREFIX):]
     action = ACTIONS.get(name)
     if action is None:
@@ -122,14 +126,37 @@ async def _decode(request: web.Request) -> tuple[str, Action, dict[str, object]]
     except web.HTTPRequestEntityTooLarge:
         raise SqsError("InvalidParameterValue", "the request body exceeds "
                        f"{request.app[SETTINGS].max_body_bytes} bytes") from None
-    return name, action, decode_json(raw)
+    body = decode_json(raw)
+    if AUTH in request.app:
+        _authorize(request, name, body, raw)
+    return name, action, body
+
+
+def _authorize(request: web.Request, name: str, body: dict[str, object], raw: bytes) -> None:
+    """With auth on: the call's SigV4 signature against the access keys, then the key's
+    scope on the action's queue (docs/sqs.md)."""
+    keys = request.app.get(SQS_KEYS)
+    if keys is None:
+        raise SqsError("AccessDenied", "this node runs with auth on and no "
+                       "sqs_access_key_file: the SQS API takes no calls (docs/sqs.md)")
+    headers: dict[str, list[str]] = {}
+    for key, value in request.headers.items():
+        headers.setdefault(key.lower(), []).append(value)
+    if FORWARDED in request.headers and FORWARDED_HOST in request.headers:
+        headers["host"] = [request.headers[FORWARDED_HOST]]  # the Host the caller signed
+    identity = verify(keys.keys, request.method, request.raw_path.partition("?")[0],
+                      request.query_string, headers, raw, dt.datetime.now(dt.UTC))
+    scope, queue = required_scope(name, body)
+    if not identity.allows(scope, queue):
+        raise SqsError("AccessDenied", f"User: {identity.name} is not authorized to perform: "
+                       f"sqs:{name} (it needs the {scope!r} scope on {queue!r})")
 
 
 async def _act(request: web.Request, name: str, action: Action, body: dict[str, object]
                ) -> dict[str, object]:
     """One try of the action. WrongNode and a partition between owners come out as they are
     (the caller forwards or holds); other service errors as SQS's."""
-    call = Call(request.app, endpoint(request), FORWARDED in request.headers)
+    call = Call(request, endpoint(request), FORWARDED in request.headers)
     fence = request.app[SERVICE].ownership.fence
     try:
         if name not in FENCED:

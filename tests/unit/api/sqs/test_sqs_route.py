@@ -3,9 +3,13 @@ native routes' middlewares (content type, body, Bearer auth) untouched, and ever
 in SQS's shape (JSON 1.0 with x-amzn-query-error, or the query protocol's XML)."""
 
 import json
+import os
 
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
+from botocore.auth import SigV4Auth
+from botocore.awsrequest import AWSRequest
+from botocore.credentials import Credentials
 
 from tests.unit.nodes import queue_service
 from vqueues.api.app import create_app
@@ -103,7 +107,7 @@ async def auth_api(tmp_path):
     svc.close()
 
 
-async def test_with_auth_on_the_route_answers_access_denied_in_sqs_shape(auth_api):
+async def test_with_auth_on_and_no_access_keys_the_route_answers_access_denied(auth_api):
     status, raw, headers = await call(auth_api, "ListQueues", {})
     assert status == 403 and json.loads(raw)["__type"] == "com.amazonaws.sqs#AccessDenied"
     assert headers["x-amzn-query-error"] == "AccessDenied;Sender"
@@ -128,3 +132,59 @@ async def test_sends_are_charged_to_the_enqueue_quota(tmp_path):
                                                                "MessageBody": "2"})
         assert status == 403 and headers["x-amzn-query-error"] == "RequestThrottled;Sender"
     svc.close()
+
+
+@pytest.fixture
+async def signed_api(tmp_path):
+    tokens = tmp_path / "tokens.json"
+    tokens.write_text(json.dumps({"tokens": []}))
+    keys = tmp_path / "keys.json"
+    keys.write_text(json.dumps({"keys": [
+        {"id": "ADMIN", "secret": "a", "name": "ops", "scopes": {"admin": [""], "read": [""],
+                                                                  "write": [""]}},
+        {"id": "READER", "secret": "r", "name": "reader", "scopes": {"read": ["jobs"]}}]}))
+    os.chmod(keys, 0o600)
+    settings = Settings(write_visible_timeout_ms=1000, auth=True, auth_token_file=str(tokens),
+                        sqs_access_key_file=str(keys))
+    svc = await queue_service(settings)
+    server = TestServer(create_app(svc, settings))
+    await server.start_server(auto_decompress=False, access_log=None)
+    async with TestClient(server) as client:
+        yield client
+    svc.close()
+
+
+async def signed_call(api, action, body, key, secret):
+    url = str(api.make_url("/"))
+    request = AWSRequest("POST", url, data=json.dumps(body).encode(), headers={
+        "Content-Type": JSON, "X-Amz-Target": f"AmazonSQS.{action}"})
+    SigV4Auth(Credentials(key, secret), "sqs", "us-east-1").add_auth(request)
+    resp = await api.post("/", data=request.body, headers=dict(request.headers))
+    return resp.status, await resp.read(), resp.headers
+
+
+async def test_signed_calls_are_taken_within_their_keys_scopes(signed_api):
+    status, raw, _ = await signed_call(signed_api, "CreateQueue", {"QueueName": "jobs"},
+                                       "ADMIN", "a")
+    assert status == 200
+    url = json.loads(raw)["QueueUrl"]
+    status, _, _ = await signed_call(signed_api, "ReceiveMessage", {"QueueUrl": url},
+                                     "READER", "r")
+    assert status == 200
+    for action, body in (("SendMessage", {"QueueUrl": url, "MessageBody": "x"}),
+                         ("ListQueues", {}), ("DeleteQueue", {"QueueUrl": url})):
+        status, raw, headers = await signed_call(signed_api, action, body, "READER", "r")
+        assert status == 403 and headers["x-amzn-query-error"] == "AccessDenied;Sender"
+    status, _, headers = await signed_call(signed_api, "ListQueues", {}, "READER", "wrong")
+    assert status == 403 and headers["x-amzn-query-error"] == "SignatureDoesNotMatch;Sender"
+    status, _, headers = await signed_call(signed_api, "ListQueues", {}, "NOBODY", "x")
+    assert status == 403 and headers["x-amzn-query-error"] == "InvalidClientTokenId;Sender"
+    status, _, headers = await call(signed_api, "ListQueues", {})  # unsigned
+    assert status == 403 and headers["x-amzn-query-error"] == "MissingAuthenticationToken;Sender"
+
+
+@pytest.mark.parametrize("body", [{"MaxResults": 0}, {"MaxResults": 1001},
+                                  {"MaxResults": "5"}, {"NextToken": "***"}])
+async def test_a_bad_page_of_list_queues_is_refused(api, body):
+    status, _, headers = await call(api, "ListQueues", body)
+    assert status == 400 and headers["x-amzn-query-error"] == "InvalidParameterValue;Sender"
