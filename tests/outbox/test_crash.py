@@ -117,6 +117,7 @@ async def test_a_relay_killed_after_the_enqueue_before_the_delete(outbox_dsn, no
     assert any('"found": 5' in line for line in second.events("outbox_queue_recovered"))
 
 
+@pytest.mark.slow
 async def test_relays_killed_at_random_under_load(outbox_dsn, node):
     """Two relays race; they are SIGKILLed and restarted in turn at random moments (so the one
     holding the buckets dies each time, and the other takes over), while two writers commit
@@ -149,6 +150,7 @@ async def test_relays_killed_at_random_under_load(outbox_dsn, node):
     await check_exactly_once(node.url, writer)
 
 
+@pytest.mark.slow
 async def test_a_node_killed_while_the_relay_sends(outbox_dsn, topics):
     node = NodeProcess(topics, extra_env=NO_WINDOW).start()
     queues = _queues(4)
@@ -170,3 +172,29 @@ async def test_a_node_killed_while_the_relay_sends(outbox_dsn, topics):
     finally:
         relay.kill()
         node.terminate()
+
+
+async def test_the_relays_database_connection_cut_under_load(outbox_dsn, node):
+    """The relay's session is terminated again and again (its bucket locks go with it) while
+    it sends: it reconnects, reads back what it had in flight, and sends nothing twice."""
+    queues = _queues(4)
+    writer = Writer(outbox_dsn, queues)
+    relay = RelayProcess(outbox_dsn, node.url, ["--batch-records", "20"]).start()
+    cuts = 0
+    try:
+        writing = asyncio.ensure_future(writer.run("c", 100, 0.02, 4))
+        while not writing.done():
+            await asyncio.sleep(0.4)
+            cuts += scalar(outbox_dsn, "SELECT count(pg_terminate_backend(pid)) FROM "
+                           "pg_stat_activity WHERE application_name = 'vqueues-outbox-relay'")
+        await writing
+        deadline = time.monotonic() + 60
+        while pending(outbox_dsn) > 0:
+            assert time.monotonic() < deadline, "rows left in the outbox"
+            await asyncio.sleep(0.2)
+        await asyncio.sleep(0.3)
+    finally:
+        relay.kill()
+    assert cuts >= 2
+    assert relay.events("outbox_db_error")
+    await check_exactly_once(node.url, writer)

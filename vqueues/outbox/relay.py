@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("vqueues.outbox")
 
 OUTBOX_ID_HEADER = "vq-outbox-id"
+APPLICATION_NAME = "vqueues-outbox-relay"  # its connection in pg_stat_activity
 ORDERING_KEY_HEADER = "vq-ordering-key"
 # Codes that say the relay (its token) may not write, not that the record is bad: the rows
 # wait until that is fixed instead of going to the dead rows.
@@ -142,8 +143,9 @@ class Relay:
     async def _connected(self, vq: AsyncClient, stop: asyncio.Event) -> None:
         import psycopg
 
-        async with await psycopg.AsyncConnection.connect(self.options.dsn,
-                                                         autocommit=True) as conn:
+        async with await psycopg.AsyncConnection.connect(
+                self.options.dsn, autocommit=True,
+                application_name=APPLICATION_NAME) as conn:
             row = await (await conn.execute(f"SELECT namespace FROM {SCHEMA}.meta")).fetchone()
             assert row is not None, "vqueues outbox install has not run on this database"
             self.state.namespace = str(row[0])
