@@ -114,7 +114,7 @@ async def test_a_relay_killed_after_the_enqueue_before_the_delete(outbox_dsn, no
     finally:
         assert second.stop() == 0
     assert [r.text for r in await queue_records(node.url, q)] == [f"v{i}" for i in range(5)]
-    assert any('"found": 5' in line for line in second.events("outbox_queue_recovered"))
+    assert any('"found": 5' in line for line in second.events("outbox_queue_read_back"))
 
 
 @pytest.mark.slow

@@ -68,13 +68,13 @@ class RelayMetrics:
                             "rows the node refused for good, moved to the dead rows", registry=r)
         self.send_failures = Counter("vq_outbox_send_failures_total",
                                      "sends that did not settle every row", registry=r)
-        self.recoveries = Counter("vq_outbox_recoveries_total",
+        self.read_backs = Counter("vq_outbox_read_backs_total",
                                   "queues read back before their rows were sent again",
                                   registry=r)
         self.found = Counter("vq_outbox_rows_found_stored_total",
-                             "rows a recovery found already in their queue", registry=r)
-        self.unverified = Counter("vq_outbox_unverified_recoveries_total",
-                                  "recoveries that could not read back every record since the "
+                             "rows a read-back found already in their queue", registry=r)
+        self.unverified = Counter("vq_outbox_unverified_read_backs_total",
+                                  "read-backs that could not see every record since the "
                                   "stored offset (retention or deletion removed some)",
                                   registry=r)
         self.db_errors = Counter("vq_outbox_db_errors_total",
@@ -170,7 +170,7 @@ class Relay:
         if not s.held:
             return False
         for queue in [q for q, at in s.in_doubt.items() if at <= now]:
-            await self._recover(conn, vq, queue)
+            await self._read_back(conn, vq, queue)
         cur = await conn.execute(
             f"SELECT id, queue, value, headers, ordering_key, tags, idempotency_key "
             f"FROM {SCHEMA}.records WHERE bucket = ANY(%s::smallint[]) "
@@ -340,7 +340,7 @@ class Relay:
 
     # Reading back --------------------------------------------------------------------------------
 
-    async def _recover(self, conn: psycopg.AsyncConnection[Any], vq: AsyncClient,
+    async def _read_back(self, conn: psycopg.AsyncConnection[Any], vq: AsyncClient,
                        queue: str) -> None:
         """Read `queue` from its stored offset to its end; delete the rows found there (each
         stored once already) and clear its `sent_at`, so its other rows are sent again."""
@@ -358,7 +358,7 @@ class Relay:
         try:
             found, end = await self._scan(vq, queue, stored, keyed)
         except VQError as exc:
-            log.warning("outbox_recovery_failed", extra={"queue": queue, "error": str(exc)})
+            log.warning("outbox_read_back_failed", extra={"queue": queue, "error": str(exc)})
             s.in_doubt[queue] = time.monotonic() + min(self.options.backoff_max_ms / 1000, 1.0)
             return
         async with conn.transaction():
@@ -369,9 +369,9 @@ class Relay:
                 f"UPDATE {SCHEMA}.queues SET next_offset = GREATEST(next_offset, %s), "
                 f"sent_at = NULL WHERE queue = %s", (end, queue))
         del s.in_doubt[queue]
-        self.metrics.recoveries.inc()
+        self.metrics.read_backs.inc()
         self.metrics.found.inc(len(found))
-        log.info("outbox_queue_recovered", extra={"queue": queue, "from_offset": stored,
+        log.info("outbox_queue_read_back", extra={"queue": queue, "from_offset": stored,
                                                   "found": len(found)})
 
     async def _scan(self, vq: AsyncClient, queue: str, stored: int | None,
@@ -386,7 +386,7 @@ class Relay:
             # The last record confirmed (at stored - 1) is gone: retention or a deletion may
             # have taken records this relay wrote since; those cannot be found.
             self.metrics.unverified.inc()
-            log.warning("outbox_recovery_unverified", extra={"queue": queue, "stored": stored,
+            log.warning("outbox_read_back_unverified", extra={"queue": queue, "stored": stored,
                                                             "first_offset": first})
         prefix = f"{self.state.namespace}:"
         found: set[int] = set()
