@@ -6,6 +6,7 @@ keeps in the database prevents a second copy (docs/outbox.md#what-it-promises)."
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 import time
 import uuid
@@ -16,7 +17,7 @@ import pytest
 from vqueues_client.outbox import add, add_async
 
 from tests.outbox.relays import RelayProcess, pending, queue_records, scalar, wait_until
-from tests.support import NodeProcess, Topics
+from tests.support import NodeProcess, Topics, http
 
 NO_WINDOW = {"VQ_IDEMPOTENCY_WINDOW_MS": "0"}
 
@@ -198,3 +199,29 @@ async def test_the_relays_database_connection_cut_under_load(outbox_dsn, node):
     assert cuts >= 2
     assert relay.events("outbox_db_error")
     await check_exactly_once(node.url, writer)
+
+
+async def test_a_quota_refusing_the_relay(outbox_dsn, topics, tmp_path):
+    """The node answers 429 quota_exceeded (nothing written): the relay backs off and sends
+    again until every row is stored, once and in order."""
+    quotas = tmp_path / "quotas.json"
+    quotas.write_text(json.dumps({"quotas": [
+        {"prefix": "quota-", "records_per_s": 20, "burst_s": 1}]}))
+    node = NodeProcess(topics, extra_env={**NO_WINDOW, "VQ_QUOTA_FILE": str(quotas)}).start()
+    q = f"quota-{uuid.uuid4().hex[:6]}"
+    with psycopg.connect(outbox_dsn) as conn:
+        for i in range(60):
+            add(conn, q, f"v{i}")
+    relay = RelayProcess(outbox_dsn, node.url, ["--batch-records", "20"]).start()
+    try:
+        wait_until(lambda: pending(outbox_dsn) == 0, 60, "the rows to be relayed")
+        await asyncio.sleep(0.3)
+        assert [r.text for r in await queue_records(node.url, q)] == [f"v{i}" for i in range(60)]
+        _, metrics = http("GET", f"{node.url}/metrics?name[]=vq_quota_refusals_total")
+        text = metrics.decode() if isinstance(metrics, bytes) else str(metrics)
+        refusals = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                    if line.startswith('vq_quota_refusals_total{prefix="quota-"}')]
+        assert refusals and refusals[0] > 0  # the node did answer 429s
+    finally:
+        relay.kill()
+        node.terminate()
