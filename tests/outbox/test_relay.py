@@ -279,3 +279,27 @@ async def test_a_sqlalchemy_session_writes_in_its_transaction(outbox_dsn, node):
         await asyncio.sleep(0.3)
         recs = await queue_records(node, q)
     assert [r.text for r in recs] == ["committed", "by a connection"]
+
+
+async def test_the_lag_metric_ages_while_no_node_answers(outbox_dsn):
+    q = _q("lag")
+    with psycopg.connect(outbox_dsn) as conn:
+        add(conn, q, "stuck")
+    metrics = RelayMetrics()
+    relay = Relay(RelayOptions(dsn=outbox_dsn, urls=[f"http://127.0.0.1:{free_port()}"],
+                               poll_ms=200, deadline_ms=300, settle_ms=60_000), metrics)
+    stop = asyncio.Event()
+    task = asyncio.create_task(relay.run(stop))
+    try:
+        deadline = time.monotonic() + 15
+        while metrics.lag._value.get() < 1.5:
+            assert time.monotonic() < deadline, metrics.lag._value.get()
+            await asyncio.sleep(0.1)
+        assert metrics.send_failures._value.get() >= 1
+        assert pending(outbox_dsn) == 1  # kept, to be sent when a node answers
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 30)
+        with psycopg.connect(outbox_dsn) as conn:
+            conn.execute("DELETE FROM vqueues_outbox.records WHERE queue = %s", (q,))
+            conn.execute("DELETE FROM vqueues_outbox.queues WHERE queue = %s", (q,))

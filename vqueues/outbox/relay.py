@@ -80,7 +80,7 @@ class RelayMetrics:
         self.db_errors = Counter("vq_outbox_db_errors_total",
                                  "database errors (the relay reconnects)", registry=r)
         self.lag = Gauge("vq_outbox_lag_seconds",
-                         "age of the oldest due row not yet relayed (since it was written or "
+                         "age of the oldest due row not yet relayed (since it was inserted or "
                          "became due); 0 when none", registry=r)
         self.buckets = Gauge("vq_outbox_buckets_held", "buckets this relay holds", registry=r)
 

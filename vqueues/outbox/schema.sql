@@ -57,7 +57,7 @@ CREATE TABLE IF NOT EXISTS vqueues_outbox.records (
     tags text[],
     idempotency_key text,             -- yours; without it the relay keys the row itself
     deliver_at bigint,                -- UTC epoch ms; NULL: at once
-    created_at timestamptz NOT NULL DEFAULT now(),
+    created_at timestamptz NOT NULL DEFAULT clock_timestamp(),
     bucket smallint GENERATED ALWAYS AS (vqueues_outbox.bucket_of(queue)) STORED,
     CONSTRAINT queue_name CHECK (octet_length(queue) BETWEEN 1 AND 249
                                  AND queue !~ '[\u0001-\u001f\u007f-\u009f]'),
@@ -81,7 +81,7 @@ AS $$
 BEGIN
     PERFORM pg_advisory_xact_lock(30321, vqueues_outbox.queue_key(NEW.queue));
     NEW.id := nextval('vqueues_outbox.record_ids');
-    NEW.created_at := now();
+    NEW.created_at := clock_timestamp();  -- the insert, not its transaction's start
     RETURN NEW;
 END
 $$;
