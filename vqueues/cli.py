@@ -1,5 +1,5 @@
-"""The `vqueues` command: serve, dev, kafka, topics create, pipeline run, and the admin commands
-(queues, consumers, cluster: vqueues/admin.py).
+"""The `vqueues` command: serve, dev, kafka, topics create, pipeline run, outbox install|relay
+(vqueues/outbox/command.py), and the admin commands (queues, consumers, cluster: vqueues/admin.py).
 
 The dev supervisor is in vqueues/dev.py."""
 
@@ -25,6 +25,7 @@ os.environ.setdefault("NUMPY_MADVISE_HUGEPAGE", "0")
 from vqueues import admin, logs, memory
 from vqueues.errors import ConfigError
 from vqueues.kafka import topics
+from vqueues.outbox import command as outbox_command
 from vqueues.settings import Settings
 
 log = logging.getLogger("vqueues.cli")
@@ -97,6 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
     prun = psub.add_parser("run", help="archive records and per-queue metrics to Parquet")
     add_pipeline_arguments(prun)
     admin.add_commands(sub)
+    outbox_command.add_commands(sub)
     return parser
 
 
@@ -177,6 +179,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "pipeline":
         logs.setup("info", "text")
         return run_pipeline(args)
+    if args.command == "outbox":
+        return outbox_command.run(args)
     if args.command in ("queues", "consumers", "cluster"):
         return admin.run(args)
     return _topics_create(args)
