@@ -1,6 +1,6 @@
 """A Celery worker consuming tasks through kombu's SQS transport (docs/sqs.md) from a real
-node: kombu 5.7.0 speaks AWS JSON 1.0 on both its synchronous (boto3) calls and its
-asynchronous receive path (pycurl), the only protocol the surface answers."""
+node: kombu 5.7.0 with botocore 1.44.8 speaks AWS JSON 1.0 on its synchronous (boto3) calls
+and on its asynchronous receive path (pycurl), the only protocol the surface answers."""
 
 import threading
 import time
