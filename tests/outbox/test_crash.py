@@ -204,9 +204,12 @@ async def test_the_relays_database_connection_cut_under_load(outbox_dsn, node):
 async def test_a_quota_refusing_the_relay(outbox_dsn, topics, tmp_path):
     """The node answers 429 quota_exceeded (nothing written): the relay backs off and sends
     again until every row is stored, once and in order."""
+    # A bucket of 5 under batches of 20: each batch is admitted only into a full bucket and
+    # leaves 4 s of debt, so the next one is refused however slowly the relay goes (at 20 per
+    # second a relay slower than a batch a second was never refused).
     quotas = tmp_path / "quotas.json"
     quotas.write_text(json.dumps({"quotas": [
-        {"prefix": "quota-", "records_per_s": 20, "burst_s": 1}]}))
+        {"prefix": "quota-", "records_per_s": 5, "burst_s": 1}]}))
     node = NodeProcess(topics, extra_env={**NO_WINDOW, "VQ_QUOTA_FILE": str(quotas)}).start()
     q = f"quota-{uuid.uuid4().hex[:6]}"
     with psycopg.connect(outbox_dsn) as conn:
