@@ -11,8 +11,9 @@ For each generated request, sent with a full token, a narrow token or none:
   state are the same before and after it.
 After all of them the node is still healthy and ready and logged no crash.
 
-The node runs with `max_wait_ms` of 50 (long polls end quickly) and `max_schedule_delay_ms` of
-0 (no record moves later by itself, which would look like a change).
+The node runs with `max_wait_ms` of 50 (long polls end quickly), `max_schedule_delay_ms` of 0
+and a `scheduler_tick_ms` longer than the run (no record moves or is dead-lettered later by
+itself, which would look like a change).
 """
 
 import asyncio
@@ -65,7 +66,10 @@ def fuzz_node(topics, tmp_path_factory):
          "scopes": {"read": ["q"], "write": ["q"]}}]}))
     node = NodeProcess(topics, node_id="fuzz", extra_env={
         "VQ_AUTH": "true", "VQ_AUTH_TOKEN_FILE": str(path), "VQ_MAX_WAIT_MS": "50",
-        "VQ_MAX_SCHEDULE_DELAY_MS": "0"}).start()
+        "VQ_MAX_SCHEDULE_DELAY_MS": "0",
+        # No expiry tick during the run: a fuzzed lease past its consumer's max_attempts would
+        # be dead-lettered by itself between another request's before and after.
+        "VQ_SCHEDULER_TICK_MS": "600000"}).start()
     try:
         yield node
     finally:
