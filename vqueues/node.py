@@ -14,17 +14,20 @@ from aiohttp import web
 from vqueues import memory
 from vqueues.api.app import create_app
 from vqueues.api.keys import WORK
+from vqueues.errors import ConfigError
 from vqueues.kafka import client_config, topics
 from vqueues.kafka.admin import Admin
 from vqueues.kafka.fetcher import Fetcher
 from vqueues.kafka.group import GroupMember
-from vqueues.kafka.logs import KafkaOffsetLog, TopicLog
+from vqueues.kafka.logs import KafkaOffsetLog, TaggedTopicLog, TopicLog, read_to_end
 from vqueues.kafka.producer import AsyncProducer
 from vqueues.kafka.tail import TopicTail
+from vqueues.layouts import Layout, decode_layout, tag
 from vqueues.ownership import node_status
 from vqueues.ownership.cluster_map import ClusterMap
 from vqueues.ownership.ownership import Ownership
 from vqueues.ownership.self_fence import SelfFence
+from vqueues.queues.layered_fetcher import LayeredFetcher
 from vqueues.queues.service import QueueService
 from vqueues.settings import Settings
 from vqueues.state.cache import RecordCache
@@ -43,6 +46,11 @@ SNAPSHOT_AT_STOP_MIN_RECORDS = 1000
 SNAPSHOT_AT_STOP_TIMEOUT_S = 10.0
 
 
+def group_id(base: str, layout: int) -> str:
+    """The consumer group of a layout's data topic: one group per layout (ADR 19)."""
+    return f"{base}.l{layout}" if layout else base
+
+
 class Node:
     """`async with Node(settings) as node:` serves until the block exits."""
 
@@ -51,7 +59,8 @@ class Node:
         self._runner: web.AppRunner | None = None
         self._group: GroupMember | None = None
         self._producers: list[AsyncProducer] = []
-        self._fetcher: Fetcher | None = None
+        self._fetchers: list[Fetcher] = []
+        self.layout = Layout(0, 0)
         self._tail: TopicTail | None = None
         self._fence: SelfFence | None = None
         self.service: QueueService | None = None
@@ -74,17 +83,30 @@ class Node:
         s = self.settings
         loop = asyncio.get_running_loop()
         admin = Admin(self._conf())
+        layouts = await asyncio.to_thread(self._layouts)
+        layout = self.layout = layouts[-1]
+        data_topic, offset_topic, snapshot_topic = layout.topics(
+            s.data_topic, s.offset_topic, s.snapshot_topic)
         partitions = await asyncio.to_thread(
-            topics.check, admin, s.data_topic, s.offset_topic, s.assignment_topic)
+            topics.check, admin, data_topic, offset_topic, s.assignment_topic)
+        if layout.number and partitions != layout.partitions:
+            raise ConfigError(
+                f"layout {layout.number} has {layout.partitions} partitions but its data topic "
+                f"{data_topic!r} has {partitions}")
+        first = (await asyncio.to_thread(topics.check, admin, s.data_topic, s.offset_topic,
+                                         s.assignment_topic) if layout.number else partitions)
+        layouts[0] = Layout(0, first)
+        if not layout.number:
+            layout = self.layout = layouts[0]
         embedded = await asyncio.to_thread(admin.cluster_id) == EMBEDDED_CLUSTER_ID
         static = s.static_membership == "on" or (s.static_membership == "auto" and not embedded)
         if embedded:
             self._single_broker = {"metadata.recovery.strategy": "none"}
-        with_snapshots = await asyncio.to_thread(topics.check_snapshots, admin, s.snapshot_topic,
+        with_snapshots = await asyncio.to_thread(topics.check_snapshots, admin, snapshot_topic,
                                                  partitions)
         if not with_snapshots:
             log.warning("snapshots_disabled", extra={
-                "snapshot_topic": s.snapshot_topic,
+                "snapshot_topic": snapshot_topic,
                 "why": "the topic does not exist; `vqueues topics create` makes it"})
         cache = RecordCache(s.cache_max_bytes)
         data = AsyncProducer(self._conf(**{
@@ -98,11 +120,20 @@ class Node:
         self._producers = [data, offsets]
         reader_conf = self._conf(**{"group.id": f"vq-reader-{s.effective_node_id}",
                                     "fetch.wait.max.ms": s.fetch_wait_max_ms})
-        self._fetcher = Fetcher(reader_conf, s.data_topic, s.fetchers,
-                                s.broker_timeout_ms / 1000)
-        cluster_map = ClusterMap(partitions)
-        offset_log = KafkaOffsetLog(offsets, s.offset_topic, reader_conf)
-        snapshot_log = (KafkaOffsetLog(offsets, s.snapshot_topic, reader_conf)
+        # Records of earlier layouts stay where they were written (ADR 19): one fetcher per
+        # layout's data topic, the older ones small.
+        fetchers: dict[int, tuple[Layout, Fetcher]] = {}
+        for known in layouts:
+            fetchers[known.number] = (known, Fetcher(
+                reader_conf, known.topics(s.data_topic, "", "")[0],
+                s.fetchers if known is layout else 1, s.broker_timeout_ms / 1000,
+                offset_base=tag(known.number, 0)))
+        self._fetchers = [f for _, f in fetchers.values()]
+        fetcher = LayeredFetcher(dict(fetchers), layout.number)
+        cluster_map = ClusterMap(partitions, layout.number)
+        cluster_map.layouts.update({known.number: known for known in layouts})
+        offset_log = KafkaOffsetLog(offsets, offset_topic, reader_conf)
+        snapshot_log = (KafkaOffsetLog(offsets, snapshot_topic, reader_conf)
                         if with_snapshots else None)
         self._fence = SelfFence(s.self_fence_ms / 1000 if s.self_fence_ms else math.inf)
         if s.self_fence_ms:
@@ -118,8 +149,9 @@ class Node:
             s.assignment_topic, 1,
             lambda batch: loop.call_soon_threadsafe(self._assignments, batch))
         self._tail.start()
-        self.service = QueueService(s, self.ownership, cache, TopicLog(data, s.data_topic),
-                                    offset_log, self._fetcher)
+        data_log = (TaggedTopicLog(data, data_topic, tag(layout.number, 0)) if layout.number
+                    else TopicLog(data, data_topic))
+        self.service = QueueService(s, self.ownership, cache, data_log, offset_log, fetcher)
         node_status.register_gauges(self.ownership)
         self.ownership.metrics.counters(
             "vq_produce_requests", "produce requests the node's producers sent (librdkafka's "
@@ -127,11 +159,13 @@ class Node:
             "snapshot and assignment topics)", "topic",
             lambda: {"data": data.produce_requests, "offsets": offsets.produce_requests})
         self._group = GroupMember(self._conf(**{
-            "group.id": s.group_id, "session.timeout.ms": s.session_timeout_ms,
+            "group.id": group_id(s.group_id, layout.number),
+            "session.timeout.ms": s.session_timeout_ms,
             "heartbeat.interval.ms": s.heartbeat_interval_ms,
             "fetch.wait.max.ms": s.fetch_wait_max_ms,
             **({"group.instance.id": s.effective_node_id} if static else {})}),
-            s.data_topic, self.ownership, fence=self._fence, pace_ms=s.tail_pace(embedded))
+            data_topic, self.ownership, fence=self._fence, pace_ms=s.tail_pace(embedded),
+            offset_base=tag(layout.number, 0))
         group = self._group
         self.ownership.metrics.counters(
             "vq_tail_pauses", "times the data topic's tail paused for tail_pace_ms after a "
@@ -159,7 +193,21 @@ class Node:
         memory.GcPauses().install()
         log.info("node_started", extra={"node": s.effective_node_id, "url": s.effective_url,
                                         "bootstrap": s.bootstrap, "partitions": partitions,
+                                        "layout": layout.number,
                                         "static_membership": static})
+
+    def _layouts(self) -> list[Layout]:
+        """Blocking: the layouts the assignment topic announces, oldest first (layout 0's
+        partition count is left 0: its data topic says it)."""
+        s = self.settings
+        conf = self._conf(**{"group.id": f"vq-layouts-{s.effective_node_id}"})
+        entries, _end = read_to_end(conf, s.assignment_topic, [0])[0]
+        found = {0: Layout(0, 0)}
+        for key, value, _headers in entries:
+            announced = decode_layout(key, value)
+            if announced is not None:
+                found[announced.number] = announced
+        return [found[n] for n in sorted(found)]
 
     def _assignments(self, batch: list[tuple[bytes | None, bytes | None]]) -> None:
         """The assignment topic's records: the cluster map and the prefix consumers."""
@@ -194,8 +242,8 @@ class Node:
             await asyncio.to_thread(self.service.close)
         for p in self._producers:
             await asyncio.to_thread(p.close)
-        if self._fetcher is not None:
-            await asyncio.to_thread(self._fetcher.close)
+        for fetcher in self._fetchers:
+            await asyncio.to_thread(fetcher.close)
         log.info("node_stopped", extra={"node": self.settings.effective_node_id})
 
     async def __aenter__(self) -> Node:

@@ -192,6 +192,7 @@ class PartitionsInfo:
     ready: list[int]
     limits: NodeLimits
     details: list[PartitionDetail] = field(default_factory=list)
+    layout: int = 0  # the layout `partitions` and `owners` describe (ADR 19)
 
 
 class PrefixLeased(msgspec.Struct, frozen=True, gc=False):

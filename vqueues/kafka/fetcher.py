@@ -21,11 +21,13 @@ from vqueues.storage import SEEK_GAP
 log = logging.getLogger(__name__)
 
 class Fetcher:
-    """A pool of assign()-mode consumers; `fetch` is blocking and thread-safe."""
+    """A pool of assign()-mode consumers; `fetch` is blocking and thread-safe. Offsets in and
+    out are tagged with `offset_base` (the topic's layout, ADR 19)."""
 
     def __init__(self, conf: dict[str, Any], topic: str, size: int,
-                 timeout_s: float = 10.0) -> None:
+                 timeout_s: float = 10.0, offset_base: int = 0) -> None:
         self._timeout_s = timeout_s
+        self._base = offset_base
         conf = {
             **conf,
             "enable.auto.commit": False,
@@ -67,6 +69,9 @@ class Fetcher:
         found: dict[int, Record] = {}
         if not offsets:
             return found
+        base = self._base
+        if base:
+            offsets = [o - base for o in offsets]
         consumer = self._pool.get()
         deadline = time.monotonic() + (self._timeout_s if timeout_s is None else timeout_s)
         try:
@@ -93,7 +98,7 @@ class Fetcher:
                 while i < len(offsets) and offsets[i] < off:
                     i += 1  # that record no longer exists
                 if i < len(offsets) and offsets[i] == off:
-                    found[off] = to_record(msg)
+                    found[off + self._base] = to_record(msg, self._base)
                     i += 1
             if polled.ends:
                 return len(offsets)  # nothing past the end: the rest do not exist
@@ -105,11 +110,11 @@ class Fetcher:
 
     def high_watermark(self, partition: int, timeout_s: float = 5.0) -> int:
         """The broker's high watermark, uncached (may underestimate on tansu: see ADR 0003)."""
-        return self._watermarks(partition, timeout_s)[1]
+        return self._watermarks(partition, timeout_s)[1] + self._base
 
     def log_start(self, partition: int, timeout_s: float = 5.0) -> int:
         """The partition's first retained offset (its low watermark), uncached."""
-        return max(self._watermarks(partition, timeout_s)[0], 0)
+        return max(self._watermarks(partition, timeout_s)[0], 0) + self._base
 
     def _watermarks(self, partition: int, timeout_s: float) -> tuple[int, int]:
         consumer = self._pool.get()

@@ -32,19 +32,21 @@ REPLACE_BACKOFF_S = (0.2, 5.0)  # first and longest wait before a fatally failed
 # replaced: a member fenced again and again (two nodes given one node id) must not spin
 
 
-def to_record(msg: Any) -> Record:
-    """A consumed confluent-kafka message as a Record."""
+def to_record(msg: Any, offset_base: int = 0) -> Record:
+    """A consumed confluent-kafka message as a Record, its offset tagged with `offset_base`
+    (a layout's tag, ADR 19: 0 on layout 0)."""
     headers = msg.headers()
-    return Record(msg.offset(), msg.timestamp()[1], msg.value(),
+    return Record(msg.offset() + offset_base, msg.timestamp()[1], msg.value(),
                   tuple(headers) if headers else ())
 
 
 class GroupMember:
-    """Joins `group.id` over `topic` and feeds `listener` until `stop()`."""
+    """Joins `group.id` over `topic` and feeds `listener` until `stop()`. The listener sees
+    offsets tagged with `offset_base` (the topic's layout, ADR 19) and gives starts so tagged."""
 
     def __init__(self, conf: dict[str, Any], topic: str, listener: GroupListener,
                  batch_size: int = 2000, fence: Fence | None = None,
-                 pace_ms: int = 0) -> None:
+                 pace_ms: int = 0, offset_base: int = 0) -> None:
         conf = {
             **conf,
             "enable.auto.commit": False,
@@ -58,6 +60,7 @@ class GroupMember:
         self._closed = False
         self._owned: set[int] = set()  # what this member's consumer was given, as it reported
         self._topic = topic
+        self._base = offset_base
         self._listener = listener
         self._batch_size = batch_size
         self._fence = fence
@@ -82,8 +85,11 @@ class GroupMember:
         self._owned.update(tp.partition for tp in partitions)
         starts = self._listener.assigned([tp.partition for tp in partitions])
         consumer.incremental_assign(
-            [TopicPartition(self._topic, tp.partition, starts.get(tp.partition, OFFSET_BEGINNING))
+            [TopicPartition(self._topic, tp.partition, self._untag(starts.get(tp.partition)))
              for tp in partitions])
+
+    def _untag(self, start: int | None) -> int:
+        return OFFSET_BEGINNING if start is None or start < self._base else start - self._base
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         if not partitions:
@@ -122,7 +128,7 @@ class GroupMember:
             polled = poll(self._consumer, self._batch_size, 0.05, strict=False)
             fresh = self._flush(polled.messages) if polled.messages else True
             for partition, offset in polled.ends.items():
-                self._listener.reached_end(partition, offset)
+                self._listener.reached_end(partition, offset + self._base)
             if self._fence is not None and self._fence.suspect:
                 self._confirm(self._fence)
             elif not fresh and self._pace_s and len(polled.messages) < self._batch_size:
@@ -200,14 +206,15 @@ class GroupMember:
     def _flush(self, messages: list[Any]) -> bool:
         """Hand `messages` to the listener; False if they were all its own writes, indexed
         already."""
+        base = self._base
         positions: dict[int, int] = {}
         for m in messages:
-            positions[m.partition()] = m.offset() + 1
+            positions[m.partition()] = m.offset() + 1 + base
         # Records the listener already indexed (its own writes, from their delivery reports)
         # are not decoded again: only their position counts.
         known = {p: self._listener.indexed(p) for p in positions}
-        batch: list[Consumed] = [(m.partition(), m.key(), to_record(m)) for m in messages
-                                 if m.offset() not in known[m.partition()]]
+        batch: list[Consumed] = [(m.partition(), m.key(), to_record(m, base)) for m in messages
+                                 if m.offset() + base not in known[m.partition()]]
         # The high watermark from the fetch responses is right on every broker we support;
         # the uncached lookup is not (see docs/adr/0003-replay-end.md).
         hw: dict[int, int] = {}
@@ -215,7 +222,7 @@ class GroupMember:
             _low, high = self._consumer.get_watermark_offsets(
                 TopicPartition(self._topic, p), cached=True)
             if high >= 0:
-                hw[p] = high
+                hw[p] = high + base
         self._listener.consumed(batch, hw, positions)
         return bool(batch)
 

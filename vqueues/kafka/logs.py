@@ -29,6 +29,29 @@ class TopicLog:
         return self.producer.submit(self.topic, partition, records)
 
 
+class TaggedTopicLog(TopicLog):
+    """A later layout's data topic (ADR 19): the offsets it reports are tagged with
+    `offset_base`."""
+
+    def __init__(self, producer: AsyncProducer, topic: str, offset_base: int) -> None:
+        super().__init__(producer, topic)
+        self._base = offset_base
+
+    async def append(self, partition: int, records: Sequence[Outgoing]) -> list[Delivered]:
+        return self._tagged(await self.producer.send(self.topic, partition, records))
+
+    def submit(self, partition: int, records: Sequence[Outgoing]
+               ) -> Awaitable[list[Delivered]]:
+        return self._submitted(self.producer.submit(self.topic, partition, records))
+
+    async def _submitted(self, sent: Awaitable[list[Delivered]]) -> list[Delivered]:
+        return self._tagged(await sent)
+
+    def _tagged(self, delivered: list[Delivered]) -> list[Delivered]:
+        base = self._base
+        return [(o + base, ts) if o >= 0 else (o, ts) for o, ts in delivered]
+
+
 class KafkaOffsetLog(TopicLog):
     """The offset topic: written like any topic, replayed with `read_to_end`."""
 

@@ -7,6 +7,8 @@ one record per partition:
 A node writes "owned" when the group assigns it a partition, with a generation one above the
 highest it has seen, and "released" when it gives the partition up. A release only counts if it
 comes from the current owner; a node that died without releasing is overwritten by the next.
+A later layout's claims (ADR 19) are keyed `l<layout>/<partition>` (b"l1/7"); the map of a
+layout reads only its own, and the layouts' own records (`layout/<n>`) too.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from vqueues.layouts import Layout, decode_layout
+
 
 @dataclass(frozen=True, slots=True)
 class Owner:
@@ -25,14 +29,20 @@ class Owner:
     generation: int
 
 
-def encode_claim(partition: int, node: str, url: str, generation: int) -> tuple[bytes, bytes]:
-    return str(partition).encode(), json.dumps({
+def claim_key(partition: int, layout: int = 0) -> bytes:
+    return f"l{layout}/{partition}".encode() if layout else str(partition).encode()
+
+
+def encode_claim(partition: int, node: str, url: str, generation: int, layout: int = 0
+                 ) -> tuple[bytes, bytes]:
+    return claim_key(partition, layout), json.dumps({
         "v": 1, "state": "owned", "node": node, "url": url, "generation": generation,
         "ts": int(time.time() * 1000)}, separators=(",", ":")).encode()
 
 
-def encode_release(partition: int, node: str, generation: int) -> tuple[bytes, bytes]:
-    return str(partition).encode(), json.dumps({
+def encode_release(partition: int, node: str, generation: int, layout: int = 0
+                   ) -> tuple[bytes, bytes]:
+    return claim_key(partition, layout), json.dumps({
         "v": 1, "state": "released", "node": node, "generation": generation,
         "ts": int(time.time() * 1000)}, separators=(",", ":")).encode()
 
@@ -40,13 +50,27 @@ def encode_release(partition: int, node: str, generation: int) -> tuple[bytes, b
 class ClusterMap:
     """Applied on the event loop from the assignment topic's tail."""
 
-    def __init__(self, partitions: int) -> None:
+    def __init__(self, partitions: int, layout: int = 0) -> None:
         self.partitions = partitions
+        self.layout = layout
+        self.layouts: dict[int, Layout] = {layout: Layout(layout, partitions)}
         self.owners: dict[int, Owner] = {}
         self.generation = 0
+        self._prefix = f"l{layout}/".encode() if layout else b""
 
     def apply(self, records: Sequence[tuple[bytes | None, bytes | None]]) -> None:
+        prefix = self._prefix
         for key, value in records:
+            announced = decode_layout(key, value)
+            if announced is not None:
+                self.layouts[announced.number] = announced
+                continue
+            if prefix:
+                if not key or not key.startswith(prefix):
+                    continue
+                key = key[len(prefix):]
+            elif key and key[:1] == b"l":
+                continue
             try:
                 p = int(key or b"")
                 body: dict[str, Any] = json.loads(value or b"null") or {}

@@ -22,7 +22,8 @@ def partitions_info(ownership: Ownership, settings: Settings) -> PartitionsInfo:
                           settings.max_record_bytes),
         details=[PartitionDetail(p, s.ready.is_set(), len(s.queues), s.log_start,
                                  s.tail_offset, s.replay_target)
-                 for p, s in sorted(states.items())])
+                 for p, s in sorted(states.items())],
+        layout=cmap.layout)
 
 
 def register_gauges(ownership: Ownership) -> None:

@@ -193,7 +193,8 @@ class Ownership:
         self._generation = max(self._generation, self.cluster_map.generation) + 1
         log.info("partitions_assigned", extra={"partitions": fresh,
                                                "generation": self._generation})
-        claims = [encode_claim(p, self.node_id, self.url, self._generation) for p in fresh]
+        claims = [encode_claim(p, self.node_id, self.url, self._generation,
+                               self.cluster_map.layout) for p in fresh]
         self.cluster_map.apply(claims)  # known here at once; the tail confirms it
         self._spawn(self._announce(claims))
         self._spawn(self._start(fresh, starts))
@@ -263,7 +264,8 @@ class Ownership:
         for state in gone:
             if not await state.wait_writes(5.0):
                 log.warning("revoke_writes_pending", extra={"partition": state.partition})
-        releases = [encode_release(p, self.node_id, self._generation) for p in partitions]
+        releases = [encode_release(p, self.node_id, self._generation, self.cluster_map.layout)
+                    for p in partitions]
         self.cluster_map.apply(releases)
         try:
             await asyncio.wait_for(self._announce(releases), 5.0)

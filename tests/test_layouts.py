@@ -1,0 +1,83 @@
+"""Layouts (ADR 19) against real brokers: a node started on a cluster whose newest layout is 1
+serves it, with every data offset tagged with the layout, through a SIGKILL."""
+
+import asyncio
+import time
+import uuid
+
+import pytest
+from confluent_kafka import Producer
+from vqueues_client import AsyncClient, NewRecord
+
+from tests.narrow import known
+from tests.support import NodeProcess, Topics, create_topics, kafka_records
+from vqueues.hashing import partition_for
+from vqueues.kafka import topics as kafka_topics
+from vqueues.kafka.admin import Admin
+from vqueues.layouts import Layout, encode_layout, kafka_offset, layout_of, tag, topic_name
+
+
+def grow(t: Topics, layout: Layout) -> None:
+    """What `vqueues topics grow` leaves behind: the layout's topics, then its record."""
+    specs = kafka_topics.specs(topic_name(t.data, layout.number),
+                               topic_name(t.offsets, layout.number), t.assignments,
+                               layout.partitions,
+                               snapshot_topic=topic_name(t.snapshots, layout.number))
+    Admin({"bootstrap.servers": t.bootstrap}).create(
+        [s for s in specs if s.name != t.assignments])
+    producer = Producer({"bootstrap.servers": t.bootstrap, "acks": "all"})
+    key, value = encode_layout(layout, int(time.time() * 1000))
+    producer.produce(t.assignments, key=key, value=value, partition=0)
+    assert producer.flush(30) == 0
+
+
+@pytest.mark.both_brokers
+async def test_a_node_on_layout_one_tags_every_offset_and_keeps_state_through_a_kill(
+        bootstrap: str) -> None:
+    t = create_topics(bootstrap, partitions=4)
+    grow(t, Layout(1, 8))
+    node = NodeProcess(t, extra_env={"VQ_SCHEDULER_TICK_MS": "100"}).start()
+    try:
+        async with AsyncClient(node.url) as vq:
+            cmap = await vq.cluster_map()
+            assert (cmap["partitions"], cmap["layout"]) == (8, 1)
+            assert sorted(cmap["owners"]) == [str(p) for p in range(8)]
+            queues = [f"lay-{uuid.uuid4().hex[:6]}-{i}" for i in range(12)]
+            written: dict[str, list[int]] = {}
+            for q in queues:
+                answer = await vq.enqueue(q, [NewRecord(f"{q}:{i}") for i in range(3)])
+                assert answer.partition == partition_for(q, 8)
+                written[q] = list(known(answer.offsets))
+            on_kafka = kafka_records(bootstrap, topic_name(t.data, 1))
+            for q, offsets in written.items():
+                assert all(layout_of(o) == 1 for o in offsets)
+                for i, o in enumerate(offsets):
+                    key, value, _ts, _h = on_kafka[(partition_for(q, 8), kafka_offset(o))]
+                    assert (key, value) == (q, f"{q}:{i}".encode())
+            assert kafka_records(bootstrap, t.data) == {}  # layout 0 gets nothing
+
+            first = queues[0]
+            page = await vq.read(first, consumer="c")
+            assert [r.offset for r in page.records] == written[first]
+            await vq.ack(first, "c", written[first][1])
+            await vq.configure_consumer(queues[1], "w", mode="lease")
+            leased = await vq.lease(queues[1], "w", max_records=3, visibility_ms=60_000)
+            assert [lease.record.offset for lease in leased] == written[queues[1]]
+            await vq.complete(queues[1], "w", leased[:2])
+            delayed = await vq.enqueue(queues[2], "later", delay_ms=1500)
+            assert layout_of(known(delayed.offsets)[0]) == 1
+        node.kill()
+        node.start()
+        async with AsyncClient(node.url) as vq:
+            page = await vq.read(first, consumer="c")
+            assert [r.offset for r in page.records] == written[first][1:]
+            await asyncio.sleep(2.0)
+            again = await vq.lease(queues[1], "w", max_records=3, visibility_ms=60_000)
+            assert [lease.record.offset for lease in again] in ([], written[queues[1]][2:])
+            page = await vq.read(queues[2], offset=0)
+            texts = [r.value for r in page.records]
+            assert texts == [f"{queues[2]}:{i}".encode() for i in range(3)] + [b"later"]
+            assert layout_of(page.records[-1].offset) == 1
+            assert page.records[-1].offset > tag(1, 0)
+    finally:
+        node.terminate()
