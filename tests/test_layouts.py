@@ -10,7 +10,7 @@ from confluent_kafka import Producer
 from vqueues_client import AsyncClient, NewRecord
 
 from tests.narrow import known
-from tests.support import NodeProcess, Topics, create_topics, kafka_records
+from tests.support import NodeProcess, Topics, create_topics, events, kafka_records
 from vqueues.hashing import partition_for
 from vqueues.kafka import topics as kafka_topics
 from vqueues.kafka.admin import Admin
@@ -81,3 +81,25 @@ async def test_a_node_on_layout_one_tags_every_offset_and_keeps_state_through_a_
             assert page.records[-1].offset > tag(1, 0)
     finally:
         node.terminate()
+
+
+async def test_a_layout_is_not_followed_while_its_predecessor_holds_records(
+        bootstrap: str) -> None:
+    """Until a child can take its queues over, a node keeps serving the layout that holds
+    them: nothing goes out of sight."""
+    t = create_topics(bootstrap, partitions=4)
+    producer = Producer({"bootstrap.servers": t.bootstrap, "acks": "all"})
+    producer.produce(t.data, key=b"kept", value=b"v", partition=partition_for("kept", 4))
+    assert producer.flush(30) == 0
+    grow(t, Layout(1, 8))
+    node = NodeProcess(t).start()
+    try:
+        async with AsyncClient(node.url) as vq:
+            cmap = await vq.cluster_map()
+            assert (cmap["partitions"], cmap["layout"]) == (4, 0)
+            page = await vq.read("kept", offset=0)
+            assert [(r.offset, r.value) for r in page.records] == [(0, b"v")]
+    finally:
+        node.terminate()
+    [warning] = events(node, "layout_not_followed")
+    assert (warning["layout"], warning["serving"]) == (1, 0)

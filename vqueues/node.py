@@ -21,6 +21,7 @@ from vqueues.kafka.fetcher import Fetcher
 from vqueues.kafka.group import GroupMember
 from vqueues.kafka.logs import KafkaOffsetLog, TaggedTopicLog, TopicLog, read_to_end
 from vqueues.kafka.producer import AsyncProducer
+from vqueues.kafka.ranges import holds_records
 from vqueues.kafka.tail import TopicTail
 from vqueues.layouts import Layout, decode_layout, tag
 from vqueues.ownership import node_status
@@ -207,7 +208,22 @@ class Node:
             announced = decode_layout(key, value)
             if announced is not None:
                 found[announced.number] = announced
-        return [found[n] for n in sorted(found)]
+        layouts = [found[n] for n in sorted(found)]
+        # A child takes its queues over from its parent's final snapshot (ADR 19), which this
+        # version does not write yet: a layout whose predecessor holds records is not followed,
+        # so that no record, position or lease goes out of sight.
+        while len(layouts) > 1:
+            before = layouts[-2]
+            old_data = before.topics(s.data_topic, "", "")[0]
+            if not holds_records(self._conf(**{"group.id": f"vq-layouts-{s.effective_node_id}"}),
+                                 old_data):
+                break
+            log.warning("layout_not_followed", extra={
+                "layout": layouts[-1].number, "serving": before.number,
+                "why": f"{old_data!r} holds records, and this version does not carry them "
+                       f"over to a new layout"})
+            layouts.pop()
+        return layouts
 
     def _assignments(self, batch: list[tuple[bytes | None, bytes | None]]) -> None:
         """The assignment topic's records: the cluster map and the prefix consumers."""
