@@ -1,4 +1,4 @@
-"""The `vqueues` command: serve, dev, kafka, topics create, pipeline run, outbox install|relay
+"""The `vqueues` command: serve, dev, kafka, topics create|grow, pipeline run, outbox install|relay
 (vqueues/outbox/command.py), and the admin commands (queues, consumers, cluster: vqueues/admin.py).
 
 The dev supervisor is in vqueues/dev.py."""
@@ -12,6 +12,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -24,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 os.environ.setdefault("NUMPY_MADVISE_HUGEPAGE", "0")
 
 from vqueues import admin, logs, memory
-from vqueues.errors import ConfigError
+from vqueues.errors import ConfigError, Unavailable
 from vqueues.kafka import topics
 from vqueues.outbox import command as outbox_command
 from vqueues.settings import Settings
@@ -90,6 +91,21 @@ def build_parser() -> argparse.ArgumentParser:
     create.add_argument("--partitions", type=_at_least_one, default=topics.DEFAULT_PARTITIONS)
     _add_topic_flags(create, replication_factor=-1, retention_ms=topics.DEFAULT_RETENTION_MS,
                      default="-1: the broker's default")
+    grow = tsub.add_parser(
+        "grow", help="grow the partition count by a new layout of the data, offset and "
+        "snapshot topics (ADR 19)",
+        description="Create the next layout's data, offset and snapshot topics with "
+        "--partitions partitions (a multiple of the current layout's), wait (up to "
+        f"{topics.CREATE_WAIT_S:g} s) until the brokers list them, then write the layout's "
+        "record to the assignment topic. Nodes must follow layouts: see docs/growing.md. "
+        "Exit status 2 if the growth is refused, 3 if the topics do not match, 1 if Kafka "
+        "failed.")
+    grow.add_argument("--partitions", type=_at_least_one, required=True,
+                      help="the new layout's partition count")
+    grow.add_argument("--dry-run", action="store_true",
+                      help="print what would be done and change nothing")
+    _add_topic_flags(grow, replication_factor=None, retention_ms=None,
+                     default="from the current layout's data topic")
     pipe = sub.add_parser("pipeline", help="the Spark pipeline over the data topic")
     psub = pipe.add_subparsers(dest="pipeline_command", required=True)
     prun = psub.add_parser("run", help="archive records and per-queue metrics to Parquet")
@@ -196,6 +212,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return outbox_command.run(args)
     if args.command in ("queues", "consumers", "cluster"):
         return admin.run(args)
+    if args.topics_command == "grow":
+        return _topics_grow(args)
     return _topics_create(args)
 
 
@@ -269,6 +287,23 @@ def _topics_create(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"vqueues: {exc}", file=sys.stderr)
         return 3
+    return 0
+
+
+def _topics_grow(args: argparse.Namespace) -> int:
+    from vqueues.kafka.logs import RecordTopic
+
+    settings, admin, conf = _topic_admin(args)
+    try:
+        print(topics.grow(admin, RecordTopic(conf, settings.assignment_topic), settings,
+                          args.partitions, replication_factor=args.replication_factor,
+                          retention_ms=args.retention_ms, dry_run=args.dry_run,
+                          now_ms=time.time_ns() // 1_000_000))
+    except (topics.GrowthRefused, ConfigError, Unavailable) as exc:
+        print(f"vqueues topics grow: {exc}", file=sys.stderr)
+        # Unavailable: Kafka failed (unreachable, timed out); a re-run reuses what was made.
+        return (2 if isinstance(exc, topics.GrowthRefused) else
+                3 if isinstance(exc, ConfigError) else 1)
     return 0
 
 
