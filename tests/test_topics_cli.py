@@ -1,10 +1,11 @@
-"""`vqueues topics create`, and the topic check a node runs at start."""
+"""`vqueues topics create` and `topics grow`, and the topic check a node runs at start."""
 
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 
-from tests.support import FAST_GROUP, Topics, vqueues_cli
+from tests.support import FAST_GROUP, Topics, kafka_records, vqueues_cli
 from vqueues.kafka.admin import Admin, TopicSpec
+from vqueues.layouts import Layout, decode_layout
 
 
 def test_topics_create_makes_all_four_with_the_right_partition_counts(bootstrap):
@@ -92,3 +93,96 @@ def test_topics_create_sets_the_compacted_segments_and_brings_existing_topics_in
     again = vqueues_cli("topics", "create", "--bootstrap", kafka_bootstrap, "--partitions", "2",
                     "--compacted-segment-ms", "7200000", *_topic_set(old))
     assert again.returncode == 0 and "set " not in again.stdout
+
+
+def _grow(bootstrap: str, prefix: str, partitions: int, *flags: str):
+    return vqueues_cli("topics", "grow", "--bootstrap", bootstrap, "--partitions",
+                       str(partitions), *_topic_set(prefix), *flags)
+
+
+def _layouts(bootstrap: str, prefix: str) -> list[Layout | None]:
+    """The assignment topic's records, decoded as layouts, in order."""
+    records = kafka_records(bootstrap, f"{prefix}-a")
+    return [decode_layout(key.encode(), value) for (_, _), (key, value, _, _)
+            in sorted(records.items())]
+
+
+def _created(bootstrap: str, partitions: int) -> str:
+    p = f"gr{uuid.uuid4().hex[:6]}"
+    out = vqueues_cli("topics", "create", "--bootstrap", bootstrap, "--partitions",
+                      str(partitions), *_topic_set(p))
+    assert out.returncode == 0, out.stderr
+    return p
+
+
+def test_topics_grow_makes_the_next_layout_and_writes_its_record_once(bootstrap):
+    p = _created(bootstrap, 4)
+    admin = Admin({"bootstrap.servers": bootstrap})
+    new = [f"{p}-d.l1", f"{p}-o.l1", f"{p}-s.l1"]
+
+    dry = _grow(bootstrap, p, 8, "--dry-run")
+    assert dry.returncode == 0, dry.stderr
+    assert dry.stdout.startswith("dry run: layout 1: 8 partitions, from 4 in layout 0: would "
+                                 f"create {', '.join(new)} ")
+    assert set(admin.partition_counts(new).values()) == {None}
+    assert _layouts(bootstrap, p) == []
+
+    out = _grow(bootstrap, p, 8)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == (f"layout 1: 8 partitions, from 4 in layout 0: {new[0]} created, "
+                          f"{new[1]} created, {new[2]} created; wrote layout/1 to {p}-a\n")
+    assert admin.partition_counts(new) == dict.fromkeys(new, 8)
+    assert _layouts(bootstrap, p) == [Layout(1, 8)]
+
+    again = _grow(bootstrap, p, 8)
+    assert again.returncode == 0, again.stderr
+    assert again.stdout == (f"layout 1 has 8 partitions already ({', '.join(new)}): "
+                            "nothing to do\n")
+    assert _layouts(bootstrap, p) == [Layout(1, 8)]
+
+
+def test_topics_grow_refuses_what_is_not_a_multiple_and_grows_a_grown_cluster_again(
+        bootstrap):
+    p = _created(bootstrap, 4)
+    assert _grow(bootstrap, p, 8).returncode == 0
+    refused = _grow(bootstrap, p, 12)
+    assert refused.returncode == 2 and refused.stdout == ""
+    assert ("vqueues topics grow: --partitions 12 is not a multiple of the current 8"
+            in refused.stderr)
+
+    out = _grow(bootstrap, p, 16)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith(f"layout 2: 16 partitions, from 8 in layout 1: {p}-d.l2 created")
+    new = [f"{p}-d.l2", f"{p}-o.l2", f"{p}-s.l2"]
+    assert Admin({"bootstrap.servers": bootstrap}).partition_counts(new) == dict.fromkeys(new, 16)
+    assert _layouts(bootstrap, p) == [Layout(1, 8), Layout(2, 16)]
+
+
+def test_topics_grow_refuses_without_the_current_layouts_topics(bootstrap):
+    p = f"gr{uuid.uuid4().hex[:6]}"
+    Admin({"bootstrap.servers": bootstrap}).create([TopicSpec(f"{p}-a", 1)])
+    out = _grow(bootstrap, p, 8)
+    assert out.returncode == 3
+    assert f"topic '{p}-d' does not exist" in out.stderr
+
+
+def test_topics_grow_gives_the_new_topics_the_configs_of_the_current_ones(kafka_bootstrap):
+    p = f"grk{uuid.uuid4().hex[:6]}"
+    made = vqueues_cli("topics", "create", "--bootstrap", kafka_bootstrap, "--partitions", "2",
+                       "--retention-ms", "86400000", "--replication-factor", "2",
+                       *_topic_set(p))
+    assert made.returncode == 0, made.stderr
+    out = _grow(kafka_bootstrap, p, 4)
+    assert out.returncode == 0, out.stderr
+    admin = Admin({"bootstrap.servers": kafka_bootstrap})
+    keys = ["retention.ms", "cleanup.policy", "segment.bytes", "segment.ms",
+            "delete.retention.ms"]
+    roles = ("d", "o", "s")
+    old = admin.topic_configs([f"{p}-{r}" for r in roles], keys)
+    new = admin.topic_configs([f"{p}-{r}.l1" for r in roles], keys)
+    assert old[f"{p}-d"]["retention.ms"] == "86400000"
+    for r in roles:
+        assert new[f"{p}-{r}.l1"] == old[f"{p}-{r}"]
+    assert admin.replication_factors([f"{p}-d.l1", f"{p}-o.l1", f"{p}-s.l1"]) == \
+        dict.fromkeys([f"{p}-d.l1", f"{p}-o.l1", f"{p}-s.l1"], 2)
+    assert _layouts(kafka_bootstrap, p) == [Layout(1, 4)]

@@ -1,4 +1,4 @@
-"""The `vqueues` command: serve, dev, kafka, topics create, pipeline run, outbox install|relay
+"""The `vqueues` command: serve, dev, kafka, topics create|grow, pipeline run, outbox install|relay
 (vqueues/outbox/command.py), and the admin commands (queues, consumers, cluster: vqueues/admin.py).
 
 The dev supervisor is in vqueues/dev.py."""
@@ -12,8 +12,10 @@ import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 # numpy asks the kernel for transparent huge pages for every array of 4 MB or more; in a node
 # those are a snapshot's short-lived temporaries, and a huge page the kernel must first compact
@@ -23,10 +25,13 @@ from pathlib import Path
 os.environ.setdefault("NUMPY_MADVISE_HUGEPAGE", "0")
 
 from vqueues import admin, logs, memory
-from vqueues.errors import ConfigError
+from vqueues.errors import ConfigError, Unavailable
 from vqueues.kafka import topics
 from vqueues.outbox import command as outbox_command
 from vqueues.settings import Settings
+
+if TYPE_CHECKING:
+    from vqueues.kafka.admin import Admin
 
 log = logging.getLogger("vqueues.cli")
 
@@ -83,16 +88,24 @@ def build_parser() -> argparse.ArgumentParser:
         f"{topics.CREATE_WAIT_S:g} s) until the brokers list them. A compacted topic that "
         "exists already gets the compacted_* settings where its own differ; each change is "
         "printed. Exit status 3 if the topics do not match or do not appear.")
-    create.add_argument("--bootstrap", default=None, help="[env VQ_BOOTSTRAP]")
     create.add_argument("--partitions", type=_at_least_one, default=topics.DEFAULT_PARTITIONS)
-    create.add_argument("--replication-factor", type=int, default=-1,
-                        help="[default -1: the broker's default]")
-    create.add_argument("--retention-ms", type=int, default=topics.DEFAULT_RETENTION_MS)
-    for name in ("data_topic", "offset_topic", "assignment_topic", "snapshot_topic",
-                 "compacted_segment_bytes", "compacted_segment_ms",
-                 "compacted_delete_retention_ms", "kafka_options"):
-        create.add_argument("--" + name.replace("_", "-"), dest=name, default=None,
-                            help=f"[env VQ_{name.upper()}]")
+    _add_topic_flags(create, replication_factor=-1, retention_ms=topics.DEFAULT_RETENTION_MS,
+                     default="-1: the broker's default")
+    grow = tsub.add_parser(
+        "grow", help="grow the partition count by a new layout of the data, offset and "
+        "snapshot topics (ADR 19)",
+        description="Create the next layout's data, offset and snapshot topics with "
+        "--partitions partitions (a multiple of the current layout's), wait (up to "
+        f"{topics.CREATE_WAIT_S:g} s) until the brokers list them, then write the layout's "
+        "record to the assignment topic. Nodes must follow layouts: see docs/growing.md. "
+        "Exit status 2 if the growth is refused, 3 if the topics do not match, 1 if Kafka "
+        "failed.")
+    grow.add_argument("--partitions", type=_at_least_one, required=True,
+                      help="the new layout's partition count")
+    grow.add_argument("--dry-run", action="store_true",
+                      help="print what would be done and change nothing")
+    _add_topic_flags(grow, replication_factor=None, retention_ms=None,
+                     default="from the current layout's data topic")
     pipe = sub.add_parser("pipeline", help="the Spark pipeline over the data topic")
     psub = pipe.add_subparsers(dest="pipeline_command", required=True)
     prun = psub.add_parser("run", help="archive records and per-queue metrics to Parquet")
@@ -100,6 +113,22 @@ def build_parser() -> argparse.ArgumentParser:
     admin.add_commands(sub)
     outbox_command.add_commands(sub)
     return parser
+
+
+def _add_topic_flags(p: argparse.ArgumentParser, replication_factor: int | None,
+                     retention_ms: int | None, default: str) -> None:
+    """The flags the `topics` commands share: where the brokers are, the topics' names and
+    their configs (`default` says what the replication factor's default means)."""
+    p.add_argument("--bootstrap", default=None, help="[env VQ_BOOTSTRAP]")
+    p.add_argument("--replication-factor", type=int, default=replication_factor,
+                   help=f"[default {default}]")
+    p.add_argument("--retention-ms", type=int, default=retention_ms,
+                   help=f"the data topic's retention.ms [default {retention_ms or default}]")
+    for name in ("data_topic", "offset_topic", "assignment_topic", "snapshot_topic",
+                 "compacted_segment_bytes", "compacted_segment_ms",
+                 "compacted_delete_retention_ms", "kafka_options"):
+        p.add_argument("--" + name.replace("_", "-"), dest=name, default=None,
+                       help=f"[env VQ_{name.upper()}]")
 
 
 def add_pipeline_arguments(p: argparse.ArgumentParser) -> None:
@@ -183,6 +212,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return outbox_command.run(args)
     if args.command in ("queues", "consumers", "cluster"):
         return admin.run(args)
+    if args.topics_command == "grow":
+        return _topics_grow(args)
     return _topics_create(args)
 
 
@@ -226,13 +257,19 @@ def _serve(args: argparse.Namespace) -> int:
     return asyncio.run(run())
 
 
-def _topics_create(args: argparse.Namespace) -> int:
+def _topic_admin(args: argparse.Namespace) -> tuple[Settings, Admin, dict[str, Any]]:
+    """The settings, an admin client and the client config of a `topics` command."""
     from vqueues.kafka import client_config
     from vqueues.kafka.admin import Admin
 
     settings = Settings.load(args)
     logs.setup(settings.log_level, "text")
-    admin = Admin(client_config(settings.bootstrap, settings.kafka_extra()))
+    conf = client_config(settings.bootstrap, settings.kafka_extra())
+    return settings, Admin(conf), conf
+
+
+def _topics_create(args: argparse.Namespace) -> int:
+    settings, admin, _ = _topic_admin(args)
     outcome = topics.create(admin, topics.specs(
         settings.data_topic, settings.offset_topic, settings.assignment_topic,
         args.partitions, args.retention_ms, args.replication_factor, settings.snapshot_topic,
@@ -250,6 +287,23 @@ def _topics_create(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"vqueues: {exc}", file=sys.stderr)
         return 3
+    return 0
+
+
+def _topics_grow(args: argparse.Namespace) -> int:
+    from vqueues.kafka.logs import RecordTopic
+
+    settings, admin, conf = _topic_admin(args)
+    try:
+        print(topics.grow(admin, RecordTopic(conf, settings.assignment_topic), settings,
+                          args.partitions, replication_factor=args.replication_factor,
+                          retention_ms=args.retention_ms, dry_run=args.dry_run,
+                          now_ms=time.time_ns() // 1_000_000))
+    except (topics.GrowthRefused, ConfigError, Unavailable) as exc:
+        print(f"vqueues topics grow: {exc}", file=sys.stderr)
+        # Unavailable: Kafka failed (unreachable, timed out); a re-run reuses what was made.
+        return (2 if isinstance(exc, topics.GrowthRefused) else
+                3 if isinstance(exc, ConfigError) else 1)
     return 0
 
 

@@ -49,16 +49,26 @@ class Admin:
                     raise translate(err, f"creating {name}") from None
         return outcome
 
+    def _listed(self, topics: Sequence[str], timeout_s: float) -> dict[str, dict[int, Any]]:
+        """Each topic's partitions (number -> metadata); {} where the topic does not exist."""
+        with kafka_errors("listing topics"):
+            md = self._admin.list_topics(timeout=timeout_s)
+        out: dict[str, dict[int, Any]] = {}
+        for t in topics:
+            tm = md.topics.get(t)
+            out[t] = {} if tm is None or tm.error is not None else dict(tm.partitions)
+        return out
+
     def partition_counts(self, topics: Sequence[str], timeout_s: float = 10.0
                          ) -> dict[str, int | None]:
         """Partition count of each topic; None where the topic does not exist."""
-        with kafka_errors("listing topics"):
-            md = self._admin.list_topics(timeout=timeout_s)
-        out: dict[str, int | None] = {}
-        for t in topics:
-            tm = md.topics.get(t)
-            out[t] = None if tm is None or tm.error is not None else len(tm.partitions)
-        return out
+        return {t: len(parts) or None for t, parts in self._listed(topics, timeout_s).items()}
+
+    def replication_factors(self, topics: Sequence[str], timeout_s: float = 10.0
+                            ) -> dict[str, int | None]:
+        """Each topic's replica count (its first partition's); None where it does not exist."""
+        return {t: len(parts[min(parts)].replicas) if parts else None
+                for t, parts in self._listed(topics, timeout_s).items()}
 
     def topic_configs(self, topics: Sequence[str], keys: Sequence[str], timeout_s: float = 10.0
                       ) -> dict[str, dict[str, str]]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Awaitable, Sequence
 from typing import Any
@@ -101,3 +102,26 @@ def read_to_end(conf: dict[str, Any], topic: str, partitions: Sequence[int],
     finally:
         consumer.close()
     return {p: (out[p], ends[p]) for p in partitions}
+
+
+class RecordTopic:
+    """A single-partition topic read to its end and appended to one record at a time, for
+    commands (`vqueues topics grow` on the assignment topic)."""
+
+    def __init__(self, conf: dict[str, Any], topic: str) -> None:
+        self.conf = conf
+        self.topic = topic
+
+    def read(self) -> list[tuple[bytes | None, bytes | None]]:
+        """Every record's (key, value), in order."""
+        entries, _ = read_to_end({**self.conf, "group.id": "vqueues-cli"}, self.topic, [0])[0]
+        return [(key, value) for key, value, _ in entries]
+
+    def append(self, key: bytes, value: bytes) -> None:
+        """Write one record and return once every in-sync replica has it (acks=all)."""
+        producer = AsyncProducer({**self.conf, "acks": "all", "enable.idempotence": True},
+                                 "cli")
+        try:
+            asyncio.run(producer.send(self.topic, 0, [(key, value, None)]))
+        finally:
+            producer.close()

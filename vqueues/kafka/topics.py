@@ -1,13 +1,15 @@
-"""The topics vqueues uses, how they are created, and the check a node runs at start."""
+"""The topics vqueues uses, how they are created, the check a node runs at start, and growing
+them by a new layout (ADR 19)."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Protocol
 
 from vqueues.errors import ConfigError
 from vqueues.kafka.admin import TopicSpec
+from vqueues.layouts import LAYOUT_KEY_PREFIX, Layout, check_growth, decode_layout, encode_layout
 from vqueues.settings import Settings
 
 DEFAULT_PARTITIONS = 16
@@ -34,6 +36,19 @@ class ConfigAdmin(TopicAdmin, Protocol):
                           timeout_s: float = ...) -> None: ...
 
     def create(self, specs: Sequence[TopicSpec], timeout_s: float = ...) -> dict[str, str]: ...
+
+
+class GrowAdmin(ConfigAdmin, Protocol):
+    def replication_factors(self, topics: Sequence[str], timeout_s: float = ...
+                            ) -> dict[str, int | None]: ...
+
+
+class RecordLog(Protocol):
+    """The assignment topic as `grow` reads and writes it (`vqueues.kafka.logs.RecordTopic`)."""
+
+    def read(self) -> list[tuple[bytes | None, bytes | None]]: ...
+
+    def append(self, key: bytes, value: bytes) -> None: ...
 
 
 def compaction_config(settings: Settings | None = None) -> dict[str, str]:
@@ -140,3 +155,115 @@ def check_snapshots(admin: TopicAdmin, snapshot_topic: str, partitions: int,
         raise ConfigError(f"snapshot topic {snapshot_topic!r} has {n} partitions; the data "
                           f"topic has {partitions}; they must be equal")
     return True
+
+
+class GrowthRefused(ValueError):
+    """`vqueues topics grow --partitions M` is not a growth the layouts allow (exit status 2)."""
+
+
+def newest_layout(records: Iterable[tuple[bytes | None, bytes | None]]) -> Layout | None:
+    """The highest-numbered layout the assignment topic's records announce (a tombstone takes
+    its layout's record back), or None: the cluster is on layout 0."""
+    layouts: dict[bytes, Layout] = {}
+    for key, value in records:
+        layout = decode_layout(key, value)
+        if layout is not None and key is not None:
+            layouts[key] = layout
+        elif key is not None and value is None and key.startswith(LAYOUT_KEY_PREFIX):
+            layouts.pop(key, None)
+    return max(layouts.values(), key=lambda lay: lay.number, default=None)
+
+
+def _layout_topics(settings: Settings, layout: Layout) -> tuple[str, str, str]:
+    return layout.topics(settings.data_topic, settings.offset_topic, settings.snapshot_topic)
+
+
+def _check_layout(admin: TopicAdmin, layout: Layout, names: Sequence[str], wait_s: float = 0.0,
+                  interval_s: float = 0.2) -> None:
+    """ConfigError naming each of `names` that is missing or has not `layout.partitions`."""
+    counts = _counts(admin, list(names), wait_s, interval_s)
+    problems = [f"topic {name!r} does not exist" if n is None else
+                f"topic {name!r} has {n} partitions, not {layout.partitions}"
+                for name, n in counts.items() if n != layout.partitions]
+    if problems:
+        raise ConfigError(f"layout {layout.number} ({layout.partitions} partitions): "
+                          + "; ".join(problems) + _waited(wait_s))
+
+
+def current_layout(admin: TopicAdmin, log: RecordLog, settings: Settings) -> Layout:
+    """The newest layout the assignment topic announces (layout 0, the data topic's partition
+    count, if none), once its three topics are checked; ConfigError names every problem."""
+    if not settings.snapshot_topic:
+        raise ConfigError("growing needs the snapshot topic (a partition hands its queues to "
+                          "the next layout in a final snapshot), and snapshot_topic is empty")
+    name = settings.assignment_topic
+    a = admin.partition_counts([name])[name]
+    if a != 1:
+        raise ConfigError(f"assignment topic {name!r} " + (
+            "does not exist" if a is None else f"has {a} partitions; it must have 1")
+            + ". Create the topics with `vqueues topics create`.")
+    current = newest_layout(log.read())
+    if current is None:
+        data = settings.data_topic
+        n = admin.partition_counts([data])[data]
+        if n is None:
+            raise ConfigError(f"topic {data!r} does not exist. Create the topics with "
+                              "`vqueues topics create`.")
+        current = Layout(0, n)
+    _check_layout(admin, current, _layout_topics(settings, current))
+    return current
+
+
+def grow(admin: GrowAdmin, log: RecordLog, settings: Settings, partitions: int, *,
+         replication_factor: int | None = None, retention_ms: int | None = None,
+         dry_run: bool = False, now_ms: int = 0, wait_s: float = CREATE_WAIT_S,
+         interval_s: float = 0.2) -> str:
+    """Grow the cluster to `partitions` by a new layout: create its three topics (or reuse
+    them, left by a run that stopped before its record), wait until the brokers list them,
+    then write its record to the assignment topic. Returns the line that says what was done.
+
+    `replication_factor` and `retention_ms` default to the current data topic's. Raises
+    GrowthRefused if `check_growth` refuses, ConfigError if the current layout's topics or the
+    next one's do not match."""
+    current = current_layout(admin, log, settings)
+    if partitions == current.partitions:
+        return (f"layout {current.number} has {partitions} partitions already "
+                f"({', '.join(_layout_topics(settings, current))}): nothing to do")
+    refusal = check_growth(current, partitions)
+    if refusal:
+        raise GrowthRefused(refusal)
+    target = Layout(current.number + 1, partitions)
+    names = _layout_topics(settings, target)
+    existing = {n: c for n, c in admin.partition_counts(names).items() if c is not None}
+    wrong = {n: c for n, c in existing.items() if c != partitions}
+    if wrong:
+        raise ConfigError(
+            "; ".join(f"topic {n!r} exists with {c} partitions, not {partitions}"
+                      for n, c in wrong.items())
+            + f" (left by an earlier `vqueues topics grow` that stopped before it wrote layout "
+            f"{target.number}'s record?): grow to that count, or delete these topics first")
+    old_data = _layout_topics(settings, current)[0]
+    if retention_ms is None:
+        have = admin.topic_configs([old_data], ["retention.ms"]).get(old_data, {})
+        retention_ms = int(have.get("retention.ms", DEFAULT_RETENTION_MS))
+    if replication_factor is None:
+        replication_factor = admin.replication_factors([old_data])[old_data] or -1
+    new_specs = [s for s in specs(names[0], names[1], settings.assignment_topic, partitions,
+                                  retention_ms, replication_factor, names[2],
+                                  compaction_config(settings))
+                 if s.name != settings.assignment_topic]
+    key = LAYOUT_KEY_PREFIX.decode() + str(target.number)
+    what = (f"layout {target.number}: {partitions} partitions, from {current.partitions} in "
+            f"layout {current.number}")
+    if dry_run:
+        reuse = f" (reusing {', '.join(existing)})" if existing else ""
+        return (f"dry run: {what}: would create {', '.join(names)}{reuse} (replication factor "
+                f"{replication_factor}, retention.ms {retention_ms}) and write {key} to "
+                f"{settings.assignment_topic}; nothing changed")
+    outcome = create(admin, new_specs)
+    _check_layout(admin, target, names, wait_s, interval_s)
+    log.append(*encode_layout(target, now_ms))
+    done = ", ".join(f"{n} " + ("created" if outcome[n] == "created" else
+                                "reused" + outcome[n].removeprefix("exists").replace(";", ","))
+                     for n in names)
+    return f"{what}: {done}; wrote {key} to {settings.assignment_topic}"
