@@ -83,23 +83,33 @@ async def test_a_node_on_layout_one_tags_every_offset_and_keeps_state_through_a_
         node.terminate()
 
 
-async def test_a_layout_is_not_followed_while_its_predecessor_holds_records(
+async def test_a_node_started_after_a_growth_was_announced_cuts_the_old_layout_first(
         bootstrap: str) -> None:
-    """Until a child can take its queues over, a node keeps serving the layout that holds
-    them: nothing goes out of sight."""
+    """The layout before holds records and nobody cut it yet: the node serves it, cuts it,
+    and restarts on the new one, whose partitions take the old records over."""
     t = create_topics(bootstrap, partitions=4)
     producer = Producer({"bootstrap.servers": t.bootstrap, "acks": "all"})
     producer.produce(t.data, key=b"kept", value=b"v", partition=partition_for("kept", 4))
     assert producer.flush(30) == 0
     grow(t, Layout(1, 8))
-    node = NodeProcess(t).start()
+    node = NodeProcess(t).start(wait_ready=False)
     try:
+        deadline = time.monotonic() + 60
         async with AsyncClient(node.url) as vq:
-            cmap = await vq.cluster_map()
-            assert (cmap["partitions"], cmap["layout"]) == (4, 0)
+            while True:
+                try:
+                    cmap = await vq.cluster_map()
+                except Exception:  # the node restarting on the new layout
+                    cmap = {}
+                if cmap.get("layout") == 1 and len(cmap.get("ready", [])) == 8:
+                    break
+                assert time.monotonic() < deadline, cmap
+                await asyncio.sleep(0.2)
+            assert cmap["partitions"] == 8
             page = await vq.read("kept", offset=0)
             assert [(r.offset, r.value) for r in page.records] == [(0, b"v")]
     finally:
         node.terminate()
-    [warning] = events(node, "layout_not_followed")
-    assert (warning["layout"], warning["serving"]) == (1, 0)
+    [leaving] = events(node, "layout_leaving")
+    assert (leaving["layout"], leaving["for"]) == (0, 1)
+    assert len(events(node, "partition_cut")) == 4

@@ -234,18 +234,27 @@ def _serve(args: argparse.Namespace) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        node = Node(settings)
-        try:
-            await node.start()
-        except ConfigError as exc:
-            log.error("topic_check_failed", extra={"error": str(exc)})
-            print(f"vqueues: {exc}", file=sys.stderr)
+        carried = None
+        while True:
+            node = Node(settings, carried)
+            try:
+                await node.start()
+            except ConfigError as exc:
+                log.error("topic_check_failed", extra={"error": str(exc)})
+                print(f"vqueues: {exc}", file=sys.stderr)
+                await node.stop()
+                return 3
+            stopping = asyncio.create_task(stop.wait())
+            restarting = asyncio.create_task(node.restart.wait())
+            await asyncio.wait([stopping, restarting], return_when=asyncio.FIRST_COMPLETED)
+            stopping.cancel()
+            restarting.cancel()
+            log.info("node_stopping", extra={"node": settings.effective_node_id,
+                                             "restart": not stop.is_set()})
+            carried = None if stop.is_set() else node.take_next()
             await node.stop()
-            return 3
-        await stop.wait()
-        log.info("node_stopping", extra={"node": settings.effective_node_id})
-        await node.stop()
-        return 0
+            if stop.is_set():
+                return 0
 
     if settings.event_loop == "uvloop":
         try:

@@ -112,3 +112,50 @@ def decode_layout(key: bytes | None, value: bytes | None) -> Layout | None:
             or partitions < 1:
         return None
     return Layout(number, partitions)
+
+
+# A partition's cut for the next layout (ADR 19), beside the layout records:
+#   b"cut/1/3/node-a/7" -> {"v": 1, "layout": 1, "partition": 3, "marker": C, "snapshot": id,
+#                          "node": "node-a", "generation": 7, "ts": ms}
+# `layout` is the layout being entered, `partition` the old layout's partition, `marker` the
+# (tagged) offset of the marker in its data partition, `snapshot` the id of its final snapshot.
+# Each cut has a key of its own (compaction keeps them all): the first in the log counts.
+CUT_KEY_PREFIX = b"cut/"
+CUT_HEADER = "vq-layout-cut"  # on the marker record (keyless) in the old data partition
+
+
+@dataclass(frozen=True, slots=True)
+class Cut:
+    layout: int
+    partition: int
+    marker: int
+    snapshot: int
+    node: str
+
+
+def encode_cut(cut: Cut, generation: int, ts_ms: int) -> tuple[bytes, bytes]:
+    key = f"cut/{cut.layout}/{cut.partition}/{cut.node}/{generation}".encode()
+    return key, json.dumps({"v": 1, "layout": cut.layout, "partition": cut.partition,
+                            "marker": cut.marker, "snapshot": cut.snapshot, "node": cut.node,
+                            "generation": generation, "ts": ts_ms},
+                           separators=(",", ":")).encode()
+
+
+def decode_cut(key: bytes | None, value: bytes | None) -> Cut | None:
+    """The cut a record of the assignment topic announces, or None if it is not one."""
+    if not key or not key.startswith(CUT_KEY_PREFIX) or not value:
+        return None
+    try:
+        body = json.loads(value)
+        cut = Cut(int(body["layout"]), int(body["partition"]), int(body["marker"]),
+                  int(body["snapshot"]), str(body["node"]))
+    except (ValueError, TypeError, KeyError):
+        return None
+    if not key.startswith(f"cut/{cut.layout}/{cut.partition}/".encode()) \
+            or not 0 < cut.layout <= MAX_LAYOUT:
+        return None
+    return cut
+
+# On a record forwarded from an old layout's partition after its cut: "l<layout>/<p>/<offset>"
+# of the original (the pipeline archives the original, not the copy).
+FORWARDED_HEADER = "vq-forwarded-from"

@@ -142,4 +142,7 @@ class GcPauses:
                 "collected": info.get("collected")})
 
     def install(self) -> None:
+        """Watch the collections (replacing a watcher installed before: a node restarted in
+        its process on a new layout installs its own)."""
+        gc.callbacks[:] = [c for c in gc.callbacks if not isinstance(c, GcPauses)]
         gc.callbacks.append(self)

@@ -7,6 +7,7 @@ import asyncio
 import gc
 import logging
 import math
+from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
@@ -20,18 +21,24 @@ from vqueues.kafka.admin import Admin
 from vqueues.kafka.fetcher import Fetcher
 from vqueues.kafka.group import GroupMember
 from vqueues.kafka.logs import KafkaOffsetLog, TaggedTopicLog, TopicLog, read_to_end
+from vqueues.kafka.partition_reader import PartitionReader
 from vqueues.kafka.producer import AsyncProducer
 from vqueues.kafka.ranges import holds_records
 from vqueues.kafka.tail import TopicTail
-from vqueues.layouts import Layout, decode_layout, tag
+from vqueues.layouts import Layout, tag, topic_name
 from vqueues.ownership import node_status
+from vqueues.ownership.adoption import Adoption
 from vqueues.ownership.cluster_map import ClusterMap
+from vqueues.ownership.listener_slot import ListenerSlot
 from vqueues.ownership.ownership import Ownership
 from vqueues.ownership.self_fence import SelfFence
 from vqueues.queues.layered_fetcher import LayeredFetcher
 from vqueues.queues.service import QueueService
 from vqueues.settings import Settings
 from vqueues.state.cache import RecordCache
+from vqueues.storage import GroupListener, Log
+from vqueues.upkeep.forwarding import Forwarding
+from vqueues.upkeep.layout_cut import LayoutCut
 from vqueues.upkeep.lease_expiry import LeaseExpiry
 from vqueues.upkeep.maintenance import Maintenance
 from vqueues.upkeep.scheduler import Scheduler
@@ -52,16 +59,42 @@ def group_id(base: str, layout: int) -> str:
     return f"{base}.l{layout}" if layout else base
 
 
+@dataclass
+class Carried:
+    """The next layout's group membership, joined while the node cut its partitions, handed
+    to the node it restarts as (ADR 19): the restart then waits for no group join."""
+
+    layout: int
+    group: GroupMember
+    slot: ListenerSlot
+    fence: SelfFence
+
+    def stop(self) -> None:
+        """Blocking: leave the group unused."""
+        self.slot.close()
+        self.group.stop()
+        self.fence.stop()
+
+
 class Node:
     """`async with Node(settings) as node:` serves until the block exits."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, carried: Carried | None = None) -> None:
         self.settings = settings
+        self._carried = carried
+        self.next: Carried | None = None  # joined for the layout this node leaves for
         self._runner: web.AppRunner | None = None
         self._group: GroupMember | None = None
         self._producers: list[AsyncProducer] = []
         self._fetchers: list[Fetcher] = []
         self.layout = Layout(0, 0)
+        self._data_log: Log | None = None
+        self._embedded = self._static = False
+        self._cut: LayoutCut | None = None
+        self._forwarding: Forwarding | None = None
+        # Set once the layout this node leaves is cut everywhere: `vqueues serve` then stops
+        # the node and starts it again on the new layout.
+        self.restart = asyncio.Event()
         self._tail: TopicTail | None = None
         self._fence: SelfFence | None = None
         self.service: QueueService | None = None
@@ -84,7 +117,7 @@ class Node:
         s = self.settings
         loop = asyncio.get_running_loop()
         admin = Admin(self._conf())
-        layouts = await asyncio.to_thread(self._layouts)
+        layouts, leaving, announced = await asyncio.to_thread(self._layouts)
         layout = self.layout = layouts[-1]
         data_topic, offset_topic, snapshot_topic = layout.topics(
             s.data_topic, s.offset_topic, s.snapshot_topic)
@@ -136,14 +169,30 @@ class Node:
         offset_log = KafkaOffsetLog(offsets, offset_topic, reader_conf)
         snapshot_log = (KafkaOffsetLog(offsets, snapshot_topic, reader_conf)
                         if with_snapshots else None)
-        self._fence = SelfFence(s.self_fence_ms / 1000 if s.self_fence_ms else math.inf)
-        if s.self_fence_ms:
-            self._fence.start()
+        carried, self._carried = self._carried, None
+        if carried is not None and carried.layout != layout.number:
+            await asyncio.to_thread(carried.stop)
+            carried = None
+        self._embedded, self._static = embedded, static
+        self._fence = carried.fence if carried is not None else self._new_fence()
         self.ownership = Ownership(
             loop, partitions, cache, offset_log,
             node_id=s.effective_node_id, url=s.effective_url, cluster_map=cluster_map,
             assignment_log=TopicLog(offsets, s.assignment_topic), snapshot_log=snapshot_log,
             idempotency_window_ms=s.idempotency_window_ms, fence=self._fence)
+        if layout.number and announced.all_cut(layout.number):
+            before = layouts[-2]
+            self.ownership.adoption = Adoption(
+                layout, before, dict(announced.cuts[layout.number]),
+                KafkaOffsetLog(offsets, before.topics("", "", s.snapshot_topic)[2],
+                               reader_conf))
+            old_data = before.topics(s.data_topic, "", "")[0]
+            forward_group = f"{group_id(s.group_id, layout.number)}.forward"
+
+            def open_reader(child: int) -> PartitionReader:
+                return PartitionReader(reader_conf, old_data, layout.parent(child, before),
+                                       f"{forward_group}-{child}")
+        cluster_map.cuts.update(announced.cuts)
         self._tail = TopicTail(
             self._conf(**{"group.id": f"vq-map-{s.effective_node_id}",
                           "fetch.wait.max.ms": s.fetch_wait_max_ms}),
@@ -159,20 +208,18 @@ class Node:
             "statistics, at most 1 s old), by topic: data (enqueues) and offsets (offset, "
             "snapshot and assignment topics)", "topic",
             lambda: {"data": data.produce_requests, "offsets": offsets.produce_requests})
-        self._group = GroupMember(self._conf(**{
-            "group.id": group_id(s.group_id, layout.number),
-            "session.timeout.ms": s.session_timeout_ms,
-            "heartbeat.interval.ms": s.heartbeat_interval_ms,
-            "fetch.wait.max.ms": s.fetch_wait_max_ms,
-            **({"group.instance.id": s.effective_node_id} if static else {})}),
-            data_topic, self.ownership, fence=self._fence, pace_ms=s.tail_pace(embedded),
-            offset_base=tag(layout.number, 0))
+        if carried is not None:
+            self._group = carried.group
+            carried.slot.attach(self.ownership)
+        else:
+            self._group = self._new_group(layout.number, data_topic, self.ownership,
+                                          self._fence)
+            self._group.start()
         group = self._group
         self.ownership.metrics.counters(
             "vq_tail_pauses", "times the data topic's tail paused for tail_pace_ms after a "
             "fetch that brought only this node's own writes", "topic",
             lambda: {"data": group.pauses})
-        self._group.start()
         self._upkeep = Maintenance(s, self.ownership, self.service, snapshot_log)
         self._maintenance = self._upkeep.start()
         self._maintenance.append(asyncio.create_task(
@@ -196,46 +243,123 @@ class Node:
                                         "bootstrap": s.bootstrap, "partitions": partitions,
                                         "layout": layout.number,
                                         "static_membership": static})
+        self._data_log = data_log
+        if self.ownership.adoption is not None:
+            forwarding = self._forwarding = Forwarding(
+                self.ownership, self.service, self.ownership.adoption, open_reader)
+            forwarding.start()
+            self.ownership.metrics.counters(
+                "vq_late_records_forwarded", "records that reached the previous layout's data "
+                "topic after its cut, forwarded to this layout by this node (ADR 19)",
+                "layout", lambda: {str(layout.number - 1): forwarding.forwarded})
+        if leaving is not None:
+            self._leave(leaving)
+        self._follow_layouts()
 
-    def _layouts(self) -> list[Layout]:
-        """Blocking: the layouts the assignment topic announces, oldest first (layout 0's
-        partition count is left 0: its data topic says it)."""
+    def _new_fence(self) -> SelfFence:
+        s = self.settings
+        fence = SelfFence(s.self_fence_ms / 1000 if s.self_fence_ms else math.inf)
+        if s.self_fence_ms:
+            fence.start()
+        return fence
+
+    def _new_group(self, layout: int, data_topic: str, listener: GroupListener,
+                   fence: SelfFence) -> GroupMember:
+        s = self.settings
+        return GroupMember(self._conf(**{
+            "group.id": group_id(s.group_id, layout),
+            "session.timeout.ms": s.session_timeout_ms,
+            "heartbeat.interval.ms": s.heartbeat_interval_ms,
+            "fetch.wait.max.ms": s.fetch_wait_max_ms,
+            **({"group.instance.id": s.effective_node_id} if self._static else {})}),
+            data_topic, listener, fence=fence, pace_ms=s.tail_pace(self._embedded),
+            offset_base=tag(layout, 0))
+
+    def take_next(self) -> Carried | None:
+        """The next layout's membership, for the node this one restarts as."""
+        carried, self.next = self.next, None
+        return carried
+
+    def _read_map(self) -> ClusterMap:
+        """Blocking: the assignment topic read to its end, as a map holding every layout
+        and cut it announces."""
         s = self.settings
         conf = self._conf(**{"group.id": f"vq-layouts-{s.effective_node_id}"})
         entries, _end = read_to_end(conf, s.assignment_topic, [0])[0]
-        found = {0: Layout(0, 0)}
-        for key, value, _headers in entries:
-            announced = decode_layout(key, value)
-            if announced is not None:
-                found[announced.number] = announced
+        found = ClusterMap(0)
+        found.apply([(k, v) for k, v, _h in entries])
+        return found
+
+    def _layouts(self) -> tuple[list[Layout], int | None, ClusterMap]:
+        """Blocking: the layouts up to the one to serve, oldest first (layout 0's partition
+        count left 0: its data topic says it), and the layout this node is leaving for, if
+        it must first cut the one it serves (ADR 19). A newer layout is served once every
+        partition of the one before is cut for it, or that one never held anything."""
+        s = self.settings
+        announced = self._read_map()
+        if len(announced.layouts) > 1:  # layout 0's count is its data topic's
+            announced.layouts[0] = Layout(0, topics.check(
+                Admin(self._conf()), s.data_topic, s.offset_topic, s.assignment_topic))
+        found = {0: Layout(0, 0), **announced.layouts}
         layouts = [found[n] for n in sorted(found)]
-        # A child takes its queues over from its parent's final snapshot (ADR 19), which this
-        # version does not write yet: a layout whose predecessor holds records is not followed,
-        # so that no record, position or lease goes out of sight.
-        while len(layouts) > 1:
-            before = layouts[-2]
-            old_data = before.topics(s.data_topic, "", "")[0]
-            if not holds_records(self._conf(**{"group.id": f"vq-layouts-{s.effective_node_id}"}),
-                                 old_data):
-                break
-            log.warning("layout_not_followed", extra={
-                "layout": layouts[-1].number, "serving": before.number,
-                "why": f"{old_data!r} holds records, and this version does not carry them "
-                       f"over to a new layout"})
-            layouts.pop()
-        return layouts
+        newest = layouts[-1]
+        if newest.number == 0 or announced.all_cut(newest.number):
+            return layouts, None, announced
+        before = layouts[-2]
+        conf = self._conf(**{"group.id": f"vq-layouts-{s.effective_node_id}"})
+        data, offsets, _ = before.topics(s.data_topic, s.offset_topic, s.snapshot_topic)
+        if not holds_records(conf, data) and not holds_records(conf, offsets):
+            return layouts, None, announced  # nothing to carry over
+        return layouts[:-1], newest.number, announced
+
+    def cut_for(self, layout: int, partition: int) -> bool:
+        """Blocking: whether the assignment topic holds a cut of `partition` for `layout`."""
+        return partition in self._read_map().cuts.get(layout, {})
 
     def _assignments(self, batch: list[tuple[bytes | None, bytes | None]]) -> None:
         """The assignment topic's records: the cluster map and the prefix consumers."""
         assert self.ownership is not None
         self.ownership.cluster_map.apply(batch)
         self.ownership.prefixes.apply(batch)
+        self._follow_layouts()
+
+    def _follow_layouts(self) -> None:
+        """A newer layout announced: cut this node's partitions for it; once every partition
+        is cut (by whichever node), restart on it (ADR 19)."""
+        if self.ownership is None or self._data_log is None:
+            return
+        cmap = self.ownership.cluster_map
+        if self._cut is None and max(cmap.layouts) > self.layout.number:
+            self._leave(self.layout.number + 1)
+        if self._cut is not None and cmap.all_cut(self._cut.to) and not self.restart.is_set():
+            log.info("layout_cut", extra={"layout": self._cut.to,
+                                          "restarting_on_it": self.settings.effective_node_id})
+            self.restart.set()
+
+    def _leave(self, to: int) -> None:
+        assert self.ownership is not None and self._upkeep is not None
+        assert self._data_log is not None
+        log.info("layout_leaving", extra={"layout": self.layout.number, "for": to})
+        # Join the next layout's group first: its first join takes seconds (half the session
+        # timeout on the embedded broker), during which the partitions still serve; the cut
+        # follows, and the restart after it then waits for no join.
+        s = self.settings
+        slot, fence = ListenerSlot(), self._new_fence()
+        group = self._new_group(to, topic_name(s.data_topic, to), slot, fence)
+        group.start()
+        self.next = Carried(to, group, slot, fence)
+        self._cut = LayoutCut(self.ownership, self._data_log, self._upkeep, to,
+                              lambda p: self.cut_for(to, p), slot.joined,
+                              s.session_timeout_ms / 1000)
+        self._cut.start()
 
     async def stop(self) -> None:
         """Stop taking requests, finish those in flight, release the partitions and leave the
         group (so they move at once), then flush the producers."""
         for task in self._maintenance:
             task.cancel()
+        if self._forwarding is not None:
+            await self._forwarding.close()
         if self.ownership is not None:
             self.ownership.drain()
         if self._runner is not None:
@@ -252,6 +376,9 @@ class Node:
             await asyncio.to_thread(self._tail.stop)
         if self._fence is not None:
             self._fence.stop()
+        if self.next is not None:
+            await asyncio.to_thread(self.next.stop)
+            self.next = None
         if self.ownership is not None:
             await self.ownership.close()
         if self.service is not None:

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from vqueues.layouts import Layout, decode_layout
+from vqueues.layouts import Cut, Layout, decode_cut, decode_layout
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +55,8 @@ class ClusterMap:
         self.layout = layout
         self.layouts: dict[int, Layout] = {layout: Layout(layout, partitions)}
         self.owners: dict[int, Owner] = {}
+        # Per layout entered, the first cut of each partition of the layout before it.
+        self.cuts: dict[int, dict[int, Cut]] = {}
         self.generation = 0
         self._prefix = f"l{layout}/".encode() if layout else b""
 
@@ -64,6 +66,10 @@ class ClusterMap:
             announced = decode_layout(key, value)
             if announced is not None:
                 self.layouts[announced.number] = announced
+                continue
+            cut = decode_cut(key, value)
+            if cut is not None:
+                self.cuts.setdefault(cut.layout, {}).setdefault(cut.partition, cut)
                 continue
             if prefix:
                 if not key or not key.startswith(prefix):
@@ -87,6 +93,12 @@ class ClusterMap:
                 current = self.owners.get(p)
                 if current is not None and current.node == body.get("node"):
                     del self.owners[p]
+
+    def all_cut(self, layout: int) -> bool:
+        """Whether every partition of the layout before `layout` is cut for it."""
+        before = self.layouts.get(layout - 1)
+        return before is not None and before.partitions > 0 and \
+            len(self.cuts.get(layout, {})) >= before.partitions
 
     def owner(self, partition: int) -> Owner | None:
         return self.owners.get(partition)

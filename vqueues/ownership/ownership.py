@@ -26,6 +26,7 @@ from vqueues import memory
 from vqueues.errors import Unavailable, WrongNode
 from vqueues.hashing import partition_for
 from vqueues.metrics import Metrics
+from vqueues.ownership.adoption import Adoption
 from vqueues.ownership.cluster_map import ClusterMap, encode_claim, encode_release
 from vqueues.ownership.group_inbox import GroupInbox
 from vqueues.ownership.offset_replay import OffsetReplay
@@ -105,6 +106,11 @@ class Ownership:
         self.failure: str | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self.joined = False
+        # The layout this node is leaving for (ADR 19): no snapshot is written any more, so
+        # that each partition's final snapshot stays its last.
+        self.leaving: int | None = None
+        # How partitions of a grown layout take their queues over (None on layout 0).
+        self.adoption: Adoption | None = None
         self._inbox = GroupInbox(loop)
         self._offsets = OffsetReplay(offset_log)
         self._snapshots = SnapshotRestore(snapshot_log, self._spawn, self._on_failed)
@@ -221,13 +227,38 @@ class Ownership:
                 found = {}  # the group gave up waiting and reads from the beginning
             reading = self.loop.create_task(self._offsets.read(
                 states, {p: image.offsets_position for p, image in found.items()}))
-            for p, image in found.items():
+            for p, image in (found | await self._adopted(states, found, read_ms)).items():
                 if not await self._snapshots.restore(p, states[p], image, read_ms[p]):
                     del states[p]  # never served: its records below the position are missing
         finally:
             self._inbox.release(restoring)
         await self._offsets.replay(states, await reading, lambda: self._generation,
                                    self._log_if_ready)
+
+    async def _adopted(self, states: dict[int, PartitionState], found: dict[int, Snapshot],
+                       read_ms: dict[int, float]) -> dict[int, Snapshot]:
+        """The images of the partitions without a snapshot of their own, cut out of their
+        parents' final snapshots (ADR 19); a partition whose parent's cannot be read is
+        dropped from `states` and reported: it must not serve without its queues."""
+        missing = [p for p in states if p not in found]
+        if self.adoption is None or not missing:
+            return {}
+        started = time.monotonic()
+        images = await asyncio.to_thread(self.adoption.read, missing)
+        out: dict[int, Snapshot] = {}
+        for p, image in images.items():
+            if isinstance(image, SnapshotError):
+                log.error("adoption_failed", extra={"partition": p, "error": str(image)})
+                self._on_failed(f"partition {p} cannot take its queues over: {image}")
+                del states[p]
+                continue
+            out[p] = image
+            read_ms[p] = (time.monotonic() - started) * 1000
+            log.info("partition_adopted", extra={
+                "partition": p, "layout": self.adoption.layout.number,
+                "parent": self.adoption.layout.parent(p, self.adoption.parent),
+                "queues": len(image.names), "records": image.records})
+        return out
 
     def _read_snapshots(self, partitions: list[int]
                         ) -> dict[int, Snapshot | SnapshotError | None]:
@@ -253,6 +284,11 @@ class Ownership:
 
     async def _release_memory(self) -> None:
         await asyncio.to_thread(memory.release_free_memory)
+
+    async def give_up(self, partitions: list[int]) -> None:
+        """Drop partitions this node cut (ADR 19) as a revocation does, releasing them in the
+        map; the group keeps them assigned until the node leaves it."""
+        await self._revoke(partitions, lost=False)
 
     async def _revoke(self, partitions: list[int], lost: bool) -> None:
         gone = []

@@ -135,10 +135,11 @@ def _array(raw: bytes | memoryview) -> array[int]:
     return out
 
 
-def latest(partition: int, records: Iterable[Sequence[Any]]
+def latest(partition: int, records: Iterable[Sequence[Any]], snapshot_id: int | None = None
            ) -> Snapshot | None:
     """The latest complete snapshot among a snapshot partition's records (in log order), or
-    None if there is none. Raises SnapshotError for one that is incomplete or corrupt."""
+    None if there is none; with `snapshot_id`, the snapshot of that id (a parent's final
+    snapshot, ADR 19). Raises SnapshotError for one that is incomplete or corrupt."""
     manifest: dict[str, int | str] | None = None
     chunks: dict[tuple[int, int], bytes | None] = {}
     for key, value, *_ in records:
@@ -148,9 +149,12 @@ def latest(partition: int, records: Iterable[Sequence[Any]]
             continue
         if parts == ["m", partition] and value is not None:
             try:
-                manifest = json.loads(value)
+                found = json.loads(value)
             except ValueError:
-                manifest = {"v": -1}
+                found = {"v": -1}
+            if snapshot_id is None or (isinstance(found, dict)
+                                       and found.get("id") == snapshot_id):
+                manifest = found
         elif isinstance(parts, list) and len(parts) == 4 and parts[:2] == ["c", partition]:
             chunks[(parts[2], parts[3])] = value
     if manifest is None:

@@ -27,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from array import array
-from collections.abc import Coroutine, Iterable, Iterator, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Iterator, Sequence
 from typing import Any
 
 from sortedcontainers import SortedList
@@ -100,6 +100,11 @@ class PartitionState:
         self.fence = 0  # the highest owner generation fenced in the offset partition
         self.generation = 0  # this owner's generation (its fence), carried by every write
         self.fenced_entries = 0  # entries replay ignored: written by a fenced-off owner
+        # Leaving for a new layout (ADR 19): from `cutting`, nothing is served; records are
+        # held until the marker's offset `cut_at` is known, then only those below it count.
+        self.cutting = False
+        self.cut_at: int | None = None
+        self._held: list[Callable[[], None]] = []
 
     @property
     def queues(self) -> QueueMap:
@@ -148,9 +153,35 @@ class PartitionState:
             self.waiters.wake(queue)
         self.waiters.indexed_below(self.frontier.next_offset)
 
+    def start_cut(self) -> None:
+        """Stop serving for a layout cut: readers answer with what they have, requests find
+        the partition not ready, and indexing waits for the marker (`set_cut`)."""
+        self.cutting = True
+        self.ready.clear()
+        self.waiters.wake_all()
+
+    def set_cut(self, marker: int) -> None:
+        """The cut marker is at `marker`: apply what was held, keeping only records below it;
+        records after it are left to the new layout (they are forwarded there)."""
+        self.cut_at = marker
+        held, self._held = self._held, []
+        for step in held:
+            step()
+
+    def _below_cut(self, records: Iterable[tuple[str, Record]]) -> list[tuple[str, Record]]:
+        cut = self.cut_at
+        assert cut is not None
+        return [(q, r) for q, r in records if r.offset < cut]
+
     def apply_records(self, records: Iterable[tuple[str, Record]], high_watermark: int | None
                       ) -> None:
         """Index records the tail consumed from the data partition (in offset order)."""
+        if self.cutting:
+            if self.cut_at is None:
+                kept = list(records)
+                self._held.append(lambda: self.apply_records(kept, high_watermark))
+                return
+            records = self._below_cut(records)
         if high_watermark is not None and self.replay_target is None:
             self.replay_target = high_watermark  # the end seen at assignment
             # While replaying, a record more than a cache's worth below that end would be
@@ -164,6 +195,13 @@ class PartitionState:
 
     def apply_own(self, queue: str, records: Sequence[Record]) -> None:
         """Index records this node wrote, at once, from their delivery reports (offset order)."""
+        if self.cutting:
+            if self.cut_at is None:
+                self._held.append(lambda: self.apply_own(queue, records))
+                return
+            records = [r for _, r in self._below_cut((queue, r) for r in records)]
+            if not records:
+                return
         woken: set[str] = set()
         if not self._index_run(queue, records, woken):
             self.frontier.own(queue, records, woken)
@@ -181,6 +219,9 @@ class PartitionState:
 
     def skip_to(self, next_offset: int) -> None:
         """The tail passed `next_offset` (`Frontier.skip_to`)."""
+        if self.cutting and self.cut_at is None:
+            self._held.append(lambda: self.skip_to(next_offset))
+            return
         woken: set[str] = set()
         if self.frontier.skip_to(next_offset, woken):
             self._check_data_replayed()
@@ -289,7 +330,8 @@ class PartitionState:
             self._update_ready()
 
     def _update_ready(self) -> None:
-        if self.data_replayed and self.offsets_replayed and not self.revoked:
+        if self.data_replayed and self.offsets_replayed and not self.revoked \
+                and not self.cutting:
             self.indexer.uncached_below = 0
             self.ready.set()
 

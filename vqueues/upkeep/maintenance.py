@@ -229,24 +229,32 @@ class Maintenance:
         due (fewer than `min_records`, by default `snapshot_min_records`, new records, unless
         `force`)."""
         state = self.ownership.states.get(p)
-        if self._snapshots is None or state is None or not state.ready.is_set():
+        if self._snapshots is None or state is None or not state.ready.is_set() \
+                or self.ownership.leaving is not None:
             return False
         manifest = self.ownership.snapshot_ids.get(p, {})
         last_at = self._snapshot_at.get(p, int(manifest.get("data_position", 0)))
         least = self.settings.snapshot_min_records if min_records is None else min_records
         if not force and state.next_offset - last_at < least:
             return False
+        return await self.write_image(p, state) is not None
+
+    async def write_image(self, p: int, state: PartitionState) -> int | None:
+        """Capture `state` once no offset-topic write is in flight and write it to the
+        snapshot topic; its id, or None if the partition was revoked meanwhile."""
+        assert self._snapshots is not None
+        manifest = self.ownership.snapshot_ids.get(p, {})
         started = time.monotonic()
         # The cut: no offset-topic write in flight, so the state reflects every entry below
         # offsets_position (a write holds the partition's writing() counter until applied).
         while not await state.wait_writes(1.0):
             if state.revoked:
-                return False
+                return None
         image = await capture(state, state.offsets_position)
         snapshot_id = int(manifest.get("id", 0)) + 1
         chunks, manifest_value = await asyncio.to_thread(encode, image, snapshot_id)
         if state.revoked:
-            return False
+            return None
         await self._snapshots.append(p, [(k, v, None) for k, v in chunks])
         await self._snapshots.append(p, [(manifest_key(p), manifest_value, None)])
         # The previous snapshot's chunks are not needed any more: tombstones let compaction
@@ -266,4 +274,4 @@ class Maintenance:
             "bytes": sum(len(v) for _, v in chunks), "data_position": image.data_position,
             "offsets_position": image.offsets_position,
             "ms": round((time.monotonic() - started) * 1000)})
-        return True
+        return snapshot_id

@@ -202,3 +202,33 @@ async def test_a_keyed_lock_handed_to_a_waiter_cancelled_before_it_runs_is_relea
     assert len(locks) == 0
     async with locks.hold("k"):  # free again
         pass
+
+
+@pytest.mark.parametrize("seed", range(20))
+async def test_a_cut_keeps_exactly_the_records_below_its_marker_whatever_arrives_meanwhile(
+        seed: int) -> None:
+    """Records the tail or this node's own writes bring while the marker is being written are
+    held, then only those below the marker are indexed (ADR 19): what a child adopts never
+    holds a late record, which is forwarded instead."""
+    import random
+    rnd = random.Random(seed)
+    s = PartitionState(0, RecordCache(1 << 20))
+    s.mark_offsets_replayed()
+    s.apply_records([("a", rec(0))], high_watermark=1)
+    s.skip_to(1)
+    assert s.ready.is_set()
+    s.start_cut()
+    assert not s.ready.is_set() and s.cutting
+    marker = rnd.randrange(3, 12)
+    records = [o for o in range(1, 20) if o != marker]  # the marker is keyless: skipped
+    own = sorted(rnd.sample(records, rnd.randrange(len(records))))
+    seen = rnd.randrange(len(records) + 1)  # how far the tail got before the marker is known
+    for o in own:  # delivery reports, some ahead of the tail
+        if rnd.random() < 0.5:
+            s.apply_own("a", [rec(o)])
+    s.apply_records([("a", rec(o)) for o in records[:seen]], None)
+    s.set_cut(marker)
+    s.apply_records([("a", rec(o)) for o in records[seen:]], None)
+    s.skip_to(20)
+    assert s.queues["a"].offsets.tolist() == list(range(marker))
+    assert s.next_offset == 20 and not s.ready.is_set()
