@@ -17,6 +17,15 @@ from tests.support import kafka_records
 from vqueues.hashing import partition_for
 from vqueues.kafka.admin import Admin, TopicSpec
 from vqueues.kafka.ranges import OffsetRanges
+from vqueues.layouts import (
+    CUT_HEADER,
+    Layout,
+    encode_layout,
+    layout_of_topic,
+    tag,
+    topic_name,
+    topic_pattern,
+)
 
 pyspark = pytest.importorskip("pyspark", reason="the pipeline extra (pyspark) is not installed")
 
@@ -299,8 +308,9 @@ def test_an_archive_of_the_old_layout_migrates_with_one_job(spark, tmp_path):
 
 
 def batch_reader(spark, bootstrap, topic, **options):
-    reader = (spark.read.format("vqueues-kafka").option("kafka.bootstrap.servers", bootstrap)
-              .option("subscribe", topic))
+    reader = spark.read.format("vqueues-kafka").option("kafka.bootstrap.servers", bootstrap)
+    if topic is not None:
+        reader = reader.option("subscribe", topic)
     for k, v in options.items():
         reader = reader.option(k, v)
     return reader.load()
@@ -366,6 +376,7 @@ COMPARED_OPTIONS = [
     {"minPartitions": "7"},
     {"failOnDataLoss": "false", "kafkaConsumer.pollTimeoutMs": "5000",
      "fetchOffset.numRetries": "5", "groupIdPrefix": "cmp"},
+    {"subscribePattern": "LAYOUTS"},  # the topic and its layout 1 (8 partitions)
 ]
 
 
@@ -376,23 +387,28 @@ def _rows(df):
 
 
 @pytest.mark.parametrize("extra", COMPARED_OPTIONS, ids=["defaults", "offsets-json",
-                                                          "min-partitions", "tuning"])
+                                                          "min-partitions", "tuning", "pattern"])
 def test_our_source_reads_what_sparks_kafka_source_reads_under_the_same_options(
         kafka_source, kafka_bootstrap, extra):
     spark = kafka_source
     topic = new_topic(kafka_bootstrap)
     sent = produce(kafka_bootstrap, topic, 400, int(time.time() * 1000))
+    subscribe = {"subscribe": topic}
+    if "subscribePattern" in extra:
+        Admin({"bootstrap.servers": kafka_bootstrap}).create([TopicSpec(topic + ".l1", 8)])
+        produce(kafka_bootstrap, topic + ".l1", 300, int(time.time() * 1000), tag="l1-")
+        subscribe = {"subscribePattern": topic_pattern(topic)}
     counts = Counter(partition_for(q, 4) for q, _, _ in sent)
     # Partitions alternate: an offset inside it, or earliest (-2) / latest (-1).
     start = json.dumps({topic: {str(p): min(3, counts[p]) if p % 2 else -2 for p in range(4)}})
     end = json.dumps({topic: {str(p): min(30, counts[p]) if p % 2 == 0 else -1
                               for p in range(4)}})
     opts = {k: start if v == "PER_PARTITION_START" else end if v == "PER_PARTITION_END" else v
-            for k, v in extra.items()}
+            for k, v in extra.items() if k != "subscribePattern"}
     frames = {}
     for fmt in ("kafka", "vqueues-kafka"):
         reader = (spark.read.format(fmt).option("kafka.bootstrap.servers", kafka_bootstrap)
-                  .option("subscribe", topic).option("includeHeaders", "true"))
+                  .options(**subscribe).option("includeHeaders", "true"))
         for k, v in opts.items():
             reader = reader.option(k, v)
         frames[fmt] = reader.load()
@@ -401,6 +417,8 @@ def test_our_source_reads_what_sparks_kafka_source_reads_under_the_same_options(
     assert ours.drop("queue").schema == theirs.schema
     rows = _rows(theirs)
     assert rows and _rows(ours) == rows
+    if "subscribePattern" in subscribe:
+        assert {r[0] for r in rows} == {topic, topic + ".l1"}
     if "minPartitions" in opts:
         assert ours.rdd.getNumPartitions() >= 7
         assert theirs.rdd.getNumPartitions() >= 7
@@ -430,14 +448,14 @@ def test_a_kafka_source_option_ours_cannot_honour_is_refused_by_name(
         kafka_source, kafka_bootstrap, option):
     spark = kafka_source
     topic = new_topic(kafka_bootstrap, partitions=1)
-    values = {"subscribepattern": topic, "assign": json.dumps({topic: [0]}),
+    values = {"assign": json.dumps({topic: [0]}),
               "startingtimestamp": "0", "startingoffsetsbytimestamp": json.dumps({topic: {"0": 0}}),
               "startingoffsetsbytimestampstrategy": "latest", "endingtimestamp": "1",
               "endingoffsetsbytimestamp": json.dumps({topic: {"0": 1}}),
               "minoffsetspertrigger": "10", "maxtriggerdelay": "1m",
               "maxrecordsperpartition": "10"}
     common = {"kafka.bootstrap.servers": kafka_bootstrap}
-    if option not in ("subscribepattern", "assign"):
+    if option != "assign":
         common["subscribe"] = topic
     # Spark's own source takes it (a real option of the Kafka source) ...
     streaming = option in ("minoffsetspertrigger", "maxtriggerdelay")
@@ -451,8 +469,8 @@ def test_a_kafka_source_option_ours_cannot_honour_is_refused_by_name(
 
 def test_every_option_of_sparks_kafka_source_is_taken_refused_or_ignored_on_purpose():
     """The docs' table is complete: each option the connector documents has a decision."""
-    taken = {"kafka.bootstrap.servers", "subscribe", "startingoffsets", "endingoffsets",
-             "failondataloss", "minpartitions", "maxoffsetspertrigger"}
+    taken = {"kafka.bootstrap.servers", "subscribe", "subscribepattern", "startingoffsets",
+             "endingoffsets", "failondataloss", "minpartitions", "maxoffsetspertrigger"}
     sparks = {"assign", "subscribe", "subscribepattern", "kafka.bootstrap.servers",
               "startingtimestamp", "startingoffsetsbytimestamp", "startingoffsets",
               "endingtimestamp", "endingoffsetsbytimestamp", "endingoffsets", "failondataloss",
@@ -462,3 +480,90 @@ def test_every_option_of_sparks_kafka_source_is_taken_refused_or_ignored_on_purp
               "kafka.group.id", "includeheaders", "startingoffsetsbytimestampstrategy"}
     assert sparks == taken | REFUSED.keys() | IGNORED
     assert not (taken & REFUSED.keys()) and not (taken & IGNORED) and not (REFUSED.keys() & IGNORED)
+
+
+# Growing by layouts (ADR 19): the data topic and `<topic>.l<n>` with more partitions.
+
+class Written:
+    """Records produced at explicit partitions, with the offsets they got, in order."""
+
+    def __init__(self, bootstrap):
+        self.producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
+        self.records: list[dict[str, Any]] = []
+
+    def send(self, topic, partition, key, value, headers=()):
+        rec = {"topic": topic, "partition": partition, "queue": key, "value": value,
+               "headers": tuple(headers)}
+        self.records.append(rec)
+
+        def delivered(err, msg):
+            assert err is None, err
+            rec["offset"] = msg.offset()
+
+        self.producer.produce(topic, key=None if key is None else key.encode(), value=value,
+                              partition=partition, headers=list(headers), on_delivery=delivered)
+        return rec
+
+    def queue(self, topic, partitions, queue, n):
+        """`n` records of `queue`, to its partition of a topic with `partitions` partitions."""
+        for _ in range(n):
+            i = sum(1 for r in self.records if r["queue"] == queue)
+            self.send(topic, partition_for(queue, partitions), queue, f"{queue}#{i}".encode())
+
+    def flush(self):
+        assert self.producer.flush(30) == 0
+        assert all("offset" in r for r in self.records)
+
+
+def grow(bootstrap, base, assignments, layout, old_partitions, partitions, w):
+    """What `vqueues topics grow` does to the data topic: the layout's topic, then its layout
+    record; and what the old layout's owners then do: a cut marker in each old partition."""
+    Admin({"bootstrap.servers": bootstrap}).create([TopicSpec(topic_name(base, layout),
+                                                              partitions)])
+    key, value = encode_layout(Layout(layout, partitions), int(time.time() * 1000))
+    w.producer.produce(assignments, key=key, value=value, partition=0)
+    for p in range(old_partitions):
+        w.send(topic_name(base, layout - 1), p, None, b"", [(CUT_HEADER, str(layout).encode())])
+
+
+def test_deletion_markers_of_every_layout_hide_the_records_below_them(spark, bootstrap):
+    """skipDeletedQueues after a growth: a deletion in layout 0 hides that queue's records
+    below its floor there; one written after the growth (in `<offsets>.l1`, its floor a
+    layout-1 offset) hides all of the queue's layout-0 records too."""
+    from vqueues.records import QueueDeleted, encode_offset_entry
+
+    base, assignments = new_topic(bootstrap, 4), new_topic(bootstrap, 1)
+    offsets = new_topic(bootstrap, 4)
+    Admin({"bootstrap.servers": bootstrap}).create([TopicSpec(topic_name(offsets, 1), 8)])
+    w = Written(bootstrap)
+    x, y, z = "deleted/after", "deleted/before", "kept"
+    for q in (x, y, z):
+        w.queue(base, 4, q, 3)
+    w.flush()
+    grow(bootstrap, base, assignments, 1, 4, 8, w)
+    for q in (x, y, z):
+        w.queue(topic_name(base, 1), 8, q, 3)
+    w.flush()
+
+    def nth(queue, layout, i):
+        return [r for r in w.records if r["queue"] == queue
+                and r["topic"] == topic_name(base, layout)][i]
+
+    y_floor = nth(y, 0, 1)["offset"]
+    x_floor = tag(1, nth(x, 1, 1)["offset"])
+    for topic, partition, entry in (
+            (offsets, partition_for(y, 4), QueueDeleted(y, y_floor)),
+            (topic_name(offsets, 1), partition_for(x, 8), QueueDeleted(x, x_floor))):
+        key, value = encode_offset_entry(entry)
+        w.producer.produce(topic, key=key, value=value, partition=partition)
+    w.flush()
+    rows = batch_reader(spark, bootstrap, None, subscribePattern=topic_pattern(base),
+                        skipDeletedQueues="true", deletionTopic=offsets,
+                        assignmentTopic=assignments).collect()
+    got = sorted((r.queue, bytes(r.value)) for r in rows if r.queue is not None)
+    floors = {x: x_floor, y: y_floor}
+    kept = sorted((r["queue"], r["value"]) for r in w.records if r["queue"] is not None
+                  and tag(layout_of_topic(r["topic"]), r["offset"]) >= floors.get(r["queue"], 0))
+    assert got == kept
+    assert sum(1 for q, _ in got if q == x) == 2 and sum(1 for q, _ in got if q == y) == 5
+
