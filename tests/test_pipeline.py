@@ -2,11 +2,13 @@
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
 import uuid
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +21,7 @@ from vqueues.kafka.admin import Admin, TopicSpec
 from vqueues.kafka.ranges import OffsetRanges
 from vqueues.layouts import (
     CUT_HEADER,
+    FORWARDED_HEADER,
     Layout,
     encode_layout,
     layout_of_topic,
@@ -484,6 +487,21 @@ def test_every_option_of_sparks_kafka_source_is_taken_refused_or_ignored_on_purp
 
 # Growing by layouts (ADR 19): the data topic and `<topic>.l<n>` with more partitions.
 
+BEFORE_LAYOUTS = Path(__file__).parent / "data" / "pipeline_checkpoint_before_layouts"
+
+
+def queues_of(partitions, per=2):
+    """`per` queue names routing to each of `partitions` partitions, by partition."""
+    out: dict[int, list[str]] = {p: [] for p in range(partitions)}
+    i = 0
+    while any(len(qs) < per for qs in out.values()):
+        q = f"growth/{i}"
+        if len(out[partition_for(q, partitions)]) < per:
+            out[partition_for(q, partitions)].append(q)
+        i += 1
+    return out
+
+
 class Written:
     """Records produced at explicit partitions, with the offsets they got, in order."""
 
@@ -515,6 +533,11 @@ class Written:
         assert all("offset" in r for r in self.records)
 
 
+def is_original(rec):
+    names = {k for k, _ in rec["headers"]}
+    return FORWARDED_HEADER not in names and not (rec["queue"] is None and CUT_HEADER in names)
+
+
 def grow(bootstrap, base, assignments, layout, old_partitions, partitions, w):
     """What `vqueues topics grow` does to the data topic: the layout's topic, then its layout
     record; and what the old layout's owners then do: a cut marker in each old partition."""
@@ -524,6 +547,114 @@ def grow(bootstrap, base, assignments, layout, old_partitions, partitions, w):
     w.producer.produce(assignments, key=key, value=value, partition=0)
     for p in range(old_partitions):
         w.send(topic_name(base, layout - 1), p, None, b"", [(CUT_HEADER, str(layout).encode())])
+
+
+def late_and_forwarded(w, base, layout, old_partitions, new_partitions, queue):
+    """A record of `queue` reaching its old partition after the cut, and the copy its old
+    owner forwards to the new layout (with the idempotency key ADR 19 names)."""
+    old = topic_name(base, layout - 1)
+    p = partition_for(queue, old_partitions)
+    i = sum(1 for r in w.records if r["queue"] == queue)
+    late = w.send(old, p, queue, f"{queue}#{i}".encode())
+    w.flush()
+    where = f"l{layout - 1}:{p}:{late['offset']}".encode()
+    w.send(topic_name(base, layout), partition_for(queue, new_partitions), queue, late["value"],
+           [(FORWARDED_HEADER, where), ("vq-idempotency-key", b"vq-forwarded:" + where)])
+
+
+def archive_rows(spark, out):
+    rows = spark.read.parquet(str(out / "archive")).collect()
+    return {(r.partition, r.offset): (r.queue, bytes(r.value),
+                                      tuple((h.key, bytes(h.value)) for h in r.headers or ()))
+            for r in rows}, len(rows)
+
+
+def expected_rows(w, base, skip=lambda rec: False):
+    return {(r["partition"], tag(layout_of_topic(r["topic"]), r["offset"])):
+            (r["queue"], r["value"], r["headers"])
+            for r in w.records if is_original(r) and not skip(r)}
+
+
+def wait_archived(spark, query, out, n, timeout_s=180):
+    deadline = time.monotonic() + timeout_s
+    got = 0
+    while time.monotonic() < deadline:
+        assert query.exception() is None, query.exception()
+        query.processAllAvailable()
+        if (out / "archive").exists() and list((out / "archive").rglob("*.parquet")):
+            got = spark.read.parquet(str(out / "archive")).count()
+            if got >= n:
+                return
+        time.sleep(0.5)
+    raise AssertionError(f"the archive holds {got} records, not {n}, after {timeout_s} s")
+
+
+def check_archive(spark, out, expected):
+    rows, count = archive_rows(spark, out)
+    assert count == len(rows), "a record archived twice"
+    assert rows == expected
+    # Each queue's records, by offset, in the order they were written to it.
+    by_queue: dict[str, list[tuple[int, bytes]]] = {}
+    for (_, offset), (queue, value, _) in rows.items():
+        if queue is not None:
+            by_queue.setdefault(queue, []).append((offset, value))
+    for queue, records in by_queue.items():
+        values = [v for _, v in sorted(records)]
+        assert values == sorted(values, key=lambda v: int(v.rsplit(b"#", 1)[1])), queue
+
+
+def test_the_archive_resumes_a_checkpoint_from_before_layouts_and_follows_a_growth(
+        spark, bootstrap, tmp_path):
+    """Our source. The checkpoint in tests/data was written by the pipeline of commit 3d34acb
+    (`subscribe` of one 4-partition topic; its offsets `{"0": 5, ...}`: 5 records of each
+    partition read). Resumed by the pattern subscription, it goes on from offset 5; a layout
+    created while the query runs is read from its first record; markers and forwarded copies
+    are left out; offsets are tagged with their layout."""
+    base, assignments = new_topic(bootstrap, 4), new_topic(bootstrap, 1)
+    qs = queues_of(4)
+    every = [q for p in sorted(qs) for q in qs[p]]
+    w = Written(bootstrap)
+    for p in range(4):
+        for q in qs[p] * 3:  # 6 records in each partition, the first 5 read before
+            w.queue(base, 4, q, 1)
+    w.send(base, 3, None, b"keyless before")
+    w.flush()
+    shutil.copytree(BEFORE_LAYOUTS, tmp_path / "ckpt")
+    (query,) = run(spark, options(bootstrap, base, tmp_path, jobs=("archive",),
+                                  trigger="1 second"), wait=False)
+    try:
+        for q in every:
+            w.queue(base, 4, q, 2)
+        w.flush()
+        out = tmp_path / "out"
+        already = lambda r: r["topic"] == base and r["offset"] < 5  # noqa: E731
+        wait_archived(spark, query, out, len(expected_rows(w, base, already)))
+        # The growth, while the query runs: vq-data.l1 with 8 partitions.
+        grow(bootstrap, base, assignments, 1, 4, 8, w)
+        late_and_forwarded(w, base, 1, 4, 8, qs[0][0])
+        for q in every:
+            w.queue(topic_name(base, 1), 8, q, 3)
+        w.send(topic_name(base, 1), 5, None, b"keyless after")
+        w.flush()
+        expected = expected_rows(w, base, already)
+        wait_archived(spark, query, out, len(expected))
+        query.processAllAvailable()
+    finally:
+        query.stop()
+    check_archive(spark, out, expected)
+    layouts = Counter(offset >> 48 for _, offset in expected)
+    assert layouts == {0: 4 * 1 + 1 + 8 * 2 + 1, 1: 8 * 3 + 1}
+    # The queue filter reads, in each layout's topic, the partition the queue had there.
+    chosen = [qs[0][0], qs[1][0]]
+    df = batch_reader(spark, bootstrap, None, subscribePattern=topic_pattern(base),
+                      queues=json.dumps(chosen), assignmentTopic=assignments)
+    rows = df.select("topic", "partition", "offset", "queue").collect()
+    where = {(t, partition_for(q, n)) for q in chosen for t, n in
+             ((base, 4), (topic_name(base, 1), 8))}
+    assert {(r.topic, r.partition) for r in rows} == where
+    assert df.rdd.getNumPartitions() == len(where)  # only those partitions are read
+    assert sorted((r.topic, r.partition, r.offset) for r in rows) == sorted(
+        (r["topic"], r["partition"], r["offset"]) for r in w.records if r["queue"] in chosen)
 
 
 def test_deletion_markers_of_every_layout_hide_the_records_below_them(spark, bootstrap):
@@ -567,3 +698,56 @@ def test_deletion_markers_of_every_layout_hide_the_records_below_them(spark, boo
     assert got == kept
     assert sum(1 for q, _ in got if q == x) == 2 and sum(1 for q, _ in got if q == y) == 5
 
+
+def test_sparks_kafka_source_reads_every_new_layout_from_its_first_record(
+        kafka_source, kafka_bootstrap, tmp_path):
+    """Spark's own Kafka source (`--source kafka`), measured rather than assumed: a checkpoint
+    it wrote under `subscribe` resumes under the pattern; a layout's topic the checkpoint does
+    not know, created and written while the query was stopped, is read from its first record
+    although startingOffsets is latest; one created while the query runs is read whole too.
+    The jobs leave out markers and copies and tag offsets for this source as for ours."""
+    from pyspark.sql import functions as F
+
+    from vqueues.pipeline.jobs import _with_bucket, archive_query
+
+    spark, boot = kafka_source, kafka_bootstrap
+    base, assignments = new_topic(boot, 4), new_topic(boot, 1)
+    qs = queues_of(4)
+    every = [q for p in sorted(qs) for q in qs[p]]
+    w = Written(boot)
+    for q in every:
+        w.queue(base, 4, q, 2)
+    w.flush()
+    opts = options(boot, base, tmp_path, jobs=("archive",), source="kafka",
+                   starting_offsets="latest")
+    # The archive job as it was before layouts: `subscribe` of the one topic.
+    before = (spark.readStream.format("kafka").option("kafka.bootstrap.servers", boot)
+              .option("subscribe", base).option("startingOffsets", "earliest")
+              .option("includeHeaders", "true").load()
+              .withColumn("queue", F.col("key").cast("string")))
+    archive_query(_with_bucket(before, opts.archive_buckets), opts).awaitTermination()
+    out = tmp_path / "out"
+    assert archive_rows(spark, out)[0] == expected_rows(w, base)
+    # Layout 1 (8 partitions) while no query runs.
+    grow(boot, base, assignments, 1, 4, 8, w)
+    late_and_forwarded(w, base, 1, 4, 8, qs[1][0])
+    for q in every:
+        w.queue(topic_name(base, 1), 8, q, 2)
+    w.flush()
+    (query,) = run(spark, replace(opts, trigger="1 second"), wait=False)
+    try:
+        wait_archived(spark, query, out, len(expected_rows(w, base)))
+        # Layout 2 (16 partitions) while it runs.
+        grow(boot, base, assignments, 2, 8, 16, w)
+        late_and_forwarded(w, base, 2, 8, 16, qs[2][0])
+        for q in every:
+            w.queue(topic_name(base, 2), 16, q, 2)
+        w.flush()
+        expected = expected_rows(w, base)
+        wait_archived(spark, query, out, len(expected))
+        query.processAllAvailable()
+    finally:
+        query.stop()
+    check_archive(spark, out, expected)
+    assert Counter(offset >> 48 for _, offset in expected) == {0: 8 * 2 + 1, 1: 8 * 2 + 1,
+                                                               2: 8 * 2}
