@@ -2,11 +2,13 @@
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
 import uuid
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +19,16 @@ from tests.support import kafka_records
 from vqueues.hashing import partition_for
 from vqueues.kafka.admin import Admin, TopicSpec
 from vqueues.kafka.ranges import OffsetRanges
+from vqueues.layouts import (
+    CUT_HEADER,
+    FORWARDED_HEADER,
+    Layout,
+    encode_layout,
+    layout_of_topic,
+    tag,
+    topic_name,
+    topic_pattern,
+)
 
 pyspark = pytest.importorskip("pyspark", reason="the pipeline extra (pyspark) is not installed")
 
@@ -299,8 +311,9 @@ def test_an_archive_of_the_old_layout_migrates_with_one_job(spark, tmp_path):
 
 
 def batch_reader(spark, bootstrap, topic, **options):
-    reader = (spark.read.format("vqueues-kafka").option("kafka.bootstrap.servers", bootstrap)
-              .option("subscribe", topic))
+    reader = spark.read.format("vqueues-kafka").option("kafka.bootstrap.servers", bootstrap)
+    if topic is not None:
+        reader = reader.option("subscribe", topic)
     for k, v in options.items():
         reader = reader.option(k, v)
     return reader.load()
@@ -366,6 +379,7 @@ COMPARED_OPTIONS = [
     {"minPartitions": "7"},
     {"failOnDataLoss": "false", "kafkaConsumer.pollTimeoutMs": "5000",
      "fetchOffset.numRetries": "5", "groupIdPrefix": "cmp"},
+    {"subscribePattern": "LAYOUTS"},  # the topic and its layout 1 (8 partitions)
 ]
 
 
@@ -376,23 +390,28 @@ def _rows(df):
 
 
 @pytest.mark.parametrize("extra", COMPARED_OPTIONS, ids=["defaults", "offsets-json",
-                                                          "min-partitions", "tuning"])
+                                                          "min-partitions", "tuning", "pattern"])
 def test_our_source_reads_what_sparks_kafka_source_reads_under_the_same_options(
         kafka_source, kafka_bootstrap, extra):
     spark = kafka_source
     topic = new_topic(kafka_bootstrap)
     sent = produce(kafka_bootstrap, topic, 400, int(time.time() * 1000))
+    subscribe = {"subscribe": topic}
+    if "subscribePattern" in extra:
+        Admin({"bootstrap.servers": kafka_bootstrap}).create([TopicSpec(topic + ".l1", 8)])
+        produce(kafka_bootstrap, topic + ".l1", 300, int(time.time() * 1000), tag="l1-")
+        subscribe = {"subscribePattern": topic_pattern(topic)}
     counts = Counter(partition_for(q, 4) for q, _, _ in sent)
     # Partitions alternate: an offset inside it, or earliest (-2) / latest (-1).
     start = json.dumps({topic: {str(p): min(3, counts[p]) if p % 2 else -2 for p in range(4)}})
     end = json.dumps({topic: {str(p): min(30, counts[p]) if p % 2 == 0 else -1
                               for p in range(4)}})
     opts = {k: start if v == "PER_PARTITION_START" else end if v == "PER_PARTITION_END" else v
-            for k, v in extra.items()}
+            for k, v in extra.items() if k != "subscribePattern"}
     frames = {}
     for fmt in ("kafka", "vqueues-kafka"):
         reader = (spark.read.format(fmt).option("kafka.bootstrap.servers", kafka_bootstrap)
-                  .option("subscribe", topic).option("includeHeaders", "true"))
+                  .options(**subscribe).option("includeHeaders", "true"))
         for k, v in opts.items():
             reader = reader.option(k, v)
         frames[fmt] = reader.load()
@@ -401,6 +420,8 @@ def test_our_source_reads_what_sparks_kafka_source_reads_under_the_same_options(
     assert ours.drop("queue").schema == theirs.schema
     rows = _rows(theirs)
     assert rows and _rows(ours) == rows
+    if "subscribePattern" in subscribe:
+        assert {r[0] for r in rows} == {topic, topic + ".l1"}
     if "minPartitions" in opts:
         assert ours.rdd.getNumPartitions() >= 7
         assert theirs.rdd.getNumPartitions() >= 7
@@ -430,14 +451,14 @@ def test_a_kafka_source_option_ours_cannot_honour_is_refused_by_name(
         kafka_source, kafka_bootstrap, option):
     spark = kafka_source
     topic = new_topic(kafka_bootstrap, partitions=1)
-    values = {"subscribepattern": topic, "assign": json.dumps({topic: [0]}),
+    values = {"assign": json.dumps({topic: [0]}),
               "startingtimestamp": "0", "startingoffsetsbytimestamp": json.dumps({topic: {"0": 0}}),
               "startingoffsetsbytimestampstrategy": "latest", "endingtimestamp": "1",
               "endingoffsetsbytimestamp": json.dumps({topic: {"0": 1}}),
               "minoffsetspertrigger": "10", "maxtriggerdelay": "1m",
               "maxrecordsperpartition": "10"}
     common = {"kafka.bootstrap.servers": kafka_bootstrap}
-    if option not in ("subscribepattern", "assign"):
+    if option != "assign":
         common["subscribe"] = topic
     # Spark's own source takes it (a real option of the Kafka source) ...
     streaming = option in ("minoffsetspertrigger", "maxtriggerdelay")
@@ -451,8 +472,8 @@ def test_a_kafka_source_option_ours_cannot_honour_is_refused_by_name(
 
 def test_every_option_of_sparks_kafka_source_is_taken_refused_or_ignored_on_purpose():
     """The docs' table is complete: each option the connector documents has a decision."""
-    taken = {"kafka.bootstrap.servers", "subscribe", "startingoffsets", "endingoffsets",
-             "failondataloss", "minpartitions", "maxoffsetspertrigger"}
+    taken = {"kafka.bootstrap.servers", "subscribe", "subscribepattern", "startingoffsets",
+             "endingoffsets", "failondataloss", "minpartitions", "maxoffsetspertrigger"}
     sparks = {"assign", "subscribe", "subscribepattern", "kafka.bootstrap.servers",
               "startingtimestamp", "startingoffsetsbytimestamp", "startingoffsets",
               "endingtimestamp", "endingoffsetsbytimestamp", "endingoffsets", "failondataloss",
@@ -462,3 +483,271 @@ def test_every_option_of_sparks_kafka_source_is_taken_refused_or_ignored_on_purp
               "kafka.group.id", "includeheaders", "startingoffsetsbytimestampstrategy"}
     assert sparks == taken | REFUSED.keys() | IGNORED
     assert not (taken & REFUSED.keys()) and not (taken & IGNORED) and not (REFUSED.keys() & IGNORED)
+
+
+# Growing by layouts (ADR 19): the data topic and `<topic>.l<n>` with more partitions.
+
+BEFORE_LAYOUTS = Path(__file__).parent / "data" / "pipeline_checkpoint_before_layouts"
+
+
+def queues_of(partitions, per=2):
+    """`per` queue names routing to each of `partitions` partitions, by partition."""
+    out: dict[int, list[str]] = {p: [] for p in range(partitions)}
+    i = 0
+    while any(len(qs) < per for qs in out.values()):
+        q = f"growth/{i}"
+        if len(out[partition_for(q, partitions)]) < per:
+            out[partition_for(q, partitions)].append(q)
+        i += 1
+    return out
+
+
+class Written:
+    """Records produced at explicit partitions, with the offsets they got, in order."""
+
+    def __init__(self, bootstrap):
+        self.producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
+        self.records: list[dict[str, Any]] = []
+
+    def send(self, topic, partition, key, value, headers=()):
+        rec = {"topic": topic, "partition": partition, "queue": key, "value": value,
+               "headers": tuple(headers)}
+        self.records.append(rec)
+
+        def delivered(err, msg):
+            assert err is None, err
+            rec["offset"] = msg.offset()
+
+        self.producer.produce(topic, key=None if key is None else key.encode(), value=value,
+                              partition=partition, headers=list(headers), on_delivery=delivered)
+        return rec
+
+    def queue(self, topic, partitions, queue, n):
+        """`n` records of `queue`, to its partition of a topic with `partitions` partitions."""
+        for _ in range(n):
+            i = sum(1 for r in self.records if r["queue"] == queue)
+            self.send(topic, partition_for(queue, partitions), queue, f"{queue}#{i}".encode())
+
+    def flush(self):
+        assert self.producer.flush(30) == 0
+        assert all("offset" in r for r in self.records)
+
+
+def is_original(rec):
+    names = {k for k, _ in rec["headers"]}
+    return FORWARDED_HEADER not in names and not (rec["queue"] is None and CUT_HEADER in names)
+
+
+def grow(bootstrap, base, assignments, layout, old_partitions, partitions, w):
+    """What `vqueues topics grow` does to the data topic: the layout's topic, then its layout
+    record; and what the old layout's owners then do: a cut marker in each old partition."""
+    Admin({"bootstrap.servers": bootstrap}).create([TopicSpec(topic_name(base, layout),
+                                                              partitions)])
+    key, value = encode_layout(Layout(layout, partitions), int(time.time() * 1000))
+    w.producer.produce(assignments, key=key, value=value, partition=0)
+    for p in range(old_partitions):
+        w.send(topic_name(base, layout - 1), p, None, b"", [(CUT_HEADER, str(layout).encode())])
+
+
+def late_and_forwarded(w, base, layout, old_partitions, new_partitions, queue):
+    """A record of `queue` reaching its old partition after the cut, and the copy its old
+    owner forwards to the new layout (with the idempotency key ADR 19 names)."""
+    old = topic_name(base, layout - 1)
+    p = partition_for(queue, old_partitions)
+    i = sum(1 for r in w.records if r["queue"] == queue)
+    late = w.send(old, p, queue, f"{queue}#{i}".encode())
+    w.flush()
+    where = f"l{layout - 1}:{p}:{late['offset']}".encode()
+    w.send(topic_name(base, layout), partition_for(queue, new_partitions), queue, late["value"],
+           [(FORWARDED_HEADER, where), ("vq-idempotency-key", b"vq-forwarded:" + where)])
+
+
+def archive_rows(spark, out):
+    rows = spark.read.parquet(str(out / "archive")).collect()
+    return {(r.partition, r.offset): (r.queue, bytes(r.value),
+                                      tuple((h.key, bytes(h.value)) for h in r.headers or ()))
+            for r in rows}, len(rows)
+
+
+def expected_rows(w, base, skip=lambda rec: False):
+    return {(r["partition"], tag(layout_of_topic(r["topic"]), r["offset"])):
+            (r["queue"], r["value"], r["headers"])
+            for r in w.records if is_original(r) and not skip(r)}
+
+
+def wait_archived(spark, query, out, n, timeout_s=180):
+    deadline = time.monotonic() + timeout_s
+    got = 0
+    while time.monotonic() < deadline:
+        assert query.exception() is None, query.exception()
+        query.processAllAvailable()
+        if (out / "archive").exists() and list((out / "archive").rglob("*.parquet")):
+            got = spark.read.parquet(str(out / "archive")).count()
+            if got >= n:
+                return
+        time.sleep(0.5)
+    raise AssertionError(f"the archive holds {got} records, not {n}, after {timeout_s} s")
+
+
+def check_archive(spark, out, expected):
+    rows, count = archive_rows(spark, out)
+    assert count == len(rows), "a record archived twice"
+    assert rows == expected
+    # Each queue's records, by offset, in the order they were written to it.
+    by_queue: dict[str, list[tuple[int, bytes]]] = {}
+    for (_, offset), (queue, value, _) in rows.items():
+        if queue is not None:
+            by_queue.setdefault(queue, []).append((offset, value))
+    for queue, records in by_queue.items():
+        values = [v for _, v in sorted(records)]
+        assert values == sorted(values, key=lambda v: int(v.rsplit(b"#", 1)[1])), queue
+
+
+def test_the_archive_resumes_a_checkpoint_from_before_layouts_and_follows_a_growth(
+        spark, bootstrap, tmp_path):
+    """Our source. The checkpoint in tests/data was written by the pipeline of commit 3d34acb
+    (`subscribe` of one 4-partition topic; its offsets `{"0": 5, ...}`: 5 records of each
+    partition read). Resumed by the pattern subscription, it goes on from offset 5; a layout
+    created while the query runs is read from its first record; markers and forwarded copies
+    are left out; offsets are tagged with their layout."""
+    base, assignments = new_topic(bootstrap, 4), new_topic(bootstrap, 1)
+    qs = queues_of(4)
+    every = [q for p in sorted(qs) for q in qs[p]]
+    w = Written(bootstrap)
+    for p in range(4):
+        for q in qs[p] * 3:  # 6 records in each partition, the first 5 read before
+            w.queue(base, 4, q, 1)
+    w.send(base, 3, None, b"keyless before")
+    w.flush()
+    shutil.copytree(BEFORE_LAYOUTS, tmp_path / "ckpt")
+    (query,) = run(spark, options(bootstrap, base, tmp_path, jobs=("archive",),
+                                  trigger="1 second"), wait=False)
+    try:
+        for q in every:
+            w.queue(base, 4, q, 2)
+        w.flush()
+        out = tmp_path / "out"
+        already = lambda r: r["topic"] == base and r["offset"] < 5  # noqa: E731
+        wait_archived(spark, query, out, len(expected_rows(w, base, already)))
+        # The growth, while the query runs: vq-data.l1 with 8 partitions.
+        grow(bootstrap, base, assignments, 1, 4, 8, w)
+        late_and_forwarded(w, base, 1, 4, 8, qs[0][0])
+        for q in every:
+            w.queue(topic_name(base, 1), 8, q, 3)
+        w.send(topic_name(base, 1), 5, None, b"keyless after")
+        w.flush()
+        expected = expected_rows(w, base, already)
+        wait_archived(spark, query, out, len(expected))
+        query.processAllAvailable()
+    finally:
+        query.stop()
+    check_archive(spark, out, expected)
+    layouts = Counter(offset >> 48 for _, offset in expected)
+    assert layouts == {0: 4 * 1 + 1 + 8 * 2 + 1, 1: 8 * 3 + 1}
+    # The queue filter reads, in each layout's topic, the partition the queue had there.
+    chosen = [qs[0][0], qs[1][0]]
+    df = batch_reader(spark, bootstrap, None, subscribePattern=topic_pattern(base),
+                      queues=json.dumps(chosen), assignmentTopic=assignments)
+    rows = df.select("topic", "partition", "offset", "queue").collect()
+    where = {(t, partition_for(q, n)) for q in chosen for t, n in
+             ((base, 4), (topic_name(base, 1), 8))}
+    assert {(r.topic, r.partition) for r in rows} == where
+    assert df.rdd.getNumPartitions() == len(where)  # only those partitions are read
+    assert sorted((r.topic, r.partition, r.offset) for r in rows) == sorted(
+        (r["topic"], r["partition"], r["offset"]) for r in w.records if r["queue"] in chosen)
+
+
+def test_deletion_markers_of_every_layout_hide_the_records_below_them(spark, bootstrap):
+    """skipDeletedQueues after a growth: a deletion in layout 0 hides that queue's records
+    below its floor there; one written after the growth (in `<offsets>.l1`, its floor a
+    layout-1 offset) hides all of the queue's layout-0 records too."""
+    from vqueues.records import QueueDeleted, encode_offset_entry
+
+    base, assignments = new_topic(bootstrap, 4), new_topic(bootstrap, 1)
+    offsets = new_topic(bootstrap, 4)
+    Admin({"bootstrap.servers": bootstrap}).create([TopicSpec(topic_name(offsets, 1), 8)])
+    w = Written(bootstrap)
+    x, y, z = "deleted/after", "deleted/before", "kept"
+    for q in (x, y, z):
+        w.queue(base, 4, q, 3)
+    w.flush()
+    grow(bootstrap, base, assignments, 1, 4, 8, w)
+    for q in (x, y, z):
+        w.queue(topic_name(base, 1), 8, q, 3)
+    w.flush()
+
+    def nth(queue, layout, i):
+        return [r for r in w.records if r["queue"] == queue
+                and r["topic"] == topic_name(base, layout)][i]
+
+    y_floor = nth(y, 0, 1)["offset"]
+    x_floor = tag(1, nth(x, 1, 1)["offset"])
+    for topic, partition, entry in (
+            (offsets, partition_for(y, 4), QueueDeleted(y, y_floor)),
+            (topic_name(offsets, 1), partition_for(x, 8), QueueDeleted(x, x_floor))):
+        key, value = encode_offset_entry(entry)
+        w.producer.produce(topic, key=key, value=value, partition=partition)
+    w.flush()
+    rows = batch_reader(spark, bootstrap, None, subscribePattern=topic_pattern(base),
+                        skipDeletedQueues="true", deletionTopic=offsets,
+                        assignmentTopic=assignments).collect()
+    got = sorted((r.queue, bytes(r.value)) for r in rows if r.queue is not None)
+    floors = {x: x_floor, y: y_floor}
+    kept = sorted((r["queue"], r["value"]) for r in w.records if r["queue"] is not None
+                  and tag(layout_of_topic(r["topic"]), r["offset"]) >= floors.get(r["queue"], 0))
+    assert got == kept
+    assert sum(1 for q, _ in got if q == x) == 2 and sum(1 for q, _ in got if q == y) == 5
+
+
+def test_sparks_kafka_source_reads_every_new_layout_from_its_first_record(
+        kafka_source, kafka_bootstrap, tmp_path):
+    """Spark's own Kafka source (`--source kafka`), measured rather than assumed: a checkpoint
+    it wrote under `subscribe` resumes under the pattern; a layout's topic the checkpoint does
+    not know, created and written while the query was stopped, is read from its first record
+    although startingOffsets is latest; one created while the query runs is read whole too.
+    The jobs leave out markers and copies and tag offsets for this source as for ours."""
+    from pyspark.sql import functions as F
+
+    from vqueues.pipeline.jobs import _with_bucket, archive_query
+
+    spark, boot = kafka_source, kafka_bootstrap
+    base, assignments = new_topic(boot, 4), new_topic(boot, 1)
+    qs = queues_of(4)
+    every = [q for p in sorted(qs) for q in qs[p]]
+    w = Written(boot)
+    for q in every:
+        w.queue(base, 4, q, 2)
+    w.flush()
+    opts = options(boot, base, tmp_path, jobs=("archive",), source="kafka",
+                   starting_offsets="latest")
+    # The archive job as it was before layouts: `subscribe` of the one topic.
+    before = (spark.readStream.format("kafka").option("kafka.bootstrap.servers", boot)
+              .option("subscribe", base).option("startingOffsets", "earliest")
+              .option("includeHeaders", "true").load()
+              .withColumn("queue", F.col("key").cast("string")))
+    archive_query(_with_bucket(before, opts.archive_buckets), opts).awaitTermination()
+    out = tmp_path / "out"
+    assert archive_rows(spark, out)[0] == expected_rows(w, base)
+    # Layout 1 (8 partitions) while no query runs.
+    grow(boot, base, assignments, 1, 4, 8, w)
+    late_and_forwarded(w, base, 1, 4, 8, qs[1][0])
+    for q in every:
+        w.queue(topic_name(base, 1), 8, q, 2)
+    w.flush()
+    (query,) = run(spark, replace(opts, trigger="1 second"), wait=False)
+    try:
+        wait_archived(spark, query, out, len(expected_rows(w, base)))
+        # Layout 2 (16 partitions) while it runs.
+        grow(boot, base, assignments, 2, 8, 16, w)
+        late_and_forwarded(w, base, 2, 8, 16, qs[2][0])
+        for q in every:
+            w.queue(topic_name(base, 2), 16, q, 2)
+        w.flush()
+        expected = expected_rows(w, base)
+        wait_archived(spark, query, out, len(expected))
+        query.processAllAvailable()
+    finally:
+        query.stop()
+    check_archive(spark, out, expected)
+    assert Counter(offset >> 48 for _, offset in expected) == {0: 8 * 2 + 1, 1: 8 * 2 + 1,
+                                                               2: 8 * 2}

@@ -136,7 +136,8 @@ def add_pipeline_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--bootstrap", default=os.environ.get("VQ_BOOTSTRAP"),
                    help="Kafka bootstrap servers [env VQ_BOOTSTRAP]")
     p.add_argument("--topic", default=os.environ.get("VQ_DATA_TOPIC", "vq-data"),
-                   help="the data topic [env VQ_DATA_TOPIC; default vq-data]")
+                   help="the data topic, read with its layouts' topics <topic>.l<n> "
+                        "[env VQ_DATA_TOPIC; default vq-data]")
     p.add_argument("--output", required=True, help="directory for archive/ and metrics/")
     p.add_argument("--checkpoint", required=True, help="directory for the Spark checkpoints")
     p.add_argument("--source", choices=("vqueues", "kafka"), default="vqueues",

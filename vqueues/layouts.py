@@ -50,6 +50,21 @@ def topic_name(base: str, layout: int) -> str:
     return base if layout == 0 else f"{base}.l{layout}"
 
 
+def layout_of_topic(name: str) -> int:
+    """The layout of a topic named by `topic_name`: the number after `.l`, else 0."""
+    found = _SUFFIX.search(name)
+    return int(found.group(1)) if found else 0
+
+
+def topic_pattern(base: str) -> str:
+    """A regular expression whose whole match is `base` or one of its layouts' names, the same
+    in Python's `re` and Java's `Pattern` (Spark's `subscribePattern`)."""
+    if layout_of_topic(base):
+        raise ValueError(f"topic {base!r} ends like a layout's name (.l<n>): the configured "
+                         f"topics' names must not")
+    return re.escape(base) + r"(\.l[1-9][0-9]*)?"
+
+
 @dataclass(frozen=True, slots=True)
 class Layout:
     """One generation of the three topics: its number and partition count."""
@@ -87,6 +102,12 @@ def check_growth(current: Layout, partitions: int) -> str | None:
                 f"that every queue of a child comes from one parent")
     return None
 
+
+# Headers of the records a growth adds to the data topics, which are not queue records of their
+# own: the cut marker (keyless) closing an old partition, and a forwarded copy of a record that
+# reached an old partition after its marker (the original stays there).
+CUT_HEADER = "vq-layout-cut"
+FORWARDED_HEADER = "vq-forwarded-from"
 
 # The assignment topic's records for layouts (beside the claims, keyed by partition number):
 #   b"layout/1" -> {"v": 1, "layout": 1, "partitions": 32, "ts": ms}

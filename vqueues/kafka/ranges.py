@@ -23,43 +23,55 @@ def _consumer(conf: dict[str, Any], **extra: Any) -> Consumer:
 
 
 class OffsetRanges:
-    """Driver-side: partition list, earliest offsets and true end offsets of one topic."""
+    """Driver-side: the topics, and each topic's partitions, earliest offsets and true end
+    offsets (`topic`: the one given to the constructor unless named)."""
 
-    def __init__(self, conf: dict[str, Any], topic: str) -> None:
+    def __init__(self, conf: dict[str, Any], topic: str = "") -> None:
         self.topic = topic
         # A fetch at the end of a partition is held by the broker up to fetch.wait.max.ms
         # before the empty answer that gives the EOF: keep that short, ends() waits for it.
         self._consumer = _consumer(conf, **{"fetch.wait.max.ms": 10})
 
-    def partitions(self, timeout_s: float = 30.0) -> list[int]:
-        md = self._consumer.list_topics(self.topic, timeout=timeout_s)
-        tm = md.topics.get(self.topic)
+    def topics(self, timeout_s: float = 30.0) -> dict[str, list[int]]:
+        """Every topic the broker lists, with its partitions."""
+        md = self._consumer.list_topics(timeout=timeout_s)
+        return {name: sorted(tm.partitions) for name, tm in md.topics.items()
+                if tm.error is None}
+
+    def partitions(self, timeout_s: float = 30.0, *, topic: str = "") -> list[int]:
+        topic = topic or self.topic
+        md = self._consumer.list_topics(topic, timeout=timeout_s)
+        tm = md.topics.get(topic)
         if tm is None or tm.error is not None:
-            raise RuntimeError(f"topic {self.topic!r} not found: {tm.error if tm else ''}")
+            raise RuntimeError(f"topic {topic!r} not found: {tm.error if tm else ''}")
         return sorted(tm.partitions)
 
-    def earliest(self, partitions: Sequence[int], timeout_s: float = 30.0) -> dict[int, int]:
+    def earliest(self, partitions: Sequence[int], timeout_s: float = 30.0, *, topic: str = ""
+                 ) -> dict[int, int]:
+        topic = topic or self.topic
         out = {}
         for p in partitions:
             low, _ = self._consumer.get_watermark_offsets(
-                TopicPartition(self.topic, p), timeout=timeout_s, cached=False)
+                TopicPartition(topic, p), timeout=timeout_s, cached=False)
             out[p] = max(int(low), 0)
         return out
 
-    def ends(self, partitions: Sequence[int], timeout_s: float = 30.0) -> dict[int, int]:
+    def ends(self, partitions: Sequence[int], timeout_s: float = 30.0, *, topic: str = ""
+             ) -> dict[int, int]:
         """The true end (high watermark) of each partition."""
+        topic = topic or self.topic
         tps = []
         for p in partitions:
             low, guess = self._consumer.get_watermark_offsets(
-                TopicPartition(self.topic, p), timeout=timeout_s, cached=False)
-            tps.append(TopicPartition(self.topic, p, max(int(guess), int(low), 0)))
+                TopicPartition(topic, p), timeout=timeout_s, cached=False)
+            tps.append(TopicPartition(topic, p, max(int(guess), int(low), 0)))
         ends: dict[int, int] = {}
         self._consumer.assign(tps)
         deadline = time.monotonic() + timeout_s
         try:
             while len(ends) < len(tps):
                 if time.monotonic() > deadline:
-                    raise TimeoutError(f"finding the end of {self.topic} timed out")
+                    raise TimeoutError(f"finding the end of {topic} timed out")
                 ends.update(poll(self._consumer, 10000, 0.1).ends)
         finally:
             self._consumer.unassign()

@@ -1,8 +1,13 @@
 """The pipeline: archive every record and per-queue minute metrics from the data topic.
 
+The data topic is read with every layout's (ADR 19: `vq-data`, `vq-data.l1`, ...), by pattern,
+so a layout created while a query runs is read from its first record; each record is counted
+once, from the topic it was written to (`queue_records`).
+
 - archive: every record to Parquet under <output>/archive/date=<UTC date>/bucket=<b>/, with
-  queue, partition, offset, timestamp, headers, key and value, sorted by queue and offset within
-  a file (layout: vqueues/pipeline/layout.py), so data outlives the topic's retention;
+  queue, partition, offset (the vqueues offset), timestamp, headers, key and value, sorted by
+  queue and offset within a file (layout: vqueues/pipeline/layout.py), so data outlives the
+  topic's retention;
 - metrics: per queue and per minute of event time (the record timestamp), with a watermark, the
   record count and value bytes, to Parquet under <output>/metrics. A minute is written once the
   watermark passed its end (append mode): the newest minutes wait for later records.
@@ -19,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from vqueues.layouts import topic_pattern
 from vqueues.pipeline.layout import DEFAULT_BUCKETS, archive_bucket
 
 log = logging.getLogger(__name__)
@@ -27,15 +33,16 @@ JOBS = ("archive", "metrics")
 
 
 def read_queue(spark: Any, archive: str, queue: str, buckets: int = DEFAULT_BUCKETS) -> Any:
-    """One queue's archived records, in (partition, offset) order: Spark reads only the
-    queue's bucket directories (partition pruning) and, within their files, the row groups
-    whose queue range holds it (the files are sorted by queue)."""
+    """One queue's archived records, in offset order (its order: offsets are vqueues offsets,
+    which a later layout's exceed): Spark reads only the queue's bucket directories (partition
+    pruning) and, within their files, the row groups whose queue range holds it (the files are
+    sorted by queue)."""
     from pyspark.sql import functions as F
 
     return (spark.read.parquet(archive)
             .where((F.col("bucket") == archive_bucket(queue, buckets))
                    & (F.col("queue") == queue))
-            .orderBy("partition", "offset"))
+            .orderBy("offset", "partition"))
 
 
 def migrate_archive(spark: Any, old: str, new: str, buckets: int = DEFAULT_BUCKETS,
@@ -120,14 +127,15 @@ def register(spark: Any) -> None:
 
 
 def read_stream(spark: Any, opts: PipelineOptions, buckets: int | None = None) -> Any:
-    """The data topic as a streaming DataFrame, through our source or Spark's Kafka source;
-    with `buckets`, plus each record's archive bucket (column `bucket`)."""
+    """The data topic and its layouts' as a streaming DataFrame of queue records
+    (`queue_records`), through our source or Spark's Kafka source; with `buckets`, plus each
+    record's archive bucket (column `bucket`)."""
     from pyspark.sql import functions as F
 
     fmt = {"vqueues": "vqueues-kafka", "kafka": "kafka"}[opts.source]
     reader = (spark.readStream.format(fmt)
               .option("kafka.bootstrap.servers", opts.bootstrap)
-              .option("subscribe", opts.topic)
+              .option("subscribePattern", topic_pattern(opts.topic))
               .option("startingOffsets", opts.starting_offsets))
     if opts.max_records_per_trigger:
         reader = reader.option("maxOffsetsPerTrigger", str(opts.max_records_per_trigger))
@@ -140,9 +148,31 @@ def read_stream(spark: Any, opts: PipelineOptions, buckets: int | None = None) -
     df = reader.load()
     if opts.source == "kafka":
         df = df.withColumn("queue", F.col("key").cast("string"))
-        if buckets:
-            df = _with_bucket(df, buckets)
+    df = queue_records(df, opts.topic)
+    if opts.source == "kafka" and buckets:
+        df = _with_bucket(df, buckets)
     return df
+
+
+def queue_records(df: Any, topic: str) -> Any:
+    """Records read from `topic` and its layouts' topics (ADR 19) as vqueues numbers them:
+    without the cut markers (keyless, header `vq-layout-cut`) and the forwarded copies (header
+    `vq-forwarded-from`; the original is read from the topic it was written to), and with
+    `offset` the vqueues offset, the Kafka offset tagged with its topic's layout (layout 0's
+    unchanged). Spark expressions, so the same for either source."""
+    from pyspark.sql import functions as F
+
+    from vqueues.layouts import CUT_HEADER, FORWARDED_HEADER, TAG_BITS
+
+    def has(header: str) -> Any:
+        return F.coalesce(F.array_contains(F.col("headers.key"), header), F.lit(False))
+
+    copy = (F.col("key").isNull() & has(CUT_HEADER)) | has(FORWARDED_HEADER)
+    # The topics read are `topic` and `topic.l<n>` (topic_pattern): n follows the ".l".
+    layout = (F.when(F.col("topic") == topic, F.lit(0).cast("long"))
+              .otherwise(F.expr(f"substring(topic, {len(topic) + 3})").cast("long")))
+    return (df.where(~copy)
+            .withColumn("offset", F.shiftleft(layout, TAG_BITS).bitwiseOR(F.col("offset"))))
 
 
 def _with_bucket(df: Any, buckets: int) -> Any:
