@@ -142,7 +142,6 @@ def decode_layout(key: bytes | None, value: bytes | None) -> Layout | None:
 # (tagged) offset of the marker in its data partition, `snapshot` the id of its final snapshot.
 # Each cut has a key of its own (compaction keeps them all): the first in the log counts.
 CUT_KEY_PREFIX = b"cut/"
-CUT_HEADER = "vq-layout-cut"  # on the marker record (keyless) in the old data partition
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,7 +175,3 @@ def decode_cut(key: bytes | None, value: bytes | None) -> Cut | None:
             or not 0 < cut.layout <= MAX_LAYOUT:
         return None
     return cut
-
-# On a record forwarded from an old layout's partition after its cut: "l<layout>/<p>/<offset>"
-# of the original (the pipeline archives the original, not the copy).
-FORWARDED_HEADER = "vq-forwarded-from"
