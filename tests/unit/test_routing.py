@@ -2,9 +2,13 @@
 
 import json
 from pathlib import Path
+from unittest import mock
 
+import numpy as np
 import pytest
 import vqueues_client.hashing as client_hashing
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import vqueues.hashing as server_hashing
 
@@ -26,6 +30,24 @@ def test_partition_matches_librdkafkas_java_compatible_partitioner(impl, queue, 
 @pytest.mark.parametrize(("key", "expected"), sorted(VECTORS["java_reference_hashes"].items()))
 def test_murmur2_matches_apache_kafkas_unit_test_hashes(impl, key, expected):
     assert impl.murmur2_signed(key.encode()) == expected
+
+
+def test_partitions_for_routes_the_vectors_as_partition_for():
+    for partitions in {n for _, n, _ in CASES}:
+        cases = [(q, p) for q, n, p in CASES if n == partitions]
+        got = server_hashing.partitions_for([q for q, _ in cases], partitions)
+        assert got.tolist() == [p for _, p in cases]
+
+
+@given(st.lists(st.text(max_size=70), max_size=200), st.integers(1, 5000),
+       st.sampled_from([1, 7, 16_384]))
+@settings(deadline=None, derandomize=True, database=None)
+def test_partitions_for_routes_every_name_as_partition_for_does(names, partitions, step):
+    """Every tail length (UTF-8 of 0 to 3 bytes past the last block), names in several steps."""
+    with mock.patch.object(server_hashing, "STEP", step):
+        got = server_hashing.partitions_for(names, partitions)
+    assert got.dtype == np.int64
+    assert got.tolist() == [server_hashing.partition_for(n, partitions) for n in names]
 
 
 def test_every_vector_case_was_loaded():
