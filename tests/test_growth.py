@@ -11,19 +11,20 @@ from typing import Any
 import pytest
 from confluent_kafka import Producer
 from vqueues_client import AsyncClient, NewRecord
+from vqueues_client.errors import VQError
 
 from tests.narrow import known
 from tests.support import (
     NodeProcess,
     Topics,
     create_topics,
-    events,
     http,
+    kafka_records,
     start_cluster,
     vqueues_cli,
 )
 from vqueues.hashing import partition_for
-from vqueues.layouts import layout_of
+from vqueues.layouts import decode_cut, layout_of
 
 
 def grow(t: Topics, partitions: int) -> None:
@@ -31,6 +32,13 @@ def grow(t: Topics, partitions: int) -> None:
                       str(partitions), "--data-topic", t.data, "--offset-topic", t.offsets,
                       "--assignment-topic", t.assignments, "--snapshot-topic", t.snapshots)
     assert out.returncode == 0, out.stderr
+
+
+def cut_partitions(t: Topics, layout: int) -> set[int]:
+    """The partitions the assignment topic says were cut for `layout`."""
+    found = (decode_cut(key.encode(), value)
+             for key, value, _, _ in kafka_records(t.bootstrap, t.assignments).values())
+    return {cut.partition for cut in found if cut is not None and cut.layout == layout}
 
 
 def wait_layout(nodes: list[NodeProcess], layout: int, partitions: int,
@@ -129,8 +137,7 @@ async def test_a_growth_carries_every_queue_over(bootstrap: str) -> None:
                 assert time.monotonic() < deadline, "the scheduled record did not fire"
                 await asyncio.sleep(0.2)
             assert due.offsets is not None
-        cuts = [e for n in nodes for e in events(n, "partition_cut")]
-        assert sorted(e["partition"] for e in cuts) == [0, 1, 2, 3]
+        assert cut_partitions(t, 1) == {0, 1, 2, 3}
     finally:
         for n in nodes:
             n.terminate()
@@ -139,7 +146,8 @@ async def test_a_growth_carries_every_queue_over(bootstrap: str) -> None:
 async def _write(vq: AsyncClient, queue: str, stop: asyncio.Event, acked: list[int]) -> None:
     i = 0
     while not stop.is_set():
-        await vq.enqueue(queue, f"{i}")
+        # With a key: a write retried after the SIGKILL cut its answer off is stored once.
+        await vq.enqueue(queue, f"{i}", idempotency_key=f"{queue}:{i}")
         acked.append(i)
         i += 1
         await asyncio.sleep(0.01)
@@ -160,7 +168,13 @@ async def _work(vq: AsyncClient, queue: str, done: asyncio.Event, completed: lis
     while not (done.is_set() and set(completed) >= set(acked)):
         got = await vq.lease(queue, "w", max_records=10, visibility_ms=5000, wait_ms=200)
         if got:
-            await vq.complete(queue, "w", got)
+            try:
+                await vq.complete(queue, "w", got)
+            except VQError as exc:
+                # What a failover may cost (docs/work-queues.md): a grant the new owner never
+                # saw; the records come again after their deadline.
+                assert exc.code == "lease_expired", exc
+                continue
             completed.extend(int(known(lease.record.text)) for lease in got)
 
 
@@ -175,7 +189,7 @@ async def test_a_growth_under_load_with_a_node_killed_loses_and_repeats_nothing(
         async with AsyncClient([n.url for n in nodes], deadline_s=90) as vq:
             cursor_queues = [f"gc-{uuid.uuid4().hex[:6]}-{i}" for i in range(8)]
             work_queues = [f"gw-{uuid.uuid4().hex[:6]}-{i}" for i in range(4)]
-            acked = {q: [] for q in cursor_queues + work_queues}
+            acked: dict[str, list[int]] = {q: [] for q in cursor_queues + work_queues}
             seen: dict[str, list[int]] = {q: [] for q in cursor_queues}
             completed: dict[str, list[int]] = {q: [] for q in work_queues}
             stop, done = asyncio.Event(), asyncio.Event()
@@ -201,8 +215,7 @@ async def test_a_growth_under_load_with_a_node_killed_loses_and_repeats_nothing(
             assert seen[q] == acked[q], (seed, q)  # each once, in order, nothing lost
         for q in work_queues:
             assert set(completed[q]) == set(acked[q]), (seed, q)
-        cuts = {e["partition"] for n in nodes for e in events(n, "partition_cut")}
-        assert cuts == {0, 1, 2, 3}, seed
+        assert cut_partitions(t, 1) == {0, 1, 2, 3}, seed
     finally:
         for n in nodes:
             n.terminate()

@@ -1,12 +1,13 @@
-"""Layouts (ADR 19) against real brokers: a node started on a cluster whose newest layout is 1
-serves it, with every data offset tagged with the layout, through a SIGKILL."""
+"""Layouts (ADR 19) against the embedded broker (tests/test_growth.py runs growths on both): a
+node started on a cluster whose newest layout is 1 cuts layout 0 first, then serves layout 1,
+with every data offset tagged with the layout, through a SIGKILL."""
 
 import asyncio
 import time
 import uuid
+from typing import Any
 
-import pytest
-from confluent_kafka import Producer
+from confluent_kafka import Consumer, Producer, TopicPartition
 from vqueues_client import AsyncClient, NewRecord
 
 from tests.narrow import known
@@ -31,16 +32,52 @@ def grow(t: Topics, layout: Layout) -> None:
     assert producer.flush(30) == 0
 
 
-@pytest.mark.both_brokers
+def keys_and_headers(bootstrap: str, topic: str) -> list[tuple[bytes | None, str]]:
+    """Every record of `topic` as (key, its header names joined)."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": uuid.uuid4().hex,
+                         "enable.partition.eof": True, "enable.auto.commit": False})
+    parts = consumer.list_topics(topic, timeout=10).topics[topic].partitions
+    consumer.assign([TopicPartition(topic, p, 0) for p in parts])
+    out: list[tuple[bytes | None, str]] = []
+    ends = 0
+    while ends < len(parts):
+        m = consumer.poll(1.0)
+        if m is None:
+            continue
+        if m.error():
+            ends += 1
+            continue
+        raw = m.headers() or ()
+        names = [h[0] for h in raw] if isinstance(raw, (list, tuple)) else list(raw)
+        key = m.key()
+        out.append((key if isinstance(key, bytes) else None, ",".join(names)))
+    consumer.close()
+    return out
+
+
+async def served(vq: AsyncClient, layout: int, partitions: int) -> dict[str, Any]:
+    """The node's map once it serves `layout`, every partition ready (it may restart first)."""
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            cmap = await vq.cluster_map()
+        except Exception:  # the node restarting on the new layout
+            cmap = {}
+        if cmap.get("layout") == layout and len(cmap.get("ready", [])) == partitions:
+            assert cmap["partitions"] == partitions
+            return cmap
+        assert time.monotonic() < deadline, cmap
+        await asyncio.sleep(0.2)
+
+
 async def test_a_node_on_layout_one_tags_every_offset_and_keeps_state_through_a_kill(
         bootstrap: str) -> None:
     t = create_topics(bootstrap, partitions=4)
     grow(t, Layout(1, 8))
-    node = NodeProcess(t, extra_env={"VQ_SCHEDULER_TICK_MS": "100"}).start()
+    node = NodeProcess(t, extra_env={"VQ_SCHEDULER_TICK_MS": "100"}).start(wait_ready=False)
     try:
         async with AsyncClient(node.url) as vq:
-            cmap = await vq.cluster_map()
-            assert (cmap["partitions"], cmap["layout"]) == (8, 1)
+            cmap = await served(vq, 1, 8)  # after cutting layout 0, empty as it is
             assert sorted(cmap["owners"]) == [str(p) for p in range(8)]
             queues = [f"lay-{uuid.uuid4().hex[:6]}-{i}" for i in range(12)]
             written: dict[str, list[int]] = {}
@@ -54,7 +91,9 @@ async def test_a_node_on_layout_one_tags_every_offset_and_keeps_state_through_a_
                 for i, o in enumerate(offsets):
                     key, value, _ts, _h = on_kafka[(partition_for(q, 8), kafka_offset(o))]
                     assert (key, value) == (q, f"{q}:{i}".encode())
-            assert kafka_records(bootstrap, t.data) == {}  # layout 0 gets nothing
+            # Layout 0 got nothing but its cut markers.
+            assert sorted(keys_and_headers(bootstrap, t.data)) == \
+                [(None, "vq-layout-cut")] * 4
 
             first = queues[0]
             page = await vq.read(first, consumer="c")
@@ -94,22 +133,11 @@ async def test_a_node_started_after_a_growth_was_announced_cuts_the_old_layout_f
     grow(t, Layout(1, 8))
     node = NodeProcess(t).start(wait_ready=False)
     try:
-        deadline = time.monotonic() + 60
         async with AsyncClient(node.url) as vq:
-            while True:
-                try:
-                    cmap = await vq.cluster_map()
-                except Exception:  # the node restarting on the new layout
-                    cmap = {}
-                if cmap.get("layout") == 1 and len(cmap.get("ready", [])) == 8:
-                    break
-                assert time.monotonic() < deadline, cmap
-                await asyncio.sleep(0.2)
-            assert cmap["partitions"] == 8
+            await served(vq, 1, 8)
             page = await vq.read("kept", offset=0)
             assert [(r.offset, r.value) for r in page.records] == [(0, b"v")]
     finally:
         node.terminate()
     [leaving] = events(node, "layout_leaving")
     assert (leaving["layout"], leaving["for"]) == (0, 1)
-    assert len(events(node, "partition_cut")) == 4

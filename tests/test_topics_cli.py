@@ -3,9 +3,11 @@
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 
+from confluent_kafka import Producer
+
 from tests.support import FAST_GROUP, Topics, kafka_records, vqueues_cli
 from vqueues.kafka.admin import Admin, TopicSpec
-from vqueues.layouts import Layout, decode_layout
+from vqueues.layouts import Cut, Layout, decode_layout, encode_cut
 
 
 def test_topics_create_makes_all_four_with_the_right_partition_counts(bootstrap):
@@ -103,8 +105,9 @@ def _grow(bootstrap: str, prefix: str, partitions: int, *flags: str):
 def _layouts(bootstrap: str, prefix: str) -> list[Layout | None]:
     """The assignment topic's records, decoded as layouts, in order."""
     records = kafka_records(bootstrap, f"{prefix}-a")
-    return [decode_layout(key.encode(), value) for (_, _), (key, value, _, _)
-            in sorted(records.items())]
+    found = [decode_layout(key.encode(), value) for (_, _), (key, value, _, _)
+             in sorted(records.items())]
+    return [layout for layout in found if layout is not None]
 
 
 def _created(bootstrap: str, partitions: int) -> str:
@@ -149,6 +152,14 @@ def test_topics_grow_refuses_what_is_not_a_multiple_and_grows_a_grown_cluster_ag
     assert refused.returncode == 2 and refused.stdout == ""
     assert ("vqueues topics grow: --partitions 12 is not a multiple of the current 8"
             in refused.stderr)
+    waiting = _grow(bootstrap, p, 16)  # no node cut layout 0 yet
+    assert waiting.returncode == 3
+    assert "layout 1 is still being entered: 0 of the 4 partitions" in waiting.stderr
+    producer = Producer({"bootstrap.servers": bootstrap, "acks": "all"})
+    for partition in range(4):  # what the nodes write once they cut layout 0
+        key, value = encode_cut(Cut(1, partition, 0, 1, "n"), 1, 1)
+        producer.produce(f"{p}-a", key=key, value=value, partition=0)
+    assert producer.flush(30) == 0
 
     out = _grow(bootstrap, p, 16)
     assert out.returncode == 0, out.stderr

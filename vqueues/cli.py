@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import logging
 import os
 import signal
@@ -236,6 +237,7 @@ def _serve(args: argparse.Namespace) -> int:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
         carried = None
+        restarts = 0
         while True:
             node = Node(settings, carried)
             try:
@@ -245,6 +247,16 @@ def _serve(args: argparse.Namespace) -> int:
                 print(f"vqueues: {exc}", file=sys.stderr)
                 await node.stop()
                 return 3
+            except Exception:
+                if not restarts:
+                    raise  # a first start that fails says so, as before
+                # A restart on a new layout that fails (the broker away a moment): again.
+                log.exception("node_restart_failed", extra={"attempt": restarts})
+                await node.stop()
+                carried = None  # stopped with the node (it was attached) or left unused
+                restarts += 1
+                await asyncio.sleep(min(5.0, 0.5 * restarts))
+                continue
             stopping = asyncio.create_task(stop.wait())
             restarting = asyncio.create_task(node.restart.wait())
             await asyncio.wait([stopping, restarting], return_when=asyncio.FIRST_COMPLETED)
@@ -254,8 +266,16 @@ def _serve(args: argparse.Namespace) -> int:
                                              "restart": not stop.is_set()})
             carried = None if stop.is_set() else node.take_next()
             await node.stop()
+            del node
+            # The stopped node was frozen out of the collector at its start (gc.freeze):
+            # unfreeze, so that its cache and clients are freed before the next one starts.
+            gc.unfreeze()
+            gc.collect()
             if stop.is_set():
+                if carried is not None:
+                    await asyncio.to_thread(carried.stop)
                 return 0
+            restarts += 1
 
     if settings.event_loop == "uvloop":
         try:

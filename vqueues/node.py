@@ -23,7 +23,6 @@ from vqueues.kafka.group import GroupMember
 from vqueues.kafka.logs import KafkaOffsetLog, TaggedTopicLog, TopicLog, read_to_end
 from vqueues.kafka.partition_reader import PartitionReader
 from vqueues.kafka.producer import AsyncProducer
-from vqueues.kafka.ranges import holds_records
 from vqueues.kafka.tail import TopicTail
 from vqueues.layouts import Layout, tag, topic_name
 from vqueues.ownership import node_status
@@ -89,6 +88,7 @@ class Node:
         self._fetchers: list[Fetcher] = []
         self.layout = Layout(0, 0)
         self._data_log: Log | None = None
+        self._marker_log: Log | None = None
         self._embedded = self._static = False
         self._cut: LayoutCut | None = None
         self._forwarding: Forwarding | None = None
@@ -244,6 +244,9 @@ class Node:
                                         "layout": layout.number,
                                         "static_membership": static})
         self._data_log = data_log
+        # The cut's marker must have a known offset whatever `producer_acks` says (ADR 19).
+        self._marker_log = (TaggedTopicLog(offsets, data_topic, tag(layout.number, 0))
+                            if layout.number else TopicLog(offsets, data_topic))
         if self.ownership.adoption is not None:
             forwarding = self._forwarding = Forwarding(
                 self.ownership, self.service, self.ownership.adoption, open_reader)
@@ -294,7 +297,7 @@ class Node:
         """Blocking: the layouts up to the one to serve, oldest first (layout 0's partition
         count left 0: its data topic says it), and the layout this node is leaving for, if
         it must first cut the one it serves (ADR 19). A newer layout is served once every
-        partition of the one before is cut for it, or that one never held anything."""
+        partition of the one before is cut for it."""
         s = self.settings
         announced = self._read_map()
         if len(announced.layouts) > 1:  # layout 0's count is its data topic's
@@ -305,11 +308,8 @@ class Node:
         newest = layouts[-1]
         if newest.number == 0 or announced.all_cut(newest.number):
             return layouts, None, announced
-        before = layouts[-2]
-        conf = self._conf(**{"group.id": f"vq-layouts-{s.effective_node_id}"})
-        data, offsets, _ = before.topics(s.data_topic, s.offset_topic, s.snapshot_topic)
-        if not holds_records(conf, data) and not holds_records(conf, offsets):
-            return layouts, None, announced  # nothing to carry over
+        # Even a layout that looks empty is cut: it may hold queues adopted from the one before
+        # whose records are all still in that one's topics.
         return layouts[:-1], newest.number, announced
 
     def cut_for(self, layout: int, partition: int) -> bool:
@@ -338,7 +338,7 @@ class Node:
 
     def _leave(self, to: int) -> None:
         assert self.ownership is not None and self._upkeep is not None
-        assert self._data_log is not None
+        assert self._marker_log is not None
         log.info("layout_leaving", extra={"layout": self.layout.number, "for": to})
         # Join the next layout's group first: its first join takes seconds (half the session
         # timeout on the embedded broker), during which the partitions still serve; the cut
@@ -348,7 +348,7 @@ class Node:
         group = self._new_group(to, topic_name(s.data_topic, to), slot, fence)
         group.start()
         self.next = Carried(to, group, slot, fence)
-        self._cut = LayoutCut(self.ownership, self._data_log, self._upkeep, to,
+        self._cut = LayoutCut(self.ownership, self._marker_log, self._upkeep, to,
                               lambda p: self.cut_for(to, p), slot.joined,
                               s.session_timeout_ms / 1000)
         self._cut.start()
@@ -358,8 +358,7 @@ class Node:
         group (so they move at once), then flush the producers."""
         for task in self._maintenance:
             task.cancel()
-        if self._forwarding is not None:
-            await self._forwarding.close()
+        await self._stop_growth()
         if self.ownership is not None:
             self.ownership.drain()
         if self._runner is not None:
@@ -376,9 +375,10 @@ class Node:
             await asyncio.to_thread(self._tail.stop)
         if self._fence is not None:
             self._fence.stop()
-        if self.next is not None:
-            await asyncio.to_thread(self.next.stop)
-            self.next = None
+        for unused in (self.next, self._carried):  # joined, never handed over or taken
+            if unused is not None:
+                await asyncio.to_thread(unused.stop)
+        self.next = self._carried = None
         if self.ownership is not None:
             await self.ownership.close()
         if self.service is not None:
@@ -388,6 +388,13 @@ class Node:
         for fetcher in self._fetchers:
             await asyncio.to_thread(fetcher.close)
         log.info("node_stopped", extra={"node": self.settings.effective_node_id})
+
+    async def _stop_growth(self) -> None:
+        """Stop cutting and forwarding (ADR 19): what is not done is the next owner's."""
+        if self._cut is not None:
+            await self._cut.close()
+        if self._forwarding is not None:
+            await self._forwarding.close()
 
     async def __aenter__(self) -> Node:
         await self.start()

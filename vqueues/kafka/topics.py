@@ -9,7 +9,14 @@ from typing import Protocol
 
 from vqueues.errors import ConfigError
 from vqueues.kafka.admin import TopicSpec
-from vqueues.layouts import LAYOUT_KEY_PREFIX, Layout, check_growth, decode_layout, encode_layout
+from vqueues.layouts import (
+    LAYOUT_KEY_PREFIX,
+    Layout,
+    check_growth,
+    decode_cut,
+    decode_layout,
+    encode_layout,
+)
 from vqueues.settings import Settings
 
 DEFAULT_PARTITIONS = 16
@@ -214,6 +221,31 @@ def current_layout(admin: TopicAdmin, log: RecordLog, settings: Settings) -> Lay
     return current
 
 
+def growth_under_way(admin: TopicAdmin, records: Iterable[tuple[bytes | None, bytes | None]],
+                     settings: Settings, current: Layout) -> str | None:
+    """Why another growth must wait: the nodes have not cut every partition of the layout
+    before `current` yet (a layout announced twice in a row would leave the queues of the
+    first behind); None once they have, or on layout 0."""
+    if current.number == 0:
+        return None
+    before: Layout | None = None
+    cut: set[int] = set()
+    for key, value in records:
+        layout, found = decode_layout(key, value), decode_cut(key, value)
+        if layout is not None and layout.number == current.number - 1:
+            before = layout
+        if found is not None and found.layout == current.number:
+            cut.add(found.partition)
+    if before is None:
+        data = settings.data_topic
+        before = Layout(0, admin.partition_counts([data])[data] or 0)
+    if len(cut) >= before.partitions:
+        return None
+    return (f"layout {current.number} is still being entered: {len(cut)} of the "
+            f"{before.partitions} partitions of layout {before.number} are cut; grow again "
+            "once the nodes serve it (GET /v1/partitions says its layout)")
+
+
 def grow(admin: GrowAdmin, log: RecordLog, settings: Settings, partitions: int, *,
          replication_factor: int | None = None, retention_ms: int | None = None,
          dry_run: bool = False, now_ms: int = 0, wait_s: float = CREATE_WAIT_S,
@@ -232,6 +264,9 @@ def grow(admin: GrowAdmin, log: RecordLog, settings: Settings, partitions: int, 
     refusal = check_growth(current, partitions)
     if refusal:
         raise GrowthRefused(refusal)
+    entering = growth_under_way(admin, log.read(), settings, current)
+    if entering:
+        raise ConfigError(entering)
     target = Layout(current.number + 1, partitions)
     names = _layout_topics(settings, target)
     existing = {n: c for n, c in admin.partition_counts(names).items() if c is not None}

@@ -30,6 +30,7 @@ class EntryWriter:
         """Write entries to the offset topic (acks=all), then apply them unless the partition
         was revoked meanwhile: the next owner replays them instead. A revocation waits for
         writes in flight, so the next owner's replay sees every write this node answered."""
+        state.refuse_if_cutting()  # a cut's final snapshot must hold every write answered
         with state.writes.writing():
             delivered = await self._writer.submit(state.partition,
                                                   outgoing(state.generation, entries))
@@ -44,6 +45,7 @@ class EntryWriter:
         caller did (`applied`); await the returned write to know they are durable, or leave it
         `behind`. For lease state, where concurrent workers must see each other's changes
         before the writes come back (ADR 8, ADR 12)."""
+        state.refuse_if_cutting()
         state.writes.begin()
         try:
             pending = self._writer.submit(state.partition, outgoing(state.generation, entries))

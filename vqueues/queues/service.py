@@ -105,7 +105,12 @@ class QueueService:
         keyed record's key and payload fingerprints, which indexing then need not compute."""
         p = self.partition_of(queue)
         key = queue.encode("utf-8")
-        acked = await self._data.append(p, [(key, value, headers) for value, headers in records])
+        outgoing = [(key, value, headers) for value, headers in records]
+        if state is None:
+            acked = await self._data.append(p, outgoing)
+        else:
+            with state.appending():  # a cut waits for it, and none starts during one
+                acked = await self._data.append(p, outgoing)
         if not self._acknowledged(p, acked):
             return EnqueueResult(p, None)
         offsets = [o for o, _ in acked]
@@ -120,9 +125,10 @@ class QueueService:
                             ) -> list[list[int] | None]:
         """Write several queues' records (none keyed) to partition `p`, owned here, in one
         produce: each queue's records in order. Each queue's offsets (None with acks=0)."""
-        acked = await self._data.append(p, [(queue.encode("utf-8"), value, headers)
-                                            for queue, records in groups
-                                            for value, headers in records])
+        with state.appending():
+            acked = await self._data.append(p, [(queue.encode("utf-8"), value, headers)
+                                                for queue, records in groups
+                                                for value, headers in records])
         if not self._acknowledged(p, acked):
             return [None] * len(groups)
         out: list[list[int] | None] = []

@@ -40,6 +40,12 @@ def manifest_key(partition: int) -> bytes:
     return _key("m", partition)
 
 
+def final_manifest_key(partition: int, snapshot_id: int) -> bytes:
+    """The manifest of a layout's final snapshot of `partition` (ADR 19), under a key no
+    later snapshot overwrites, so compaction keeps it."""
+    return _key("f", partition, snapshot_id)
+
+
 def chunk_key(partition: int, snapshot_id: int, index: int) -> bytes:
     return _key("c", partition, snapshot_id, index)
 

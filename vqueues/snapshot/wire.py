@@ -147,7 +147,9 @@ def latest(partition: int, records: Iterable[Sequence[Any]], snapshot_id: int | 
             parts = json.loads(key or b"")
         except ValueError:
             continue
-        if parts == ["m", partition] and value is not None:
+        final = (snapshot_id is not None and isinstance(parts, list) and len(parts) == 3
+                 and parts[:2] == ["f", partition])
+        if (parts == ["m", partition] or final) and value is not None:
             try:
                 found = json.loads(value)
             except ValueError:

@@ -32,6 +32,7 @@ from typing import Any
 
 from sortedcontainers import SortedList
 
+from vqueues.errors import Unavailable
 from vqueues.records import (
     ConsumerAcked,
     ConsumerConfigCleared,
@@ -442,6 +443,19 @@ class PartitionState:
     def writing(self) -> contextlib.AbstractContextManager[None]:
         """An offset-topic write in flight while inside (a revocation waits for it)."""
         return self.writes.writing()
+
+    def appending(self) -> contextlib.AbstractContextManager[None]:
+        """A data write of this partition's own in flight while inside: refused once the
+        partition is being cut (ADR 19), whose final snapshot must hold every write answered;
+        the cut waits for those begun before."""
+        self.refuse_if_cutting()
+        return self.writes.writing()
+
+    def refuse_if_cutting(self) -> None:
+        if self.cutting:
+            raise Unavailable("partition_replaying", f"partition {self.partition} is moving "
+                              "to a new layout (docs/growing.md); retry shortly",
+                              partition=self.partition)
 
     async def wait_writes(self, timeout_s: float) -> bool:
         return await self.writes.wait(timeout_s)

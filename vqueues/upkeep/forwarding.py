@@ -11,6 +11,7 @@ import asyncio
 import itertools
 import logging
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol
 
 from vqueues.errors import VQError
@@ -51,7 +52,9 @@ class Forwarding:
         self.adoption = adoption
         self.open_reader = open_reader
         self.forwarded = 0
-        self._tasks: dict[int, asyncio.Task[None]] = {}
+        self._stopping = False
+        # By state, not partition number: a partition given back is a new state.
+        self._tasks: dict[PartitionState, asyncio.Task[None]] = {}
 
     def start(self) -> None:
         self.ownership.on_ready.append(self._ready)
@@ -60,16 +63,22 @@ class Forwarding:
                 self._ready(state)
 
     def _ready(self, state: PartitionState) -> None:
-        running = self._tasks.get(state.partition)
-        if running is not None and not running.done():
+        running = self._tasks.get(state)
+        if self._stopping or (running is not None and not running.done()):
             return
-        self._tasks[state.partition] = asyncio.get_running_loop().create_task(
-            self._forward(state))
+        for gone in [s for s, task in self._tasks.items() if task.done()]:
+            del self._tasks[gone]
+        self._tasks[state] = asyncio.get_running_loop().create_task(self._forward(state))
 
     async def close(self) -> None:
-        for task in self._tasks.values():
-            task.cancel()
-        await asyncio.gather(*self._tasks.values(), return_exceptions=True)
+        """Stop every forwarder: each finishes the read it is in (at most READ_WAIT_S)."""
+        self._stopping = True
+        tasks = list(self._tasks.values())
+        if tasks:
+            _, late = await asyncio.wait(tasks, timeout=READ_WAIT_S + 5)
+            for task in late:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _forward(self, state: PartitionState) -> None:
         child = state.partition
@@ -77,11 +86,23 @@ class Forwarding:
         cut = self.adoption.cuts.get(parent)
         if cut is None:
             return
-        reader = await asyncio.to_thread(self.open_reader, child)
+        loop = asyncio.get_running_loop()
+        # One thread per reader: a consumer is used by one thread, calls in turn, its close
+        # after its last read; and a reader polling for a second holds no shared pool thread.
+        thread = ThreadPoolExecutor(1, thread_name_prefix=f"vq-forward-{child}")
+        opening = loop.run_in_executor(thread, self.open_reader, child)
         try:
-            await asyncio.to_thread(reader.start, kafka_offset(cut.marker) + 1)
-            while not state.revoked:
-                batch = await asyncio.to_thread(reader.read, READ_BATCH, READ_WAIT_S)
+            reader = await asyncio.shield(opening)
+        except asyncio.CancelledError:
+            opening.add_done_callback(lambda done: thread.submit(done.result().close)
+                                      if done.exception() is None else None)
+            thread.shutdown(wait=False)
+            raise
+        try:
+            await loop.run_in_executor(thread, reader.start, kafka_offset(cut.marker) + 1)
+            while not state.revoked and not self._stopping:
+                batch = await loop.run_in_executor(thread, reader.read, READ_BATCH,
+                                                   READ_WAIT_S)
                 if not batch:
                     continue
                 mine = self._copies(parent, child, batch)
@@ -89,7 +110,7 @@ class Forwarding:
                     records = [record for _, record in group]
                     if not await self._enqueue(state, queue, records):
                         return  # revoked: the next owner forwards from the committed place
-                await asyncio.to_thread(reader.commit, batch[-1][0] + 1)
+                await loop.run_in_executor(thread, reader.commit, batch[-1][0] + 1)
                 if mine:
                     self.forwarded += len(mine)
                     log.info("late_records_forwarded", extra={
@@ -100,11 +121,12 @@ class Forwarding:
         except Exception:
             log.exception("forwarding_failed", extra={"partition": child})
             await asyncio.sleep(RETRY_S)
-            if not state.revoked:
-                self._tasks.pop(child, None)
+            if not state.revoked and not self._stopping:
+                self._tasks.pop(state, None)
                 self._ready(state)
         finally:
-            await asyncio.to_thread(reader.close)
+            thread.submit(reader.close)  # after the read in flight, on the reader's thread
+            thread.shutdown(wait=False)
 
     def _copies(self, parent: int, child: int, batch: list[tuple[int, Entry]]
                 ) -> list[tuple[str, NewRecord]]:

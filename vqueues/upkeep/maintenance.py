@@ -8,6 +8,7 @@ import asyncio
 import gc
 import heapq
 import logging
+import secrets
 import time
 from dataclasses import dataclass
 
@@ -18,7 +19,7 @@ from vqueues.queues.service import QueueService
 from vqueues.records import now_ms
 from vqueues.settings import Settings
 from vqueues.snapshot.capture import capture
-from vqueues.snapshot.format import chunk_key, manifest_key
+from vqueues.snapshot.format import chunk_key, final_manifest_key, manifest_key
 from vqueues.snapshot.wire import encode
 from vqueues.state.partition_state import PartitionState
 from vqueues.state.queue_map import QUEUE_SHARDS
@@ -239,9 +240,13 @@ class Maintenance:
             return False
         return await self.write_image(p, state) is not None
 
-    async def write_image(self, p: int, state: PartitionState) -> int | None:
+    async def write_image(self, p: int, state: PartitionState, final: bool = False
+                          ) -> int | None:
         """Capture `state` once no offset-topic write is in flight and write it to the
-        snapshot topic; its id, or None if the partition was revoked meanwhile."""
+        snapshot topic; its id, or None if the partition was revoked meanwhile. A `final`
+        snapshot (a layout's cut, ADR 19) gets a random id, its manifest also under a key of
+        its own (`["f", p, id]`), and tombstones nothing: its children read it by id however
+        many snapshots of the partition come after it."""
         assert self._snapshots is not None
         manifest = self.ownership.snapshot_ids.get(p, {})
         started = time.monotonic()
@@ -251,15 +256,17 @@ class Maintenance:
             if state.revoked:
                 return None
         image = await capture(state, state.offsets_position)
-        snapshot_id = int(manifest.get("id", 0)) + 1
+        snapshot_id = (int(manifest.get("id", 0)) + 1 if not final
+                       else secrets.randbits(50) + (1 << 50))
         chunks, manifest_value = await asyncio.to_thread(encode, image, snapshot_id)
         if state.revoked:
             return None
         await self._snapshots.append(p, [(k, v, None) for k, v in chunks])
-        await self._snapshots.append(p, [(manifest_key(p), manifest_value, None)])
+        await self._snapshots.append(p, [(manifest_key(p), manifest_value, None)] + (
+            [(final_manifest_key(p, snapshot_id), manifest_value, None)] if final else []))
         # The previous snapshot's chunks are not needed any more: tombstones let compaction
         # drop them.
-        if manifest.get("id") is not None:
+        if manifest.get("id") is not None and not final:
             old = [(chunk_key(p, int(manifest["id"]), i), None, None)
                    for i in range(int(manifest.get("chunks", 0)))]
             if old:

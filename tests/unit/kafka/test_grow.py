@@ -13,7 +13,7 @@ from vqueues.cli import build_parser
 from vqueues.errors import BrokerError, ConfigError
 from vqueues.kafka import admin, topics
 from vqueues.kafka.admin import TopicSpec
-from vqueues.layouts import MAX_LAYOUT, Layout, decode_layout, encode_layout
+from vqueues.layouts import MAX_LAYOUT, Cut, Layout, decode_layout, encode_cut, encode_layout
 from vqueues.settings import Settings
 
 SETTINGS = Settings(data_topic="d", offset_topic="o", assignment_topic="a", snapshot_topic="s")
@@ -123,14 +123,35 @@ def test_a_data_topic_without_a_reported_retention_gets_the_default() -> None:
     assert data.config["retention.ms"] == str(topics.DEFAULT_RETENTION_MS)
 
 
+def cut_all(b: Brokers, layout: int, partitions: int, but: int = 0) -> None:
+    """What the nodes write once they cut the layout before `layout` (its `partitions`)."""
+    for p in range(partitions - but):
+        b.records.append(encode_cut(Cut(layout, p, 10, 1, "n"), 1, 1))
+
+
 def test_the_newest_layout_is_current_and_a_re_run_is_a_no_op() -> None:
     b = four()
     grow(b, 8)
     assert grow(b, 8) == ("layout 1 has 8 partitions already (d.l1, o.l1, s.l1): "
                           "nothing to do")
+    cut_all(b, 1, 4)
     assert grow(b, 16).startswith("layout 2: 16 partitions, from 8 in layout 1: d.l2 created")
-    assert b.layouts() == [None, Layout(1, 8), Layout(2, 16)]
+    assert [x for x in b.layouts() if x] == [Layout(1, 8), Layout(2, 16)]
     assert b.counts["s.l2"] == 16
+
+
+def test_a_growth_waits_until_the_nodes_entered_the_last_one() -> None:
+    """Layout 1 announced but a partition of layout 0 not cut yet: another growth would leave
+    that partition's queues behind."""
+    b = four()
+    grow(b, 8)
+    cut_all(b, 1, 4, but=1)
+    before = len(b.events)
+    with pytest.raises(ConfigError, match="layout 1 is still being entered: 3 of the 4 "):
+        grow(b, 16)
+    assert len(b.events) == before and "d.l2" not in b.counts
+    cut_all(b, 1, 4)
+    assert grow(b, 16).startswith("layout 2: 16 partitions")
 
 
 def test_the_newest_layout_ignores_claims_and_other_records_and_follows_tombstones() -> None:

@@ -131,7 +131,8 @@ def test_queues_route_with_each_layouts_partition_count_from_the_assignment_topi
 
     kafka = FakeKafka({"vq-data": [(0, 10)] * 4, "vq-data.l1": [(0, 10)] * 8,
                        "vq-assignments": [(0, 1)]})
-    records = []  # the assignment topic: claims and, once written, the layout record
+    # The assignment topic: claims and, once written, the layout record.
+    records: list[tuple[bytes, bytes, None]] = []
     reads = []
 
     def read_to_end(conf, topic, partitions, starts=None):
