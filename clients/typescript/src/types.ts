@@ -122,6 +122,9 @@ export interface PartitionsInfo {
   ready: number[];
   limits: NodeLimits;
   details?: Array<Record<string, unknown>>;
+  /** The layout `partitions` and `owners` describe: 0 until the cluster first grows, then
+   * one more at each growth (docs/growing.md); a node older than growth sends none. */
+  layout?: number;
 }
 
 /** Each answer's fields, checked against the OpenAPI document's schema of the same name. */
@@ -138,6 +141,6 @@ export const SCHEMA_FIELDS: Readonly<Record<string, readonly string[]>> = {
   ConsumerDeletion: ["queue", "consumer", "deleted", "offset"],
   ScheduledCancellation: ["queue", "id", "cancelled"],
   PartitionsInfo: ["partitions", "generation", "owners", "node", "url", "owned", "ready",
-                   "limits", "details"],
+                   "limits", "details", "layout"],
   NodeLimits: ["max_body_bytes", "max_batch_records", "max_record_bytes"],
 };
