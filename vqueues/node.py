@@ -67,6 +67,7 @@ class Carried:
     group: GroupMember
     slot: ListenerSlot
     fence: SelfFence
+    cache: RecordCache | None = None
 
     def stop(self) -> None:
         """Blocking: leave the group unused."""
@@ -88,6 +89,7 @@ class Node:
         self._fetchers: list[Fetcher] = []
         self.layout = Layout(0, 0)
         self._data_log: Log | None = None
+        self._cache: RecordCache | None = None
         self._marker_log: Log | None = None
         self._embedded = self._static = False
         self._cut: LayoutCut | None = None
@@ -142,7 +144,11 @@ class Node:
             log.warning("snapshots_disabled", extra={
                 "snapshot_topic": snapshot_topic,
                 "why": "the topic does not exist; `vqueues topics create` makes it"})
-        cache = RecordCache(s.cache_max_bytes)
+        # The node this one restarts from hands its cache over: the records it cached stay
+        # where they are, read now as the adopted queues' older records (ADR 19).
+        cache = (self._carried.cache if self._carried is not None
+                 and self._carried.cache is not None else RecordCache(s.cache_max_bytes))
+        self._cache = cache
         data = AsyncProducer(self._conf(**{
             "acks": s.producer_acks, "enable.idempotence": s.producer_acks == "all",
             "linger.ms": s.producer_linger_ms, "partitioner": "murmur2",
@@ -201,7 +207,8 @@ class Node:
         self._tail.start()
         data_log = (TaggedTopicLog(data, data_topic, tag(layout.number, 0)) if layout.number
                     else TopicLog(data, data_topic))
-        self.service = QueueService(s, self.ownership, cache, data_log, offset_log, fetcher)
+        self.service = QueueService(s, self.ownership, cache, data_log, offset_log, fetcher,
+                                    fetcher.home if layout.number else None)
         node_status.register_gauges(self.ownership)
         self.ownership.metrics.counters(
             "vq_produce_requests", "produce requests the node's producers sent (librdkafka's "
@@ -281,6 +288,8 @@ class Node:
     def take_next(self) -> Carried | None:
         """The next layout's membership, for the node this one restarts as."""
         carried, self.next = self.next, None
+        if carried is not None:
+            carried.cache = self._cache
         return carried
 
     def _read_map(self) -> ClusterMap:

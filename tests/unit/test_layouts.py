@@ -99,3 +99,12 @@ def test_records_of_an_earlier_layout_are_read_where_the_queue_had_them() -> Non
     assert fetcher.log_start(child) == 0  # the old layout still holds records
     old.low = 6  # retention emptied the parent: the child's own start counts
     assert fetcher.log_start(child) == tag(1, 0)
+
+
+def test_a_record_of_an_earlier_layout_is_cached_under_its_own_partition() -> None:
+    """The cache a node kept across its restart on the new layout still serves the adopted
+    queues' older records: they are looked up where the node cached them."""
+    old, new = _Fetcher(0, {}), _Fetcher(1, {})
+    fetcher = LayeredFetcher({0: (Layout(0, 4), old), 1: (Layout(1, 8), new)}, 1)
+    assert fetcher.home(6, 12) == 2  # layout 0's offset 12: partition 6 % 4 there
+    assert fetcher.home(6, tag(1, 12)) == 6

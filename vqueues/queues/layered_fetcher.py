@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from vqueues.layouts import Layout, layout_of
+from vqueues.layouts import Layout, layout_of, tag
 from vqueues.records import Record
 from vqueues.storage import RecordFetcher
 
@@ -20,6 +20,7 @@ class LayeredFetcher:
     def __init__(self, fetchers: dict[int, tuple[Layout, RecordFetcher]], current: int) -> None:
         self._fetchers = fetchers
         self._current = current
+        self._base = tag(current, 0)
 
     def _of(self, layout: int, partition: int) -> tuple[RecordFetcher, int]:
         found = self._fetchers.get(layout)
@@ -43,6 +44,13 @@ class LayeredFetcher:
             found.update(fetcher.fetch(p, offsets[start:end]))
             start = end
         return found
+
+    def home(self, partition: int, offset: int) -> int:
+        """The partition, in its own layout, of the record at `offset` of `partition`."""
+        if offset >= self._base:
+            return partition
+        held = self._fetchers.get(layout_of(offset))
+        return partition % held[0].partitions if held is not None else partition
 
     def high_watermark(self, partition: int) -> int:
         fetcher, p = self._of(self._current, partition)

@@ -4,7 +4,7 @@ the event loop."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 
 from vqueues.errors import BrokerError
@@ -26,19 +26,24 @@ def _split(offset_runs: list[list[int]], ways: int) -> list[list[int]]:
 class RecordReader:
     """Records by offset and partition ends, read through `fetcher` on a pool of its own."""
 
-    def __init__(self, settings: Settings, cache: RecordCache, fetcher: RecordFetcher) -> None:
+    def __init__(self, settings: Settings, cache: RecordCache, fetcher: RecordFetcher,
+                 home: Callable[[int, int], int] | None = None) -> None:
         self.settings = settings
         self.cache = cache
         self._fetcher = fetcher
+        # Where a record at an offset of partition p lives: p itself, or for an offset of an
+        # earlier layout (ADR 19), the partition its queue had there, under which the node
+        # cached it before the growth.
+        self._home = home
         self._fetch_pool = ThreadPoolExecutor(settings.fetchers, thread_name_prefix="vq-fetch")
 
     async def resolve(self, partition: int, offsets: list[int]) -> list[Record]:
         """Records at `offsets`: from the cache, the rest fetched from Kafka in one pass."""
         found: dict[int, Record] = {}
         missing = []
-        get = self.cache.get
+        get, home = self.cache.get, self._home
         for off in offsets:
-            rec = get(partition, off)
+            rec = get(home(partition, off) if home is not None else partition, off)
             if rec is None:
                 missing.append(off)
             else:

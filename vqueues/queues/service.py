@@ -8,7 +8,7 @@ import heapq
 import itertools
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from vqueues.errors import BadRequest, Conflict, NotFound
 from vqueues.hashing import partition_for
@@ -59,7 +59,8 @@ def _select(state: PartitionState, queue: str, tag: str | None, start: int, limi
 
 class QueueService:
     def __init__(self, settings: Settings, ownership: Ownership, cache: RecordCache,
-                 data_log: Log, offset_log: OffsetLog, fetcher: RecordFetcher) -> None:
+                 data_log: Log, offset_log: OffsetLog, fetcher: RecordFetcher,
+                 home: Callable[[int, int], int] | None = None) -> None:
         self.settings = settings
         self.ownership = ownership
         self.metrics = ownership.metrics
@@ -68,7 +69,7 @@ class QueueService:
         self._data = data_log
         self._offsets = offset_log
         self.entries = EntryWriter(offset_log)  # every offset-topic write goes through it
-        self.reader = RecordReader(settings, cache, fetcher)
+        self.reader = RecordReader(settings, cache, fetcher, home)
         self.locks = KeyedLocks()
         self._keyed = KeyedEnqueue(self)
         # Highest offset this node's producer had acknowledged, per partition (for deletions).
