@@ -119,21 +119,22 @@ class Node:
         s = self.settings
         loop = asyncio.get_running_loop()
         admin = Admin(self._conf())
+        # Layout 0's topics first: they stay after a growth, and the layouts are read from
+        # the assignment topic, which must exist.
+        first = await asyncio.to_thread(
+            topics.check, admin, s.data_topic, s.offset_topic, s.assignment_topic)
         layouts, leaving, announced = await asyncio.to_thread(self._layouts)
+        layouts[0] = Layout(0, first)
         layout = self.layout = layouts[-1]
         data_topic, offset_topic, snapshot_topic = layout.topics(
             s.data_topic, s.offset_topic, s.snapshot_topic)
-        partitions = await asyncio.to_thread(
+        partitions = (await asyncio.to_thread(
             topics.check, admin, data_topic, offset_topic, s.assignment_topic)
+            if layout.number else first)
         if layout.number and partitions != layout.partitions:
             raise ConfigError(
                 f"layout {layout.number} has {layout.partitions} partitions but its data topic "
                 f"{data_topic!r} has {partitions}")
-        first = (await asyncio.to_thread(topics.check, admin, s.data_topic, s.offset_topic,
-                                         s.assignment_topic) if layout.number else partitions)
-        layouts[0] = Layout(0, first)
-        if not layout.number:
-            layout = self.layout = layouts[0]
         embedded = await asyncio.to_thread(admin.cluster_id) == EMBEDDED_CLUSTER_ID
         static = s.static_membership == "on" or (s.static_membership == "auto" and not embedded)
         if embedded:

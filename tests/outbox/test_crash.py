@@ -204,22 +204,22 @@ async def test_the_relays_database_connection_cut_under_load(outbox_dsn, node):
 async def test_a_quota_refusing_the_relay(outbox_dsn, topics, tmp_path):
     """The node answers 429 quota_exceeded (nothing written): the relay backs off and sends
     again until every row is stored, once and in order."""
-    # A bucket of 5 under batches of 20: each batch is admitted only into a full bucket and
-    # leaves 4 s of debt, so the next one is refused however slowly the relay goes (at 20 per
-    # second a relay slower than a batch a second was never refused).
+    # A bucket of 2 under batches of 20: each batch is admitted only into a full bucket and
+    # leaves 10 s of debt, so the next one is refused unless the relay stalls that long (at 5
+    # per second, 4 s of debt, a relay slowed by a loaded machine was once never refused).
     quotas = tmp_path / "quotas.json"
     quotas.write_text(json.dumps({"quotas": [
-        {"prefix": "quota-", "records_per_s": 5, "burst_s": 1}]}))
+        {"prefix": "quota-", "records_per_s": 2, "burst_s": 1}]}))
     node = NodeProcess(topics, extra_env={**NO_WINDOW, "VQ_QUOTA_FILE": str(quotas)}).start()
     q = f"quota-{uuid.uuid4().hex[:6]}"
     with psycopg.connect(outbox_dsn) as conn:
-        for i in range(60):
+        for i in range(40):
             add(conn, q, f"v{i}")
     relay = RelayProcess(outbox_dsn, node.url, ["--batch-records", "20"]).start()
     try:
         wait_until(lambda: pending(outbox_dsn) == 0, 60, "the rows to be relayed")
         await asyncio.sleep(0.3)
-        assert [r.text for r in await queue_records(node.url, q)] == [f"v{i}" for i in range(60)]
+        assert [r.text for r in await queue_records(node.url, q)] == [f"v{i}" for i in range(40)]
         _, metrics = http("GET", f"{node.url}/metrics?name[]=vq_quota_refusals_total")
         text = metrics.decode() if isinstance(metrics, bytes) else str(metrics)
         refusals = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
