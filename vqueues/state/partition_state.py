@@ -27,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from array import array
-from collections.abc import Callable, Coroutine, Iterable, Iterator, Sequence
+from collections.abc import Coroutine, Iterable, Iterator, Sequence
 from typing import Any
 
 from sortedcontainers import SortedList
@@ -54,6 +54,7 @@ from vqueues.state.committed_offsets import ConsumerWalk, QueueStats
 from vqueues.state.consumer_config import ConsumerConfig
 from vqueues.state.frontier import Frontier
 from vqueues.state.idempotency import IdempotencyWindow
+from vqueues.state.layout_cut_gate import LayoutCutGate
 from vqueues.state.lease_windows import LeaseWindows
 from vqueues.state.partition_index import PartitionIndex
 from vqueues.state.prefix_consumers import PrefixConsumers
@@ -101,11 +102,7 @@ class PartitionState:
         self.fence = 0  # the highest owner generation fenced in the offset partition
         self.generation = 0  # this owner's generation (its fence), carried by every write
         self.fenced_entries = 0  # entries replay ignored: written by a fenced-off owner
-        # Leaving for a new layout (ADR 19): from `cutting`, nothing is served; records are
-        # held until the marker's offset `cut_at` is known, then only those below it count.
-        self.cutting = False
-        self.cut_at: int | None = None
-        self._held: list[Callable[[], None]] = []
+        self.cut = LayoutCutGate()  # leaving for a new layout (ADR 19)
 
     @property
     def queues(self) -> QueueMap:
@@ -155,34 +152,23 @@ class PartitionState:
         self.waiters.indexed_below(self.frontier.next_offset)
 
     def start_cut(self) -> None:
-        """Stop serving for a layout cut: readers answer with what they have, requests find
-        the partition not ready, and indexing waits for the marker (`set_cut`)."""
-        self.cutting = True
+        """Stop serving for a layout cut (readers answer with what they have); indexing waits
+        for the marker (`set_cut`)."""
+        self.cut.cutting = True
         self.ready.clear()
         self.waiters.wake_all()
 
     def set_cut(self, marker: int) -> None:
-        """The cut marker is at `marker`: apply what was held, keeping only records below it;
-        records after it are left to the new layout (they are forwarded there)."""
-        self.cut_at = marker
-        held, self._held = self._held, []
-        for step in held:
-            step()
-
-    def _below_cut(self, records: Iterable[tuple[str, Record]]) -> list[tuple[str, Record]]:
-        cut = self.cut_at
-        assert cut is not None
-        return [(q, r) for q, r in records if r.offset < cut]
+        self.cut.set(marker)
 
     def apply_records(self, records: Iterable[tuple[str, Record]], high_watermark: int | None
                       ) -> None:
         """Index records the tail consumed from the data partition (in offset order)."""
-        if self.cutting:
-            if self.cut_at is None:
-                kept = list(records)
-                self._held.append(lambda: self.apply_records(kept, high_watermark))
+        if self.cut.cutting:
+            kept = list(records)
+            if self.cut.hold(lambda: self.apply_records(kept, high_watermark)):
                 return
-            records = self._below_cut(records)
+            records = self.cut.below(kept)
         if high_watermark is not None and self.replay_target is None:
             self.replay_target = high_watermark  # the end seen at assignment
             # While replaying, a record more than a cache's worth below that end would be
@@ -196,11 +182,10 @@ class PartitionState:
 
     def apply_own(self, queue: str, records: Sequence[Record]) -> None:
         """Index records this node wrote, at once, from their delivery reports (offset order)."""
-        if self.cutting:
-            if self.cut_at is None:
-                self._held.append(lambda: self.apply_own(queue, records))
+        if self.cut.cutting:
+            if self.cut.hold(lambda: self.apply_own(queue, records)):
                 return
-            records = [r for _, r in self._below_cut((queue, r) for r in records)]
+            records = [r for _, r in self.cut.below((queue, r) for r in records)]
             if not records:
                 return
         woken: set[str] = set()
@@ -220,8 +205,7 @@ class PartitionState:
 
     def skip_to(self, next_offset: int) -> None:
         """The tail passed `next_offset` (`Frontier.skip_to`)."""
-        if self.cutting and self.cut_at is None:
-            self._held.append(lambda: self.skip_to(next_offset))
+        if self.cut.hold(lambda: self.skip_to(next_offset)):
             return
         woken: set[str] = set()
         if self.frontier.skip_to(next_offset, woken):
@@ -332,7 +316,7 @@ class PartitionState:
 
     def _update_ready(self) -> None:
         if self.data_replayed and self.offsets_replayed and not self.revoked \
-                and not self.cutting:
+                and not self.cut.cutting:
             self.indexer.uncached_below = 0
             self.ready.set()
 
@@ -445,14 +429,13 @@ class PartitionState:
         return self.writes.writing()
 
     def appending(self) -> contextlib.AbstractContextManager[None]:
-        """A data write of this partition's own in flight while inside: refused once the
-        partition is being cut (ADR 19), whose final snapshot must hold every write answered;
-        the cut waits for those begun before."""
+        """A data write of its own in flight while inside: refused during a cut (ADR 19),
+        whose final snapshot holds every write answered; the cut waits for those begun."""
         self.refuse_if_cutting()
         return self.writes.writing()
 
     def refuse_if_cutting(self) -> None:
-        if self.cutting:
+        if self.cut.cutting:
             raise Unavailable("partition_replaying", f"partition {self.partition} is moving "
                               "to a new layout (docs/growing.md); retry shortly",
                               partition=self.partition)

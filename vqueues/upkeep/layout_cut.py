@@ -105,7 +105,7 @@ class LayoutCut:
                 return
             if not await state.wait_writes(WRITES_WAIT_S):
                 log.warning("cut_writes_pending", extra={"partition": p})
-            marker = state.cut_at
+            marker = state.cut.cut_at
             if marker is None:  # once: a retry keeps the marker its records were held to
                 delivered = await self.marker_log.append(
                     p, [(None, b"", [(CUT_HEADER, str(self.to).encode())])])

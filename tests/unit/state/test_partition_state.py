@@ -218,7 +218,7 @@ async def test_a_cut_keeps_exactly_the_records_below_its_marker_whatever_arrives
     s.skip_to(1)
     assert s.ready.is_set()
     s.start_cut()
-    assert not s.ready.is_set() and s.cutting
+    assert not s.ready.is_set() and s.cut.cutting
     marker = rnd.randrange(3, 12)
     records = [o for o in range(1, 20) if o != marker]  # the marker is keyless: skipped
     own = sorted(rnd.sample(records, rnd.randrange(len(records))))
