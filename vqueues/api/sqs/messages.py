@@ -16,7 +16,7 @@ from typing import Any
 from vqueues.api.sqs.attributes import is_fifo, queue_arn
 from vqueues.api.sqs.digests import MessageAttribute, md5_of_attributes, md5_of_body
 from vqueues.api.sqs.handles import encode_handle
-from vqueues.api.sqs.protocol import SqsError
+from vqueues.api.sqs.protocol import SqsError, new_id
 from vqueues.records import NewRecord, Record, now_ms
 from vqueues.results import LeasedRecord
 from vqueues.state.consumer_config import ORDER_KEY_HEADER
@@ -153,7 +153,7 @@ def outgoing(entry: Mapping[str, Any], queue: str, kept: Mapping[str, str]) -> O
                        f"Message must be shorter than {limit} bytes.")
     delay = _delay(entry.get("DelaySeconds"), fifo, kept)
     group, dedup = entry.get("MessageGroupId"), entry.get("MessageDeduplicationId")
-    message_id = str(uuid.uuid4())
+    message_id = new_id()
     headers: list[tuple[str, bytes]] = [(MESSAGE_ID_HEADER, message_id.encode())]
     if attributes:
         headers.append((ATTRIBUTES_HEADER, _attributes_json(attributes)))

@@ -11,7 +11,6 @@ import asyncio
 import datetime as dt
 import logging
 import time
-import uuid
 
 from aiohttp import web
 
@@ -34,6 +33,7 @@ from vqueues.api.sqs.protocol import (
     decode_json,
     json_answer,
     json_error,
+    new_id,
     xml_error,
 )
 from vqueues.api.sqs.signatures import verify
@@ -72,7 +72,7 @@ def hold_s(request: web.Request) -> float:
 
 
 async def handle(request: web.Request) -> web.StreamResponse:
-    request_id = str(uuid.uuid4())
+    request_id = new_id()
     if request.content_type == FORM_TYPE:
         return xml_error(SqsError("InvalidAction", "the SQS query protocol (form bodies) is "
                                   "not supported: use an SDK that speaks AWS JSON 1.0 "
