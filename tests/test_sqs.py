@@ -38,6 +38,15 @@ def md5(text):
     return hashlib.md5(text.encode()).hexdigest()
 
 
+def md5_of_trace(value):
+    """MD5OfMessageSystemAttributes of an AWSTraceHeader, by AWS's algorithm for message
+    attributes: name, type and value each with a 4-byte length, transport 1 (a string)."""
+    def field(data):
+        return len(data).to_bytes(4, "big") + data
+    return hashlib.md5(field(b"AWSTraceHeader") + field(b"String") + b"\x01"
+                       + field(value.encode())).hexdigest()
+
+
 def test_queues_are_created_listed_described_changed_and_deleted(sqs, node):
     base = name("life")
     urls = [sqs.create_queue(QueueName=f"{base}-{i}")["QueueUrl"] for i in range(3)]
@@ -86,8 +95,12 @@ def test_a_message_goes_round_with_its_attributes_and_digests(sqs, node):
     attributes = {"s": {"DataType": "String", "StringValue": "héllo"},
                   "n": {"DataType": "Number.int", "StringValue": "42"},
                   "b": {"DataType": "Binary", "BinaryValue": b"\x00\x01\xff"}}
-    sent = sqs.send_message(QueueUrl=url, MessageBody="body ü", MessageAttributes=attributes)
+    trace = "Root=1-5759e988-bd862e3fe1be46a994272793;Parent=53995c3f42cd8ad8;Sampled=1"
+    sent = sqs.send_message(QueueUrl=url, MessageBody="body ü", MessageAttributes=attributes,
+                            MessageSystemAttributes={"AWSTraceHeader": {
+                                "DataType": "String", "StringValue": trace}})
     assert sent["MD5OfMessageBody"] == md5("body ü")
+    assert sent["MD5OfMessageSystemAttributes"] == md5_of_trace(trace)
     uuid.UUID(sent["MessageId"])
     got = sqs.receive_message(QueueUrl=url, MessageAttributeNames=["All"],
                               MessageSystemAttributeNames=["All"], WaitTimeSeconds=1)
@@ -97,6 +110,7 @@ def test_a_message_goes_round_with_its_attributes_and_digests(sqs, node):
     assert m["MD5OfMessageAttributes"] == sent["MD5OfMessageAttributes"]
     assert m["MessageAttributes"] == attributes
     assert m["Attributes"]["ApproximateReceiveCount"] == "1"
+    assert m["Attributes"]["AWSTraceHeader"] == trace
     assert abs(int(m["Attributes"]["SentTimestamp"]) - time.time() * 1000) < 60_000
     # only what was asked for, with its own digest
     sqs.change_message_visibility(QueueUrl=url, ReceiptHandle=m["ReceiptHandle"],

@@ -370,6 +370,8 @@ def _sent(o: Outgoing, sequence: str | None) -> dict[str, Any]:
     out: dict[str, Any] = {"MessageId": o.message_id, "MD5OfMessageBody": o.md5_body}
     if o.md5_attributes is not None:
         out["MD5OfMessageAttributes"] = o.md5_attributes
+    if o.md5_system is not None:
+        out["MD5OfMessageSystemAttributes"] = o.md5_system
     if sequence is not None:
         out["SequenceNumber"] = sequence
     return out
