@@ -111,6 +111,7 @@ def test_a_message_goes_round_with_its_attributes_and_digests(sqs, node):
     assert m["MessageAttributes"] == attributes
     assert m["Attributes"]["ApproximateReceiveCount"] == "1"
     assert m["Attributes"]["AWSTraceHeader"] == trace
+    assert m["Attributes"]["SenderId"] == "x"  # the key id the send was signed with
     assert abs(int(m["Attributes"]["SentTimestamp"]) - time.time() * 1000) < 60_000
     # only what was asked for, with its own digest
     sqs.change_message_visibility(QueueUrl=url, ReceiptHandle=m["ReceiptHandle"],

@@ -45,6 +45,7 @@ from vqueues.api.sqs.messages import (
 )
 from vqueues.api.sqs.paths import FORWARDED_HOST, FORWARDED_PROTO
 from vqueues.api.sqs.protocol import SqsError
+from vqueues.api.sqs.signatures import key_id_of
 from vqueues.errors import Conflict, Unavailable
 from vqueues.queues.service import QueueService
 from vqueues.records import Record
@@ -89,6 +90,12 @@ class Call:
 
     def arn(self, queue: str) -> str:
         return queue_arn(self.settings.sqs_region, self.settings.sqs_account_id, queue)
+
+    @property
+    def sender(self) -> str | None:
+        """The SenderId of what this call sends: the access key id it was signed with
+        (verified with auth on, as given with auth off); None for an unsigned call."""
+        return key_id_of(self.request.headers.get("Authorization", ""))
 
     def existing(self, queue: str) -> dict[str, str]:
         """The queue's kept attributes; QueueDoesNotExist if it is no SQS queue."""
@@ -380,7 +387,7 @@ def _sent(o: Outgoing, sequence: str | None) -> dict[str, Any]:
 async def send_message(call: Call, body: Mapping[str, Any]) -> dict[str, Any]:
     queue = queue_of_url(body)
     kept = call.existing(queue)
-    o = outgoing(body, queue, kept)
+    o = outgoing(body, queue, kept, call.sender)
     sequence = await _enqueue(call, queue, [o])
     return _sent(o, sequence[0])
 
@@ -425,9 +432,10 @@ async def send_message_batch(call: Call, body: Mapping[str, Any]) -> dict[str, A
                        f"{MAX_BATCH_BYTES} bytes.")
     good: list[tuple[str, Outgoing]] = []
     failed = []
+    sender = call.sender
     for e in entries:
         try:
-            good.append((e["Id"], outgoing(e, queue, kept)))
+            good.append((e["Id"], outgoing(e, queue, kept, sender)))
         except SqsError as exc:
             failed.append(_failed(e["Id"], exc))
     sequence = await _enqueue(call, queue, [o for _, o in good]) if good else []

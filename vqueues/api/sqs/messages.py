@@ -27,6 +27,7 @@ MESSAGE_ID_HEADER = "vq-sqs-message-id"
 ATTRIBUTES_HEADER = "vq-sqs-attributes"
 TRACE_HEADER = "vq-sqs-trace-header"  # the AWSTraceHeader system attribute sent with it
 TRACE = "AWSTraceHeader"  # the one system attribute a message is sent with
+SENDER_HEADER = "vq-sqs-sender-id"  # SenderId: the access key id of the send
 DEDUP_PREFIX = "sqs:"  # SQS deduplication ids among a queue's idempotency keys
 DLQ_QUEUE_HEADER, DLQ_OFFSET_HEADER = "vq-dlq-source-queue", "vq-dlq-source-offset"
 MAX_ATTRIBUTES = 10
@@ -160,8 +161,10 @@ def stored_attributes(headers: tuple[tuple[str, bytes | None], ...]
     return {}
 
 
-def outgoing(entry: Mapping[str, Any], queue: str, kept: Mapping[str, str]) -> Outgoing:
-    """A SendMessage(Batch) entry, checked, as a record to enqueue."""
+def outgoing(entry: Mapping[str, Any], queue: str, kept: Mapping[str, str],
+             sender: str | None) -> Outgoing:
+    """A SendMessage(Batch) entry, checked, as a record to enqueue; `sender`: the SenderId
+    receivers are answered."""
     fifo = is_fifo(queue)
     body = entry.get("MessageBody")
     if not isinstance(body, str) or not body:
@@ -186,6 +189,8 @@ def outgoing(entry: Mapping[str, Any], queue: str, kept: Mapping[str, str]) -> O
         headers.append((ATTRIBUTES_HEADER, _attributes_json(attributes)))
     if trace is not None:
         headers.append((TRACE_HEADER, trace.encode("utf-8")))
+    if sender is not None:
+        headers.append((SENDER_HEADER, sender.encode("utf-8")))
     if fifo:
         if group is None:
             raise SqsError("MissingParameter", "The request must contain the parameter "
@@ -300,6 +305,9 @@ def received(queue: str, leased: LeasedRecord, system: set[str],
     trace = _header(record, TRACE_HEADER)
     if trace is not None:
         values[TRACE] = trace
+    sender = _header(record, SENDER_HEADER)
+    if sender is not None:
+        values["SenderId"] = sender
     source = _header(record, DLQ_QUEUE_HEADER)
     if source is not None:
         values["DeadLetterQueueSourceArn"] = queue_arn(region, account, source)

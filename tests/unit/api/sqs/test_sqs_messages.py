@@ -4,8 +4,17 @@ ApproximateFirstReceiveTimestamp and ReceiveRequestAttemptId (docs/sqs.md)."""
 
 import hashlib
 import json
+import os
 
 import pytest
+from aiohttp.test_utils import TestClient, TestServer
+from botocore.auth import SigV4Auth
+from botocore.awsrequest import AWSRequest
+from botocore.credentials import Credentials
+
+from tests.unit.nodes import queue_service
+from vqueues.api.app import create_app
+from vqueues.settings import Settings
 
 pytestmark = pytest.mark.unit
 JSON = "application/x-amz-json-1.0"
@@ -99,3 +108,67 @@ async def test_system_attributes_other_than_a_string_trace_header_are_refused(ap
         {"Id": "b", "MessageBody": "y"}]})
     assert [e["Id"] for e in batch["Failed"]] == ["a"]
     assert [e["Id"] for e in batch["Successful"]] == ["b"]
+
+
+def signed(api, action, body, key, secret="s"):
+    """The headers botocore's signer gives the call, with the key's id and secret."""
+    request = AWSRequest("POST", str(api.make_url("/")), data=json.dumps(body).encode(),
+                         headers={"Content-Type": JSON, "X-Amz-Target": f"AmazonSQS.{action}"})
+    SigV4Auth(Credentials(key, secret), "sqs", "us-east-1").add_auth(request)
+    return dict(request.headers)
+
+
+async def sent_by(api, url, send_key=None, key=None):
+    """The SenderId a receiver is answered for a message sent signed with `send_key` (None:
+    unsigned); `key` signs the other calls (None: unsigned)."""
+    async def act(action, body, signer):
+        return await ok(api, action, body, signer and signed(api, action, body, signer))
+    await act("SendMessage", {"QueueUrl": url, "MessageBody": "x"}, send_key)
+    got = await act("ReceiveMessage", {"QueueUrl": url, "MessageSystemAttributeNames": ["All"]},
+                    key)
+    [m] = got["Messages"]
+    await act("DeleteMessage", {"QueueUrl": url, "ReceiptHandle": m["ReceiptHandle"]}, key)
+    return m["Attributes"].get("SenderId")
+
+
+async def test_with_auth_off_the_sender_id_is_the_key_id_the_send_was_signed_with(api):
+    url = await make(api, "senders")
+    assert await sent_by(api, url, "AKIDSENDER") == "AKIDSENDER"
+    assert await sent_by(api, url) is None  # unsigned: no SenderId
+    await ok(api, "SendMessage", {"QueueUrl": url, "MessageBody": "x"},
+             {"Authorization": "Bearer x"})  # no SigV4 signature: none either
+    got = await ok(api, "ReceiveMessage", {"QueueUrl": url, "AttributeNames": ["All"]})
+    assert "SenderId" not in got["Messages"][0]["Attributes"]
+    await ok(api, "DeleteMessage", {"QueueUrl": url,
+                                    "ReceiptHandle": got["Messages"][0]["ReceiptHandle"]})
+    body = {"QueueUrl": url, "Entries": [{"Id": "a", "MessageBody": "1"}]}
+    await ok(api, "SendMessageBatch", body, signed(api, "SendMessageBatch", body, "AKIDBATCH"))
+    got = await ok(api, "ReceiveMessage", {"QueueUrl": url, "AttributeNames": ["SenderId"]})
+    assert got["Messages"][0]["Attributes"] == {"SenderId": "AKIDBATCH"}
+
+
+@pytest.fixture
+async def signed_api(tmp_path):
+    tokens = tmp_path / "tokens.json"
+    tokens.write_text(json.dumps({"tokens": []}))
+    keys = tmp_path / "keys.json"
+    keys.write_text(json.dumps({"keys": [{"id": "AKIDADMIN", "secret": "s", "name": "ops",
+                                          "scopes": {"admin": [""], "read": [""],
+                                                     "write": [""]}}]}))
+    os.chmod(keys, 0o600)
+    settings = Settings(write_visible_timeout_ms=1000, auth=True, auth_token_file=str(tokens),
+                        sqs_access_key_file=str(keys))
+    svc = await queue_service(settings)
+    server = TestServer(create_app(svc, settings))
+    await server.start_server(auto_decompress=False, access_log=None)
+    async with TestClient(server) as client:
+        yield client
+    svc.close()
+
+
+async def test_with_auth_on_the_sender_id_is_the_verified_key_id(signed_api):
+    api = signed_api
+    body = {"QueueName": "verified"}
+    url = (await ok(api, "CreateQueue", body, signed(api, "CreateQueue", body, "AKIDADMIN"))
+           )["QueueUrl"]
+    assert await sent_by(api, url, "AKIDADMIN", "AKIDADMIN") == "AKIDADMIN"
