@@ -113,13 +113,16 @@ def test_a_message_goes_round_with_its_attributes_and_digests(sqs, node):
     assert m["Attributes"]["AWSTraceHeader"] == trace
     assert m["Attributes"]["SenderId"] == "x"  # the key id the send was signed with
     assert abs(int(m["Attributes"]["SentTimestamp"]) - time.time() * 1000) < 60_000
+    first = int(m["Attributes"]["ApproximateFirstReceiveTimestamp"])
+    assert int(m["Attributes"]["SentTimestamp"]) <= first <= time.time() * 1000
     # only what was asked for, with its own digest
     sqs.change_message_visibility(QueueUrl=url, ReceiptHandle=m["ReceiptHandle"],
                                   VisibilityTimeout=0)
-    again = sqs.receive_message(QueueUrl=url, MessageAttributeNames=["s"],
-                                AttributeNames=["ApproximateReceiveCount"])["Messages"][0]
+    again = sqs.receive_message(QueueUrl=url, MessageAttributeNames=["s"], AttributeNames=[
+        "ApproximateReceiveCount", "ApproximateFirstReceiveTimestamp"])["Messages"][0]
     assert again["MessageAttributes"] == {"s": attributes["s"]}
-    assert again["Attributes"] == {"ApproximateReceiveCount": "2"}
+    assert again["Attributes"] == {"ApproximateReceiveCount": "2",
+                                   "ApproximateFirstReceiveTimestamp": str(first)}
     assert again["MD5OfMessageAttributes"] != m["MD5OfMessageAttributes"]
     # the raw record, through vqueues' own API
     status, page = http("GET", f"{node.url}/v1/queues/{url.rsplit('/', 1)[1]}/records")

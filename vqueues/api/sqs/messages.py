@@ -294,6 +294,8 @@ def received(queue: str, leased: LeasedRecord, system: set[str],
                            "MD5OfBody": md5_of_body(body), "Body": body}
     values = {"SentTimestamp": str(record.timestamp),
               "ApproximateReceiveCount": str(leased.attempt)}
+    if leased.first_leased:
+        values["ApproximateFirstReceiveTimestamp"] = str(leased.first_leased)
     if is_fifo(queue):
         group = _header(record, ORDER_KEY_HEADER)
         key = _header(record, KEY_HEADER)

@@ -2,9 +2,11 @@
 AWSTraceHeader system attribute (sent, digested, received), SenderId,
 ApproximateFirstReceiveTimestamp and ReceiveRequestAttemptId (docs/sqs.md)."""
 
+import asyncio
 import hashlib
 import json
 import os
+import time
 
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
@@ -172,3 +174,23 @@ async def test_with_auth_on_the_sender_id_is_the_verified_key_id(signed_api):
     url = (await ok(api, "CreateQueue", body, signed(api, "CreateQueue", body, "AKIDADMIN"))
            )["QueueUrl"]
     assert await sent_by(api, url, "AKIDADMIN", "AKIDADMIN") == "AKIDADMIN"
+
+
+async def test_the_first_receive_timestamp_stays_through_later_receives(api):
+    url = await make(api, "firsts")
+    await ok(api, "SendMessage", {"QueueUrl": url, "MessageBody": "x"})
+    before = int(time.time() * 1000)
+    times = []
+    for count in ("1", "2"):
+        got = await ok(api, "ReceiveMessage", {"QueueUrl": url, "AttributeNames": [
+            "ApproximateFirstReceiveTimestamp", "ApproximateReceiveCount"]})
+        [m] = got["Messages"]
+        assert m["Attributes"]["ApproximateReceiveCount"] == count
+        times.append(int(m["Attributes"]["ApproximateFirstReceiveTimestamp"]))
+        await ok(api, "ChangeMessageVisibility", {"QueueUrl": url, "VisibilityTimeout": 0,
+                                                  "ReceiptHandle": m["ReceiptHandle"]})
+        await asyncio.sleep(0.01)
+    assert before <= times[0] == times[1] <= int(time.time() * 1000)
+    got = await ok(api, "ReceiveMessage", {"QueueUrl": url,
+                                           "MessageSystemAttributeNames": ["SentTimestamp"]})
+    assert list(got["Messages"][0]["Attributes"]) == ["SentTimestamp"]
