@@ -240,6 +240,27 @@ def test_fifo_groups_come_in_order_and_deduplication_ids_write_once(sqs):
     assert code_of(info) == "InvalidParameterValue"
 
 
+def test_a_fifo_receive_retried_with_its_attempt_id_answers_the_same_messages(sqs):
+    url = sqs.create_queue(QueueName=name("attempt") + ".fifo", Attributes={
+        "FifoQueue": "true", "ContentBasedDeduplication": "true"})["QueueUrl"]
+    for body in ("a1", "b1", "a2"):
+        sqs.send_message(QueueUrl=url, MessageBody=body, MessageGroupId=body[0])
+
+    def receive(attempt_id):
+        got = sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10, VisibilityTimeout=30,
+                                  ReceiveRequestAttemptId=attempt_id)
+        return [(m["Body"], m["ReceiptHandle"]) for m in got.get("Messages", [])]
+    first = receive("attempt-1")
+    assert [body for body, _ in first] == ["a1", "b1"]
+    assert receive("attempt-1") == first  # the lost answer, again: same receipt handles
+    assert receive("attempt-2") == []  # another receive: a2 waits for a1
+    sqs.delete_message(QueueUrl=url, ReceiptHandle=first[0][1])
+    assert [body for body, _ in receive("attempt-1")] == ["a2"]  # a1 deleted: a new receive
+    with pytest.raises(ClientError) as info:
+        receive("not ascii: é")
+    assert code_of(info) == "InvalidParameterValue"
+
+
 def test_a_long_poll_answers_when_a_message_comes(sqs):
     url = sqs.create_queue(QueueName=name("poll"))["QueueUrl"]
     with ThreadPoolExecutor(1) as pool:

@@ -321,6 +321,22 @@ class WorkService:
                                         first or at))
         return out
 
+    def lease_deadlines(self, queue: str, consumer: str, tokens: Sequence[str]
+                        ) -> list[int | None]:
+        """Each token's lease deadline (UTC ms) while the token is its record's lease (not
+        completed, given back or leased again since), else None. The deadline may have
+        passed."""
+        state = self.ownership.require(self.queues.partition_of(queue))
+        work = state.windows.get((queue, consumer))
+        out: list[int | None] = []
+        for text in tokens:
+            parsed = parse_token(text)
+            d = work.deliveries.get(parsed[0]) if work is not None and parsed else None
+            current = d is not None and parsed is not None and d.leased and \
+                d.attempts == parsed[1] and d.grant == parsed[2]
+            out.append(d.until if current and d is not None else None)
+        return out
+
     async def dead_letter_expired(self, state: PartitionState, queue: str, consumer: str
                                   ) -> int:
         """Send the consumer's records whose last attempt expired to the dead letters now;

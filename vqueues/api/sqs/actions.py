@@ -17,8 +17,9 @@ from urllib.parse import urlsplit
 
 from aiohttp import web
 
-from vqueues.api.keys import QUOTAS, SERVICE, SETTINGS, WORK
+from vqueues.api.keys import QUOTAS, SERVICE, SETTINGS, SQS_ATTEMPTS, WORK
 from vqueues.api.proxy import proxy
+from vqueues.api.sqs.attempts import Answered, Attempt, ReceiveAttempts, check_attempt_id
 from vqueues.api.sqs.attributes import (
     ANSWERED,
     COUNTED,
@@ -48,8 +49,8 @@ from vqueues.api.sqs.protocol import SqsError
 from vqueues.api.sqs.signatures import key_id_of
 from vqueues.errors import Conflict, Unavailable
 from vqueues.queues.service import QueueService
-from vqueues.records import Record
-from vqueues.results import ConsumerSettings
+from vqueues.records import Record, now_ms
+from vqueues.results import ConsumerSettings, LeasedRecord
 from vqueues.settings import MIN_VISIBILITY_MS, Settings
 from vqueues.work.work_service import WorkService
 
@@ -84,6 +85,10 @@ class Call:
     @property
     def settings(self) -> Settings:
         return self.app[SETTINGS]
+
+    @property
+    def attempts(self) -> ReceiveAttempts:
+        return self.app[SQS_ATTEMPTS]
 
     def url(self, queue: str) -> str:
         return f"{self.endpoint}/{self.settings.sqs_account_id}/{queue}"
@@ -454,12 +459,59 @@ async def receive_message(call: Call, body: Mapping[str, Any]) -> dict[str, Any]
         wait = int(kept.get("ReceiveMessageWaitTimeSeconds", "0"))
     system = system_names(body)
     wanted = attribute_filter(body.get("MessageAttributeNames"))
-    result = await call.work.lease(queue, SQS_CONSUMER, count,
-                                   None if visibility is None else _visibility_ms(visibility),
-                                   wait * 1000)
+    visibility_ms = None if visibility is None else _visibility_ms(visibility)
+    attempt_id = body.get("ReceiveRequestAttemptId")
+    if attempt_id is not None and is_fifo(queue):  # a standard queue ignores it, as SQS
+        attempt_id = check_attempt_id(attempt_id)
+        records = await _receive_again(call, queue, attempt_id, visibility_ms)
+    else:
+        attempt_id = records = None
+    if records is None:
+        records = (await call.work.lease(queue, SQS_CONSUMER, count, visibility_ms,
+                                         wait * 1000)).records
+        if attempt_id is not None:
+            call.attempts.keep(queue, attempt_id, Attempt(now_ms(), [
+                Answered(r.record.offset, r.token, r.attempt, r.deadline, r.first_leased)
+                for r in records]))
     s = call.settings
     return {"Messages": [received(queue, r, system, wanted, s.sqs_region, s.sqs_account_id)
-                         for r in result.records]}
+                         for r in records]}
+
+
+async def _receive_again(call: Call, queue: str, attempt_id: str, visibility_ms: int | None
+                         ) -> list[LeasedRecord] | None:
+    """What the receive with this ReceiveRequestAttemptId answered (within five minutes),
+    with the same receipt handles and their visibility timeout reset, while every message
+    is still leased as it was answered: not deleted, its visibility neither changed nor run
+    out. None otherwise: the call is a new receive."""
+    attempts = call.attempts
+    kept = attempts.get(queue, attempt_id, now_ms())
+    if kept is None:
+        return None
+    tokens = [m.token for m in kept.messages]
+    now = now_ms()
+    deadlines = call.work.lease_deadlines(queue, SQS_CONSUMER, tokens)
+    if any(d is None or d != m.deadline or d <= now
+           for d, m in zip(deadlines, kept.messages, strict=True)):
+        attempts.forget(queue, attempt_id)
+        return None
+    if visibility_ms is None:
+        visibility_ms = call.work.consumer_settings(queue, SQS_CONSUMER).visibility_ms
+    try:
+        until = (await call.work.extend(queue, SQS_CONSUMER, tokens, visibility_ms)).deadline
+    except Conflict as exc:
+        if exc.code != "lease_expired":
+            raise
+        until = None
+    found = {r.offset: r for r in await call.service.reader.resolve(
+        call.service.partition_of(queue), [m.offset for m in kept.messages])}
+    if until is None or len(found) < len(kept.messages):  # changed meanwhile, or retention
+        attempts.forget(queue, attempt_id)
+        return None
+    for m in kept.messages:
+        m.deadline = until
+    return [LeasedRecord(found[m.offset], m.token, m.attempt, until, m.first)
+            for m in kept.messages]
 
 
 def _handle(queue: str, handle: object) -> str:

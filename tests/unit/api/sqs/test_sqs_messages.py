@@ -16,6 +16,9 @@ from botocore.credentials import Credentials
 
 from tests.unit.nodes import queue_service
 from vqueues.api.app import create_app
+from vqueues.api.keys import WORK
+from vqueues.api.sqs.attempts import WINDOW_MS, Answered, Attempt, ReceiveAttempts
+from vqueues.api.sqs.handles import decode_handle
 from vqueues.settings import Settings
 
 pytestmark = pytest.mark.unit
@@ -194,3 +197,97 @@ async def test_the_first_receive_timestamp_stays_through_later_receives(api):
     got = await ok(api, "ReceiveMessage", {"QueueUrl": url,
                                            "MessageSystemAttributeNames": ["SentTimestamp"]})
     assert list(got["Messages"][0]["Attributes"]) == ["SentTimestamp"]
+
+
+async def fifo(api, name, *groups):
+    """A FIFO queue with one message per group given ("a1" in group "a", ...)."""
+    url = await make(api, name + ".fifo", FifoQueue="true", ContentBasedDeduplication="true")
+    for body in groups:
+        await ok(api, "SendMessage", {"QueueUrl": url, "MessageBody": body,
+                                      "MessageGroupId": body[0]})
+    return url
+
+
+async def receive(api, url, attempt_id=None, **more):
+    body = {"QueueUrl": url, "MaxNumberOfMessages": 10, "AttributeNames": ["All"], **more}
+    if attempt_id is not None:
+        body["ReceiveRequestAttemptId"] = attempt_id
+    return (await ok(api, "ReceiveMessage", body)).get("Messages", [])
+
+
+def seen(messages):
+    return [(m["Body"], m["ReceiptHandle"], m["Attributes"]["ApproximateReceiveCount"])
+            for m in messages]
+
+
+async def test_a_receive_retried_with_its_attempt_id_answers_the_same_messages(api):
+    url = await fifo(api, "attempts", "a1", "b1", "a2")
+    first = await receive(api, url, "try-1", VisibilityTimeout=30)
+    assert [m["Body"] for m in first] == ["a1", "b1"]
+    work = api.server.app[WORK]
+    handles = [decode_handle(m["ReceiptHandle"]) for m in first]
+    tokens = [h[1] for h in handles if h is not None]
+    deadlines = work.lease_deadlines(url.rsplit("/", 1)[1], "sqs", tokens)
+    await asyncio.sleep(0.01)
+    again = await receive(api, url, "try-1", VisibilityTimeout=30)
+    assert seen(again) == seen(first)  # the same handles, not received once more
+    later = work.lease_deadlines(url.rsplit("/", 1)[1], "sqs", tokens)
+    assert all(b > a for a, b in zip(deadlines, later, strict=True))  # visibility reset
+    assert await receive(api, url, "try-2") == []  # a2 waits for a1
+    assert await receive(api, url) == []
+    assert seen(await receive(api, url, "try-1")) == seen(first)
+    await ok(api, "DeleteMessage", {"QueueUrl": url, "ReceiptHandle": first[0]["ReceiptHandle"]})
+    # a1 was deleted: the id answers no more what it answered; the call receives anew
+    assert [m["Body"] for m in await receive(api, url, "try-1")] == ["a2"]
+
+
+async def test_an_attempt_id_whose_messages_changed_or_expired_receives_anew(api):
+    url = await fifo(api, "changed", "a1")
+    [m] = await receive(api, url, "c")
+    await ok(api, "ChangeMessageVisibility", {"QueueUrl": url, "VisibilityTimeout": 60,
+                                              "ReceiptHandle": m["ReceiptHandle"]})
+    assert await receive(api, url, "c") == []  # its visibility changed: a1 stays invisible
+    url = await fifo(api, "expired", "b1")
+    [m] = await receive(api, url, "e", VisibilityTimeout=0)  # the shortest lease, 100 ms
+    await asyncio.sleep(0.2)
+    [again] = await receive(api, url, "e")  # its visibility ran out: received again
+    assert again["Body"] == "b1" and again["ReceiptHandle"] != m["ReceiptHandle"]
+    assert again["Attributes"]["ApproximateReceiveCount"] == "2"
+    assert seen(await receive(api, url, "e")) == seen([again])  # kept under the id now
+    url = await fifo(api, "empty")
+    assert await receive(api, url, "n") == []  # an empty answer is not kept
+    await ok(api, "SendMessage", {"QueueUrl": url, "MessageBody": "z1", "MessageGroupId": "z"})
+    assert [m["Body"] for m in await receive(api, url, "n")] == ["z1"]
+
+
+async def test_a_standard_queue_ignores_the_attempt_id(api):
+    url = await make(api, "standard")
+    for body in ("m1", "m2"):
+        await ok(api, "SendMessage", {"QueueUrl": url, "MessageBody": body})
+    first = await receive(api, url, "same", MaxNumberOfMessages=1)
+    again = await receive(api, url, "same", MaxNumberOfMessages=1)
+    assert [m["Body"] for m in first + again] == ["m1", "m2"]
+    assert await receive(api, url, "not valid here: ignored") == []
+
+
+@pytest.mark.parametrize("attempt_id", ["", "x" * 129, "with space", "é", 5, ["a"]])
+async def test_a_bad_attempt_id_is_refused_on_a_fifo_queue(api, attempt_id):
+    url = await fifo(api, "bad", "a1")
+    status, _, headers = await call(api, "ReceiveMessage", {
+        "QueueUrl": url, "ReceiveRequestAttemptId": attempt_id})
+    assert status == 400 and headers["x-amzn-query-error"] == "InvalidParameterValue;Sender"
+    assert [m["Body"] for m in await receive(api, url, "!~" + "x" * 126)] == ["a1"]
+
+
+def test_attempt_ids_are_kept_five_minutes_and_the_oldest_go_past_the_bound():
+    kept = ReceiveAttempts(limit=2)
+    answer = [Answered(1, "1.1.1", 1, 10_000, 5)]
+    kept.keep("q", "a", Attempt(1_000, answer))
+    assert kept.get("q", "a", 1_000 + WINDOW_MS - 1) is not None
+    assert kept.get("q", "a", 1_000 + WINDOW_MS) is None
+    for i, attempt_id in enumerate(("b", "c", "d")):
+        kept.keep("q", attempt_id, Attempt(2_000 + i, answer))
+    assert len(kept) == 2 and kept.get("q", "b", 3_000) is None
+    assert kept.get("q", "d", 3_000) is not None and kept.get("other", "d", 3_000) is None
+    kept.keep("q", "d", Attempt(3_000, []))  # an empty answer replaces none
+    assert kept.get("q", "d", 3_000) is None
