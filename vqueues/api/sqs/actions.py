@@ -485,27 +485,29 @@ async def _receive_again(call: Call, queue: str, attempt_id: str, visibility_ms:
     is still leased as it was answered: not deleted, its visibility neither changed nor run
     out. None otherwise: the call is a new receive."""
     attempts = call.attempts
-    kept = attempts.get(queue, attempt_id, now_ms())
+    now = now_ms()
+    kept = attempts.get(queue, attempt_id, now)
     if kept is None:
         return None
     tokens = [m.token for m in kept.messages]
-    now = now_ms()
     deadlines = call.work.lease_deadlines(queue, SQS_CONSUMER, tokens)
     if any(d is None or d != m.deadline or d <= now
            for d, m in zip(deadlines, kept.messages, strict=True)):
         attempts.forget(queue, attempt_id)
         return None
-    if visibility_ms is None:
-        visibility_ms = call.work.consumer_settings(queue, SQS_CONSUMER).visibility_ms
-    try:
-        until = (await call.work.extend(queue, SQS_CONSUMER, tokens, visibility_ms)).deadline
-    except Conflict as exc:
-        if exc.code != "lease_expired":
-            raise
-        until = None
     found = {r.offset: r for r in await call.service.reader.resolve(
         call.service.partition_of(queue), [m.offset for m in kept.messages])}
-    if until is None or len(found) < len(kept.messages):  # changed meanwhile, or retention
+    if visibility_ms is None:
+        visibility_ms = call.work.consumer_settings(queue, SQS_CONSUMER).visibility_ms
+    until = None
+    if len(found) == len(kept.messages):  # else retention removed one meanwhile
+        try:
+            until = (await call.work.extend(queue, SQS_CONSUMER, tokens, visibility_ms)
+                     ).deadline
+        except Conflict as exc:  # a message changed meanwhile
+            if exc.code != "lease_expired":
+                raise
+    if until is None:
         attempts.forget(queue, attempt_id)
         return None
     for m in kept.messages:
