@@ -38,6 +38,15 @@ def md5(text):
     return hashlib.md5(text.encode()).hexdigest()
 
 
+def md5_of_trace(value):
+    """MD5OfMessageSystemAttributes of an AWSTraceHeader, by AWS's algorithm for message
+    attributes: name, type and value each with a 4-byte length, transport 1 (a string)."""
+    def field(data):
+        return len(data).to_bytes(4, "big") + data
+    return hashlib.md5(field(b"AWSTraceHeader") + field(b"String") + b"\x01"
+                       + field(value.encode())).hexdigest()
+
+
 def test_queues_are_created_listed_described_changed_and_deleted(sqs, node):
     base = name("life")
     urls = [sqs.create_queue(QueueName=f"{base}-{i}")["QueueUrl"] for i in range(3)]
@@ -86,8 +95,12 @@ def test_a_message_goes_round_with_its_attributes_and_digests(sqs, node):
     attributes = {"s": {"DataType": "String", "StringValue": "héllo"},
                   "n": {"DataType": "Number.int", "StringValue": "42"},
                   "b": {"DataType": "Binary", "BinaryValue": b"\x00\x01\xff"}}
-    sent = sqs.send_message(QueueUrl=url, MessageBody="body ü", MessageAttributes=attributes)
+    trace = "Root=1-5759e988-bd862e3fe1be46a994272793;Parent=53995c3f42cd8ad8;Sampled=1"
+    sent = sqs.send_message(QueueUrl=url, MessageBody="body ü", MessageAttributes=attributes,
+                            MessageSystemAttributes={"AWSTraceHeader": {
+                                "DataType": "String", "StringValue": trace}})
     assert sent["MD5OfMessageBody"] == md5("body ü")
+    assert sent["MD5OfMessageSystemAttributes"] == md5_of_trace(trace)
     uuid.UUID(sent["MessageId"])
     got = sqs.receive_message(QueueUrl=url, MessageAttributeNames=["All"],
                               MessageSystemAttributeNames=["All"], WaitTimeSeconds=1)
@@ -97,14 +110,19 @@ def test_a_message_goes_round_with_its_attributes_and_digests(sqs, node):
     assert m["MD5OfMessageAttributes"] == sent["MD5OfMessageAttributes"]
     assert m["MessageAttributes"] == attributes
     assert m["Attributes"]["ApproximateReceiveCount"] == "1"
+    assert m["Attributes"]["AWSTraceHeader"] == trace
+    assert m["Attributes"]["SenderId"] == "x"  # the key id the send was signed with
     assert abs(int(m["Attributes"]["SentTimestamp"]) - time.time() * 1000) < 60_000
+    first = int(m["Attributes"]["ApproximateFirstReceiveTimestamp"])
+    assert int(m["Attributes"]["SentTimestamp"]) <= first <= time.time() * 1000
     # only what was asked for, with its own digest
     sqs.change_message_visibility(QueueUrl=url, ReceiptHandle=m["ReceiptHandle"],
                                   VisibilityTimeout=0)
-    again = sqs.receive_message(QueueUrl=url, MessageAttributeNames=["s"],
-                                AttributeNames=["ApproximateReceiveCount"])["Messages"][0]
+    again = sqs.receive_message(QueueUrl=url, MessageAttributeNames=["s"], AttributeNames=[
+        "ApproximateReceiveCount", "ApproximateFirstReceiveTimestamp"])["Messages"][0]
     assert again["MessageAttributes"] == {"s": attributes["s"]}
-    assert again["Attributes"] == {"ApproximateReceiveCount": "2"}
+    assert again["Attributes"] == {"ApproximateReceiveCount": "2",
+                                   "ApproximateFirstReceiveTimestamp": str(first)}
     assert again["MD5OfMessageAttributes"] != m["MD5OfMessageAttributes"]
     # the raw record, through vqueues' own API
     status, page = http("GET", f"{node.url}/v1/queues/{url.rsplit('/', 1)[1]}/records")
@@ -219,6 +237,27 @@ def test_fifo_groups_come_in_order_and_deduplication_ids_write_once(sqs):
     plain = sqs.create_queue(QueueName=name("plain"))["QueueUrl"]
     with pytest.raises(ClientError) as info:
         sqs.send_message(QueueUrl=plain, MessageBody="x", MessageDeduplicationId="d")
+    assert code_of(info) == "InvalidParameterValue"
+
+
+def test_a_fifo_receive_retried_with_its_attempt_id_answers_the_same_messages(sqs):
+    url = sqs.create_queue(QueueName=name("attempt") + ".fifo", Attributes={
+        "FifoQueue": "true", "ContentBasedDeduplication": "true"})["QueueUrl"]
+    for body in ("a1", "b1", "a2"):
+        sqs.send_message(QueueUrl=url, MessageBody=body, MessageGroupId=body[0])
+
+    def receive(attempt_id):
+        got = sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10, VisibilityTimeout=30,
+                                  ReceiveRequestAttemptId=attempt_id)
+        return [(m["Body"], m["ReceiptHandle"]) for m in got.get("Messages", [])]
+    first = receive("attempt-1")
+    assert [body for body, _ in first] == ["a1", "b1"]
+    assert receive("attempt-1") == first  # the lost answer, again: same receipt handles
+    assert receive("attempt-2") == []  # another receive: a2 waits for a1
+    sqs.delete_message(QueueUrl=url, ReceiptHandle=first[0][1])
+    assert [body for body, _ in receive("attempt-1")] == ["a2"]  # a1 deleted: a new receive
+    with pytest.raises(ClientError) as info:
+        receive("not ascii: é")
     assert code_of(info) == "InvalidParameterValue"
 
 

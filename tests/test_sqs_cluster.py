@@ -69,10 +69,11 @@ def test_one_endpoint_reaches_every_queue_and_lists_the_cluster(cluster):
     assert sqs.get_queue_url(QueueName=q)["QueueUrl"] == urls[q]
     sent = sqs.send_message(QueueUrl=urls[q], MessageBody="far",
                             MessageAttributes={"k": {"DataType": "String", "StringValue": "v"}})
-    [m] = sqs.receive_message(QueueUrl=urls[q], WaitTimeSeconds=5,
+    [m] = sqs.receive_message(QueueUrl=urls[q], WaitTimeSeconds=5, AttributeNames=["SenderId"],
                               MessageAttributeNames=["All"])["Messages"]
     assert (m["MessageId"], m["MD5OfMessageAttributes"]) == (
         sent["MessageId"], sent["MD5OfMessageAttributes"])
+    assert m["Attributes"] == {"SenderId": "AKIDTEST"}  # the key verified on the owner
     sqs.delete_message(QueueUrl=urls[q], ReceiptHandle=m["ReceiptHandle"])
     # the same queue through the other node, by the same URL
     assert client(b.url).receive_message(QueueUrl=urls[q]).get("Messages", []) == []

@@ -69,6 +69,9 @@ class LeasedRecord(msgspec.Struct, frozen=True, gc=False):
     token: str  # names this delivery: complete, retry and extend take it
     attempt: int  # 1 on the first delivery
     deadline: int  # the lease ends then (UTC epoch ms) unless extended
+    # When the record was first leased (UTC epoch ms), as far as its owner knows: the first
+    # lease since it took the partition over for a record leased before that.
+    first_leased: int = 0
 
 
 class RefusedToken(msgspec.Struct, frozen=True, gc=False):

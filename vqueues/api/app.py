@@ -16,6 +16,7 @@ from vqueues.api.keys import (
     QUOTAS,
     SERVICE,
     SETTINGS,
+    SQS_ATTEMPTS,
     SQS_KEYS,
     WORK,
 )
@@ -29,6 +30,7 @@ from vqueues.api.middlewares import (
 from vqueues.api.openapi import openapi_document, query_parameters
 from vqueues.api.proxy import forward_middleware, proxy_session
 from vqueues.api.sqs import route as sqs
+from vqueues.api.sqs.attempts import ReceiveAttempts
 from vqueues.api.sqs.signatures import AccessKeyFile
 from vqueues.queues.quotas import QuotaFile, Quotas
 from vqueues.queues.service import QueueService
@@ -80,6 +82,7 @@ def create_app(service: QueueService, settings: Settings) -> web.Application:
     app[QUERY_PARAMETERS] = query_parameters(openapi_document(settings))
     app[WORK] = WorkService(settings, service, service.entries, service.reader)
     app[PREFIX] = PrefixLeasing(app[WORK])
+    app[SQS_ATTEMPTS] = ReceiveAttempts()
     if auth is not None:
         app[AUTH] = auth
         if settings.sqs_access_key_file:

@@ -6,6 +6,7 @@ import aiohttp
 from aiohttp import web
 
 from vqueues.api.auth import Authenticator, Identity
+from vqueues.api.sqs.attempts import ReceiveAttempts
 from vqueues.api.sqs.signatures import AccessKeyFile
 from vqueues.queues.quotas import QuotaFile
 from vqueues.queues.service import QueueService
@@ -24,5 +25,7 @@ AUTH = web.AppKey("auth", Authenticator)
 QUOTAS = web.AppKey("quotas", QuotaFile)
 # The SQS API's access keys, with auth on and sqs_access_key_file set (api/sqs/signatures.py).
 SQS_KEYS = web.AppKey("sqs_keys", AccessKeyFile)
+# The SQS API's receive answers by ReceiveRequestAttemptId (api/sqs/attempts.py).
+SQS_ATTEMPTS = web.AppKey("sqs_attempts", ReceiveAttempts)
 # The query parameters of each documented route, by (path template, METHOD) (api/openapi.py).
 QUERY_PARAMETERS = web.AppKey("query_parameters", dict[tuple[str, str], frozenset[str]])

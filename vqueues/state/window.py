@@ -22,7 +22,7 @@ from vqueues.state.queue_index import seek
 class Delivery:
     """One record of the window that is not done and was looked at."""
 
-    __slots__ = ("attempts", "grant", "leased", "order_key", "reason", "until")
+    __slots__ = ("attempts", "first", "grant", "leased", "order_key", "reason", "until")
 
     def __init__(self, attempts: int, until: int, leased: bool, order_key: str | None,
                  reason: str | None = None, grant: int = 0) -> None:
@@ -32,6 +32,9 @@ class Delivery:
         self.order_key = order_key
         self.reason = reason
         self.grant = grant  # the lease call that made the last delivery (0: none, or ADR 8's)
+        # When this owner first leased it (UTC ms; 0: not yet). In memory only: a replay or
+        # a snapshot leaves it 0, so the next lease here sets it.
+        self.first = 0
 
     def available(self, now: int) -> bool:
         return self.until <= now

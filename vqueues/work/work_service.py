@@ -80,16 +80,17 @@ class SettleDecision:
 class LeaseDecision:
     """A lease decided under a consumer's lock and applied to its window: the entries to
     submit, the records it takes (`before`: each one's (offset, attempts, grant, until,
-    leased) as it was), and what each token will carry."""
+    leased, first) as it was), and what each token will carry; `at`: when it was granted."""
 
     queue: str
     work: LeaseWindow
     entries: list[OffsetEntry]
     chosen: list[int]
     seen: dict[int, Record]
-    before: list[tuple[int, int, int, int, bool]]
+    before: list[tuple[int, int, int, int, bool, int]]
     until: int
     grant: int
+    at: int
     durable: bool = False  # the consumer's durable_grants: answered once the write is
 
     def undo(self) -> None:
@@ -97,10 +98,11 @@ class LeaseDecision:
         (those another call has changed since are left alone)."""
         now = now_ms()
         work = self.work
-        for off, attempts, old_grant, old_until, leased in self.before:
+        for off, attempts, old_grant, old_until, leased, first in self.before:
             cur = work.deliveries.get(off)
             if cur is not None and cur.grant == self.grant:
                 work.put(off, leased, old_until, attempts, old_grant, cur.reason, now)
+                cur.first = first
 
 
 class WorkService:
@@ -285,15 +287,18 @@ class WorkService:
         if write is None:
             write = WindowWrite(state, queue, consumer, work)
         write.finish(skipped)  # not for this consumer's filter: their completion
-        until = write.now + visibility
+        now = write.now
+        until = now + visibility
         before = []
         deliveries = work.deliveries
         for off in chosen:
             d = deliveries[off]
-            before.append((off, d.attempts, d.grant, d.until, d.leased))
+            before.append((off, d.attempts, d.grant, d.until, d.leased, d.first))
+            if not d.first:
+                d.first = now
             write.put(off, True, until, d.attempts + 1, grant, d.reason)
         return LeaseDecision(queue, work, write.entries(), chosen, seen, before, until, grant,
-                             config.durable_grants)
+                             now, config.durable_grants)
 
     async def leased(self, state: PartitionState, decision: LeaseDecision
                      ) -> list[LeasedRecord]:
@@ -307,11 +312,29 @@ class WorkService:
             records.update((r.offset, r) for r in await self.reader.resolve(
                 state.partition, [off for off in chosen if off not in seen]))
         out = []
-        for off, attempts, _, _, _ in decision.before:
+        at = decision.at
+        for off, attempts, _, _, _, first in decision.before:
             rec = records.get(off)
             if rec is not None:  # gone only if retention removed it meanwhile
                 attempt = attempts + 1
-                out.append(LeasedRecord(rec, token(off, attempt, grant), attempt, until))
+                out.append(LeasedRecord(rec, token(off, attempt, grant), attempt, until,
+                                        first or at))
+        return out
+
+    def lease_deadlines(self, queue: str, consumer: str, tokens: Sequence[str]
+                        ) -> list[int | None]:
+        """Each token's lease deadline (UTC ms) while the token is its record's lease (not
+        completed, given back or leased again since), else None. The deadline may have
+        passed."""
+        state = self.ownership.require(self.queues.partition_of(queue))
+        work = state.windows.get((queue, consumer))
+        out: list[int | None] = []
+        for text in tokens:
+            parsed = parse_token(text)
+            d = work.deliveries.get(parsed[0]) if work is not None and parsed else None
+            current = d is not None and parsed is not None and d.leased and \
+                d.attempts == parsed[1] and d.grant == parsed[2]
+            out.append(d.until if current and d is not None else None)
         return out
 
     async def dead_letter_expired(self, state: PartitionState, queue: str, consumer: str

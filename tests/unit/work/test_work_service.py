@@ -8,8 +8,9 @@ from array import array
 
 import pytest
 
-from tests.unit.nodes import fill, snapshot_round_trip
+from tests.unit.nodes import fill, snapshot_round_trip, work_node
 from vqueues.errors import VQError
+from vqueues.records import now_ms
 from vqueues.state.done_ranges import DoneRanges
 from vqueues.state.tokens import parse_token, token
 
@@ -165,3 +166,44 @@ async def test_a_snapshot_carries_the_lease_state_and_the_fence(node):
             for o, d in fresh.windows[key].deliveries.items()} == \
         {o: (d.attempts, d.until, d.leased, d.order_key, d.reason)
          for o, d in state.windows[key].deliveries.items()}
+
+
+async def test_a_records_first_lease_time_stays_through_its_leases_on_one_owner(node):
+    svc, work, data_log, offset_log = node
+    await fill(svc, "firsts", 1)
+    t0 = now_ms()
+    first = (await work.lease("firsts", "w", 1, 100, 0)).records[0]
+    assert t0 <= first.first_leased <= now_ms()
+    again = (await work.lease("firsts", "w", 1, 1000, 1000)).records[0]  # after the expiry
+    assert (again.attempt, again.first_leased) == (2, first.first_leased)
+    await asyncio.sleep(0.01)
+    await fill(svc, "firsts", 1)
+    other = (await work.lease("firsts", "w", 1, 1000, 0)).records[0]  # never leased before
+    assert other.attempt == 1 and other.first_leased > first.first_leased
+    await work.retry("firsts", "w", [again.token], 0, None)
+    svc.close()
+    # A new owner replays the grants without their times: its first lease of the record is
+    # its first.
+    svc2, work2 = await work_node(data_log, offset_log, work.settings)
+    t1 = now_ms()
+    later = (await work2.lease("firsts", "w", 1, 1000, 1000)).records[0]
+    assert (later.record.offset, later.attempt) == (first.record.offset, 3)
+    assert later.first_leased >= t1 > first.first_leased
+    svc2.close()
+
+
+async def test_a_lease_whose_write_failed_leaves_the_first_lease_time_unset(node):
+    svc, work, *_ = node
+    await fill(svc, "undone", 1)
+    state = svc.ownership.require(svc.partition_of("undone"))
+    config = await work.configure("undone", "w", "lease", 5, None, 1000)
+    work_window = state.windows[("undone", "w")]
+    decision = await work.decide_lease(state, "undone", "w", work_window,
+                                       state.configs[("undone", "w")], 1, None, None, 77)
+    assert decision is not None and config.mode == "lease"
+    [off] = decision.chosen
+    assert work_window.deliveries[off].first == decision.at
+    decision.undo()
+    assert work_window.deliveries[off].first == 0
+    leased = (await work.lease("undone", "w", 1, 1000, 0)).records[0]
+    assert leased.attempt == 1 and leased.first_leased >= decision.at

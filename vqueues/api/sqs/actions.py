@@ -17,8 +17,9 @@ from urllib.parse import urlsplit
 
 from aiohttp import web
 
-from vqueues.api.keys import QUOTAS, SERVICE, SETTINGS, WORK
+from vqueues.api.keys import QUOTAS, SERVICE, SETTINGS, SQS_ATTEMPTS, WORK
 from vqueues.api.proxy import proxy
+from vqueues.api.sqs.attempts import Answered, Attempt, ReceiveAttempts, check_attempt_id
 from vqueues.api.sqs.attributes import (
     ANSWERED,
     COUNTED,
@@ -45,10 +46,11 @@ from vqueues.api.sqs.messages import (
 )
 from vqueues.api.sqs.paths import FORWARDED_HOST, FORWARDED_PROTO
 from vqueues.api.sqs.protocol import SqsError
+from vqueues.api.sqs.signatures import key_id_of
 from vqueues.errors import Conflict, Unavailable
 from vqueues.queues.service import QueueService
-from vqueues.records import Record
-from vqueues.results import ConsumerSettings
+from vqueues.records import Record, now_ms
+from vqueues.results import ConsumerSettings, LeasedRecord
 from vqueues.settings import MIN_VISIBILITY_MS, Settings
 from vqueues.work.work_service import WorkService
 
@@ -84,11 +86,21 @@ class Call:
     def settings(self) -> Settings:
         return self.app[SETTINGS]
 
+    @property
+    def attempts(self) -> ReceiveAttempts:
+        return self.app[SQS_ATTEMPTS]
+
     def url(self, queue: str) -> str:
         return f"{self.endpoint}/{self.settings.sqs_account_id}/{queue}"
 
     def arn(self, queue: str) -> str:
         return queue_arn(self.settings.sqs_region, self.settings.sqs_account_id, queue)
+
+    @property
+    def sender(self) -> str | None:
+        """The SenderId of what this call sends: the access key id it was signed with
+        (verified with auth on, as given with auth off); None for an unsigned call."""
+        return key_id_of(self.request.headers.get("Authorization", ""))
 
     def existing(self, queue: str) -> dict[str, str]:
         """The queue's kept attributes; QueueDoesNotExist if it is no SQS queue."""
@@ -370,6 +382,8 @@ def _sent(o: Outgoing, sequence: str | None) -> dict[str, Any]:
     out: dict[str, Any] = {"MessageId": o.message_id, "MD5OfMessageBody": o.md5_body}
     if o.md5_attributes is not None:
         out["MD5OfMessageAttributes"] = o.md5_attributes
+    if o.md5_system is not None:
+        out["MD5OfMessageSystemAttributes"] = o.md5_system
     if sequence is not None:
         out["SequenceNumber"] = sequence
     return out
@@ -378,7 +392,7 @@ def _sent(o: Outgoing, sequence: str | None) -> dict[str, Any]:
 async def send_message(call: Call, body: Mapping[str, Any]) -> dict[str, Any]:
     queue = queue_of_url(body)
     kept = call.existing(queue)
-    o = outgoing(body, queue, kept)
+    o = outgoing(body, queue, kept, call.sender)
     sequence = await _enqueue(call, queue, [o])
     return _sent(o, sequence[0])
 
@@ -423,9 +437,10 @@ async def send_message_batch(call: Call, body: Mapping[str, Any]) -> dict[str, A
                        f"{MAX_BATCH_BYTES} bytes.")
     good: list[tuple[str, Outgoing]] = []
     failed = []
+    sender = call.sender
     for e in entries:
         try:
-            good.append((e["Id"], outgoing(e, queue, kept)))
+            good.append((e["Id"], outgoing(e, queue, kept, sender)))
         except SqsError as exc:
             failed.append(_failed(e["Id"], exc))
     sequence = await _enqueue(call, queue, [o for _, o in good]) if good else []
@@ -444,12 +459,61 @@ async def receive_message(call: Call, body: Mapping[str, Any]) -> dict[str, Any]
         wait = int(kept.get("ReceiveMessageWaitTimeSeconds", "0"))
     system = system_names(body)
     wanted = attribute_filter(body.get("MessageAttributeNames"))
-    result = await call.work.lease(queue, SQS_CONSUMER, count,
-                                   None if visibility is None else _visibility_ms(visibility),
-                                   wait * 1000)
+    visibility_ms = None if visibility is None else _visibility_ms(visibility)
+    attempt_id = body.get("ReceiveRequestAttemptId")
+    if attempt_id is not None and is_fifo(queue):  # a standard queue ignores it, as SQS
+        attempt_id = check_attempt_id(attempt_id)
+        records = await _receive_again(call, queue, attempt_id, visibility_ms)
+    else:
+        attempt_id = records = None
+    if records is None:
+        records = (await call.work.lease(queue, SQS_CONSUMER, count, visibility_ms,
+                                         wait * 1000)).records
+        if attempt_id is not None:
+            call.attempts.keep(queue, attempt_id, Attempt(now_ms(), [
+                Answered(r.record.offset, r.token, r.attempt, r.deadline, r.first_leased)
+                for r in records]))
     s = call.settings
     return {"Messages": [received(queue, r, system, wanted, s.sqs_region, s.sqs_account_id)
-                         for r in result.records]}
+                         for r in records]}
+
+
+async def _receive_again(call: Call, queue: str, attempt_id: str, visibility_ms: int | None
+                         ) -> list[LeasedRecord] | None:
+    """What the receive with this ReceiveRequestAttemptId answered (within five minutes),
+    with the same receipt handles and their visibility timeout reset, while every message
+    is still leased as it was answered: not deleted, its visibility neither changed nor run
+    out. None otherwise: the call is a new receive."""
+    attempts = call.attempts
+    now = now_ms()
+    kept = attempts.get(queue, attempt_id, now)
+    if kept is None:
+        return None
+    tokens = [m.token for m in kept.messages]
+    deadlines = call.work.lease_deadlines(queue, SQS_CONSUMER, tokens)
+    if any(d is None or d != m.deadline or d <= now
+           for d, m in zip(deadlines, kept.messages, strict=True)):
+        attempts.forget(queue, attempt_id)
+        return None
+    found = {r.offset: r for r in await call.service.reader.resolve(
+        call.service.partition_of(queue), [m.offset for m in kept.messages])}
+    if visibility_ms is None:
+        visibility_ms = call.work.consumer_settings(queue, SQS_CONSUMER).visibility_ms
+    until = None
+    if len(found) == len(kept.messages):  # else retention removed one meanwhile
+        try:
+            until = (await call.work.extend(queue, SQS_CONSUMER, tokens, visibility_ms)
+                     ).deadline
+        except Conflict as exc:  # a message changed meanwhile
+            if exc.code != "lease_expired":
+                raise
+    if until is None:
+        attempts.forget(queue, attempt_id)
+        return None
+    for m in kept.messages:
+        m.deadline = until
+    return [LeasedRecord(found[m.offset], m.token, m.attempt, until, m.first)
+            for m in kept.messages]
 
 
 def _handle(queue: str, handle: object) -> str:

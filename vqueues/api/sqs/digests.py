@@ -1,5 +1,7 @@
-"""The MD5 digests SQS answers beside a message (MD5OfMessageBody, MD5OfMessageAttributes),
-which the AWS SDKs for Java, JavaScript, Go, Ruby and PHP check by default.
+"""The MD5 digests SQS answers beside a message (MD5OfMessageBody, MD5OfMessageAttributes,
+MD5OfMessageSystemAttributes), which the AWS SDKs for Java, JavaScript, Go, Ruby and PHP check
+by default. The system attributes' digest is the attributes' algorithm over them (the SDKs
+compute it so).
 
 The attributes' digest follows AWS's documented algorithm ("Calculating the MD5 message digest
 for message attributes", SQS Developer Guide): for each attribute, sorted by name, the name,

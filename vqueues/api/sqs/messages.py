@@ -25,6 +25,9 @@ from vqueues.state.schedule import DELIVER_AT_HEADER
 
 MESSAGE_ID_HEADER = "vq-sqs-message-id"
 ATTRIBUTES_HEADER = "vq-sqs-attributes"
+TRACE_HEADER = "vq-sqs-trace-header"  # the AWSTraceHeader system attribute sent with it
+TRACE = "AWSTraceHeader"  # the one system attribute a message is sent with
+SENDER_HEADER = "vq-sqs-sender-id"  # SenderId: the access key id of the send
 DEDUP_PREFIX = "sqs:"  # SQS deduplication ids among a queue's idempotency keys
 DLQ_QUEUE_HEADER, DLQ_OFFSET_HEADER = "vq-dlq-source-queue", "vq-dlq-source-offset"
 MAX_ATTRIBUTES = 10
@@ -46,6 +49,7 @@ class Outgoing:
     md5_body: str
     md5_attributes: str | None
     dedup_id: str | None
+    md5_system: str | None = None  # MD5OfMessageSystemAttributes, when sent with some
 
 
 def _text(field: str, value: str) -> str:
@@ -104,6 +108,31 @@ def parse_attributes(given: Any) -> dict[str, MessageAttribute]:
     return out
 
 
+def parse_system_attributes(given: Any) -> str | None:
+    """SendMessage's MessageSystemAttributes: AWSTraceHeader alone, of type String; its
+    value (None: none given)."""
+    if given is None:
+        return None
+    if not isinstance(given, dict):
+        raise SqsError("InvalidParameterValue", "MessageSystemAttributes must be an object")
+    trace = None
+    for name, a in given.items():
+        if name != TRACE:
+            raise SqsError("InvalidParameterValue", f"Message system attribute name {name!r} "
+                           f"is invalid: {TRACE} is the only one a message is sent with")
+        if not isinstance(a, dict) or a.get("DataType") != "String" or a.get(
+                "BinaryValue") is not None or a.get("StringListValues") or a.get(
+                "BinaryListValues"):
+            raise SqsError("InvalidParameterValue", f"The message system attribute {TRACE} "
+                           "must be of type String, with a StringValue")
+        text = a.get("StringValue")
+        if not isinstance(text, str) or not text:
+            raise SqsError("InvalidParameterValue", f"The message system attribute {TRACE} "
+                           "must have a non-empty StringValue")
+        trace = _text(f"message system attribute {TRACE}", text)
+    return trace
+
+
 def _is_number(text: str) -> bool:
     try:
         float(text)
@@ -132,8 +161,10 @@ def stored_attributes(headers: tuple[tuple[str, bytes | None], ...]
     return {}
 
 
-def outgoing(entry: Mapping[str, Any], queue: str, kept: Mapping[str, str]) -> Outgoing:
-    """A SendMessage(Batch) entry, checked, as a record to enqueue."""
+def outgoing(entry: Mapping[str, Any], queue: str, kept: Mapping[str, str],
+             sender: str | None) -> Outgoing:
+    """A SendMessage(Batch) entry, checked, as a record to enqueue; `sender`: the SenderId
+    receivers are answered."""
     fifo = is_fifo(queue)
     body = entry.get("MessageBody")
     if not isinstance(body, str) or not body:
@@ -141,9 +172,8 @@ def outgoing(entry: Mapping[str, Any], queue: str, kept: Mapping[str, str]) -> O
                        "MessageBody.")
     _text("the message body", body)
     attributes = parse_attributes(entry.get("MessageAttributes"))
-    if entry.get("MessageSystemAttributes"):
-        raise SqsError("InvalidParameterValue", "MessageSystemAttributes (AWSTraceHeader) "
-                       "are not supported")
+    trace = parse_system_attributes(entry.get("MessageSystemAttributes"))
+    # System attributes do not count toward the message's size (SQS's SendMessage).
     size = len(body.encode("utf-8")) + sum(
         len(n.encode()) + len(a.data_type.encode()) + len(a.value_bytes())
         for n, a in attributes.items())
@@ -157,6 +187,10 @@ def outgoing(entry: Mapping[str, Any], queue: str, kept: Mapping[str, str]) -> O
     headers: list[tuple[str, bytes]] = [(MESSAGE_ID_HEADER, message_id.encode())]
     if attributes:
         headers.append((ATTRIBUTES_HEADER, _attributes_json(attributes)))
+    if trace is not None:
+        headers.append((TRACE_HEADER, trace.encode("utf-8")))
+    if sender is not None:
+        headers.append((SENDER_HEADER, sender.encode("utf-8")))
     if fifo:
         if group is None:
             raise SqsError("MissingParameter", "The request must contain the parameter "
@@ -181,7 +215,9 @@ def outgoing(entry: Mapping[str, Any], queue: str, kept: Mapping[str, str]) -> O
     if delay:
         headers.append((DELIVER_AT_HEADER, str(now_ms() + delay * 1000).encode()))
     return Outgoing((body.encode("utf-8"), headers), message_id, md5_of_body(body),
-                    md5_of_attributes(attributes) if attributes else None, dedup)
+                    md5_of_attributes(attributes) if attributes else None, dedup,
+                    None if trace is None else md5_of_attributes(
+                        {TRACE: MessageAttribute("String", trace)}))
 
 
 def _delay(delay: Any, fifo: bool, kept: Mapping[str, str]) -> int:
@@ -258,6 +294,8 @@ def received(queue: str, leased: LeasedRecord, system: set[str],
                            "MD5OfBody": md5_of_body(body), "Body": body}
     values = {"SentTimestamp": str(record.timestamp),
               "ApproximateReceiveCount": str(leased.attempt)}
+    if leased.first_leased:
+        values["ApproximateFirstReceiveTimestamp"] = str(leased.first_leased)
     if is_fifo(queue):
         group = _header(record, ORDER_KEY_HEADER)
         key = _header(record, KEY_HEADER)
@@ -266,6 +304,12 @@ def received(queue: str, leased: LeasedRecord, system: set[str],
         if key is not None and key.startswith(DEDUP_PREFIX):
             values["MessageDeduplicationId"] = key[len(DEDUP_PREFIX):]
         values["SequenceNumber"] = str(record.offset)
+    trace = _header(record, TRACE_HEADER)
+    if trace is not None:
+        values[TRACE] = trace
+    sender = _header(record, SENDER_HEADER)
+    if sender is not None:
+        values["SenderId"] = sender
     source = _header(record, DLQ_QUEUE_HEADER)
     if source is not None:
         values["DeadLetterQueueSourceArn"] = queue_arn(region, account, source)

@@ -119,6 +119,16 @@ def canonical_request(method: str, raw_path: str, query: str,
                       "".join(lines), ";".join(signed), hashlib.sha256(body).hexdigest()])
 
 
+def key_id_of(authorization: str) -> str | None:
+    """The access key id a SigV4 Authorization header names (verified or not: `verify` says
+    whether the signature is that key's), or None if it is no such header."""
+    match = _AUTHORIZATION.match(authorization.strip())
+    if match is None:
+        return None
+    parts = match.group(1).split("/")
+    return parts[0] if len(parts) == 5 and parts[0] else None
+
+
 def verify(keys: Mapping[str, AccessKey], method: str, raw_path: str, query: str,
            headers: Mapping[str, list[str]], body: bytes, now: dt.datetime) -> Identity:
     """The caller's identity, once the request's signature is the one its secret makes;
