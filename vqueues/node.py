@@ -121,15 +121,16 @@ class Node:
         admin = Admin(self._conf())
         # Layout 0's topics first: they stay after a growth, and the layouts are read from
         # the assignment topic, which must exist.
+        wait_s = s.topic_wait_ms / 1000  # topics created a moment before may be listed late
         first = await asyncio.to_thread(
-            topics.check, admin, s.data_topic, s.offset_topic, s.assignment_topic)
+            topics.check, admin, s.data_topic, s.offset_topic, s.assignment_topic, wait_s)
         layouts, leaving, announced = await asyncio.to_thread(self._layouts)
         layouts[0] = Layout(0, first)
         layout = self.layout = layouts[-1]
         data_topic, offset_topic, snapshot_topic = layout.topics(
             s.data_topic, s.offset_topic, s.snapshot_topic)
         partitions = (await asyncio.to_thread(
-            topics.check, admin, data_topic, offset_topic, s.assignment_topic)
+            topics.check, admin, data_topic, offset_topic, s.assignment_topic, wait_s)
             if layout.number else first)
         if layout.number and partitions != layout.partitions:
             raise ConfigError(
