@@ -1,11 +1,22 @@
 """`vqueues topics create` and `topics grow`, and the topic check a node runs at start."""
 
+import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 
 from confluent_kafka import Producer
 
-from tests.support import FAST_GROUP, Topics, kafka_records, vqueues_cli
+from tests.support import (
+    FAST_GROUP,
+    NodeProcess,
+    Topics,
+    create_topics,
+    events,
+    http,
+    kafka_records,
+    vqueues_cli,
+    wait_for,
+)
 from vqueues.kafka.admin import Admin, TopicSpec
 from vqueues.layouts import Cut, Layout, decode_layout, encode_cut
 
@@ -35,11 +46,37 @@ def test_a_node_refuses_to_start_on_mismatched_topics_naming_each(bootstrap):
         assert text in out.stderr
 
 
-def test_a_node_refuses_to_start_without_its_topics(bootstrap):
+def test_a_node_refuses_to_start_without_its_topics_once_it_waited_for_them(bootstrap):
     t = Topics(bootstrap, f"none{uuid.uuid4().hex[:6]}", 4)
-    out = vqueues_cli("serve", "--http-port", "0", env={**FAST_GROUP, **t.env()})
+    started = time.monotonic()
+    out = vqueues_cli("serve", "--http-port", "0",
+                      env={**FAST_GROUP, **t.env(), "VQ_TOPIC_WAIT_MS": "1500"})
     assert out.returncode == 3
     assert f"topic '{t.data}' does not exist" in out.stderr
+    assert "(not in the brokers' metadata after waiting 1.5 s)" in out.stderr
+    assert time.monotonic() - started >= 1.5  # it looked again for the whole wait
+
+
+def test_a_node_serves_topics_created_while_it_waits_for_them(bootstrap):
+    """As after `vqueues topics create` on a cluster whose broker has not listed the topics
+    yet, or topics another process creates a moment later: the node waits, then serves."""
+    t = Topics(bootstrap, f"late{uuid.uuid4().hex[:6]}", 4)
+    node = NodeProcess(t).start(wait_ready=False)
+    try:
+        def waiting() -> bool:
+            assert node.process is not None and node.process.poll() is None, "node exited"
+            return bool(events(node, "topics_waiting"))
+
+        wait_for(waiting)
+        [event] = events(node, "topics_waiting")
+        assert sorted(event["missing"]) == sorted([t.data, t.offsets, t.assignments])
+        create_topics(bootstrap, 4, prefix=t.prefix)
+        node.wait_ready()
+        status, body = http("POST", f"{node.url}/v1/queues/late/records",
+                            {"records": [{"value": "v"}]})
+        assert status == 200, body
+    finally:
+        node.terminate()
 
 
 def _topic_set(prefix: str) -> tuple[str, ...]:

@@ -121,15 +121,15 @@ class Node:
         admin = Admin(self._conf())
         # Layout 0's topics first: they stay after a growth, and the layouts are read from
         # the assignment topic, which must exist.
+        wait_s = s.topic_wait_ms / 1000  # topics created a moment before may be listed late
         first = await asyncio.to_thread(
-            topics.check, admin, s.data_topic, s.offset_topic, s.assignment_topic)
-        layouts, leaving, announced = await asyncio.to_thread(self._layouts)
-        layouts[0] = Layout(0, first)
+            topics.check, admin, s.data_topic, s.offset_topic, s.assignment_topic, wait_s)
+        layouts, leaving, announced = await asyncio.to_thread(self._layouts, first)
         layout = self.layout = layouts[-1]
         data_topic, offset_topic, snapshot_topic = layout.topics(
             s.data_topic, s.offset_topic, s.snapshot_topic)
         partitions = (await asyncio.to_thread(
-            topics.check, admin, data_topic, offset_topic, s.assignment_topic)
+            topics.check, admin, data_topic, offset_topic, s.assignment_topic, wait_s)
             if layout.number else first)
         if layout.number and partitions != layout.partitions:
             raise ConfigError(
@@ -303,18 +303,14 @@ class Node:
         found.apply([(k, v) for k, v, _h in entries])
         return found
 
-    def _layouts(self) -> tuple[list[Layout], int | None, ClusterMap]:
-        """Blocking: the layouts up to the one to serve, oldest first (layout 0's partition
-        count left 0: its data topic says it), and the layout this node is leaving for, if
-        it must first cut the one it serves (ADR 19). A newer layout is served once every
-        partition of the one before is cut for it."""
-        s = self.settings
+    def _layouts(self, first: int) -> tuple[list[Layout], int | None, ClusterMap]:
+        """Blocking: the layouts up to the one to serve, oldest first (layout 0 with `first`
+        partitions, its data topic's count as `start` checked it), and the layout this node is
+        leaving for, if it must first cut the one it serves (ADR 19). A newer layout is served
+        once every partition of the one before is cut for it."""
         announced = self._read_map()
-        if len(announced.layouts) > 1:  # layout 0's count is its data topic's
-            announced.layouts[0] = Layout(0, topics.check(
-                Admin(self._conf()), s.data_topic, s.offset_topic, s.assignment_topic))
-        found = {0: Layout(0, 0), **announced.layouts}
-        layouts = [found[n] for n in sorted(found)]
+        announced.layouts[0] = Layout(0, first)  # layout 0's count is its data topic's
+        layouts = [announced.layouts[n] for n in sorted(announced.layouts)]
         newest = layouts[-1]
         if newest.number == 0 or announced.all_cut(newest.number):
             return layouts, None, announced

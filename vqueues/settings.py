@@ -54,6 +54,13 @@ class Settings:
     snapshot_topic: str = _f(
         "vq-snapshots", "compacted topic of partition snapshots (same partition count as the "
         "data topic); if it does not exist the node runs without snapshots, saying so")
+    topic_wait_ms: int = _f(
+        30_000, "how long a starting node waits for its data, offset and assignment topics "
+        "(and a grown layout's) to appear in the brokers' metadata before it exits with status "
+        "3 naming those still missing (it logs `topics_waiting` meanwhile): a broker lists a "
+        "topic created a moment before, by `vqueues topics create` or another process, a "
+        "little after the controller made it. Topics that exist with the wrong partition "
+        "counts stop it at once; 0: no wait")
     compacted_segment_bytes: int = _f(
         100 * 1024 * 1024, "segment.bytes of the offset, snapshot and assignment topics, set by "
         "`vqueues topics create` (also on existing topics): compaction never touches a "

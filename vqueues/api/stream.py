@@ -6,8 +6,9 @@ granted. In lease mode each record comes leased (token, attempt, deadline) and t
 `complete`, `retry` and `extend` on the same socket, or has its credit carry the tokens to
 complete (`"complete": [tokens]`, answered token by token once written, ADR 16); in cursor mode
 records come from the consumer's committed offset on, and the client sends `ack`. Every op may
-carry an `id`, echoed in its `result` or `error` frame. A dropped socket keeps nothing: its
-leases end at their deadline, as any lease does.
+carry an `id`, echoed in its `result` or `error` frame (which has none when the op had none);
+an error that ends the stream is the one `error` frame marked `"final": true`. A dropped
+socket keeps nothing: its leases end at their deadline, as any lease does.
 """
 
 from __future__ import annotations
@@ -69,7 +70,7 @@ class _Stream:
         try:
             await self.push()
         except VQError as exc:
-            await self.send({"type": "error", **exc.to_json()})
+            await self.send({"type": "error", "final": True, **exc.to_json()})
             await self.ws.close()
         except (ConnectionResetError, asyncio.CancelledError):
             raise
@@ -123,7 +124,9 @@ class _Stream:
         """One client frame."""
         app = self.request.app
         kind = op.get("op")
-        ident = op.get("id")
+        # Echoed only when the frame had one, as sent (no `"id": null` for a frame without):
+        # clients tell the stream's end by `final`, never by a missing id.
+        ident = {"id": op["id"]} if "id" in op else {}
         try:
             known = _FRAME_FIELDS.get(kind, ()) if isinstance(kind, str) else ()
             refuse_unknown(op, ("op", "id", *known), "a frame")
@@ -157,10 +160,10 @@ class _Stream:
                 raise BadRequest("invalid_parameter",
                                  "op must be credit, complete, retry, extend or ack")
             fence.check_since(epoch, partition)
-            await self.send({"type": "result", "id": ident, "op": kind,
+            await self.send({"type": "result", **ident, "op": kind,
                              "result": msgspec.to_builtins(result)})
         except VQError as exc:
-            await self.send({"type": "error", "id": ident, "op": kind, **exc.to_json()})
+            await self.send({"type": "error", **ident, "op": kind, **exc.to_json()})
 
 
 async def stream(request: web.Request) -> web.StreamResponse:

@@ -115,17 +115,3 @@ def read_range(conf: dict[str, Any], topic: str, partition: int, start: int, end
     finally:
         consumer.close()
 
-
-def holds_records(conf: dict[str, Any], topic: str, timeout_s: float = 30.0) -> bool:
-    """Blocking: whether any partition of `topic` holds a record (its high watermark is above
-    its log start; on tansu the high watermark may be low, never 0 with a record in)."""
-    ranges = OffsetRanges(conf, topic)
-    try:
-        for p in ranges.partitions(timeout_s):
-            low, high = ranges._consumer.get_watermark_offsets(
-                TopicPartition(topic, p), timeout=timeout_s, cached=False)
-            if int(high) > max(int(low), 0):
-                return True
-        return False
-    finally:
-        ranges.close()

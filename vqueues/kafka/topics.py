@@ -3,6 +3,7 @@ them by a new layout (ADR 19)."""
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Protocol
@@ -18,6 +19,8 @@ from vqueues.layouts import (
     encode_layout,
 )
 from vqueues.settings import Settings
+
+log = logging.getLogger(__name__)
 
 DEFAULT_PARTITIONS = 16
 DEFAULT_RETENTION_MS = 14 * 24 * 3600 * 1000
@@ -112,10 +115,15 @@ def _counts(admin: TopicAdmin, names: list[str], wait_s: float, interval_s: floa
             ) -> dict[str, int | None]:
     """Partition counts; while a topic is missing, asked again until `wait_s` has passed."""
     deadline = time.monotonic() + wait_s
+    said = False
     while True:
         counts = admin.partition_counts(names)
         if all(n is not None for n in counts.values()) or time.monotonic() >= deadline:
             return counts
+        if not said:  # why a command or a node has not gone on yet
+            log.info("topics_waiting", extra={
+                "missing": [n for n, c in counts.items() if c is None], "wait_s": wait_s})
+            said = True
         time.sleep(interval_s)
 
 

@@ -215,13 +215,15 @@ export class Stream implements AsyncIterable<Lease | QueueRecord> {
       op?.resolve(frame.result as Json);
     } else if (frame.type === "error") {
       const err = errorFrom(0, frame);
-      if (frame.id === undefined || frame.id === null) {
+      if (frame.final === true) {
         this.finish(err);
-      } else {
+      } else if (frame.id !== undefined) {
         const op = this.ops.get(frame.id as number);
         this.ops.delete(frame.id as number);
         op?.reject(err);
       }
+      // Otherwise it answers a frame sent without an id: a plain credit the node refused
+      // (over 10,000 outstanding), which added none; the stream goes on.
     }
   }
 

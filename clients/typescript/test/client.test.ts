@@ -254,6 +254,32 @@ describe("against two nodes", { timeout: 240_000 }, () => {
     assert.equal(acked.offset, written.offsets![1] + 1);
   });
 
+  test("a plain credit the node refuses does not end the stream; its end does", async () => {
+    const q = `ts-stream-refused-credit-${run}`;
+    await vq.configureConsumer(q, "s", { mode: "lease" });
+    const stream = await vq.stream(q, "s", { credit: 1 });
+    stream.credit(10_000);  // 10,001 outstanding: refused (limit_out_of_range), no id to echo
+    // Frames are answered in order: this op's answer comes after the credit's refusal.
+    await assert.rejects(stream.complete("x.y"), { code: "invalid_token" });
+    await vq.enqueue(q, ["a", "b"]);
+    const got: string[] = [];
+    for await (const item of stream) {
+      got.push((item as Lease).text!);
+      await stream.complete(item as Lease);
+      if (got.length === 2) break;
+    }
+    stream.close();
+    assert.deepEqual(got, ["a", "b"]);
+
+    // A lease stream of a cursor consumer cannot go on: the node's final frame ends it.
+    const c = `ts-stream-final-${run}`;
+    const written = await vq.enqueue(c, ["c0"]);
+    await vq.ack(c, "r", written.offsets![0]);
+    const ended = await vq.stream(c, "r", { mode: "lease", credit: 1 });
+    await assert.rejects((async () => { for await (const _ of ended) break; })(),
+                         { code: "consumer_mode_mismatch" });
+  });
+
   test("a lease stream's completions ride on its credit, answered token by token", async () => {
     const q = `ts-stream-ride-${run}`;
     await vq.configureConsumer(q, "s", { mode: "lease" });
