@@ -43,7 +43,8 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Awaitable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Sequence
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import aiohttp
@@ -618,6 +619,24 @@ async def measure_vqueues(args: argparse.Namespace, bootstrap: str, nodes: int,
 
 def median_of(results: list[dict[str, float]]) -> dict[str, float]:
     return {k: statistics.median(r[k] for r in results) for k in results[0]}
+
+
+@asynccontextmanager
+async def broker_of(kind: str) -> AsyncIterator[str]:
+    """A broker for one benchmark run, stopped by PID at the end: "embedded" (tansu) or
+    "kafka" (the local three-broker Apache Kafka cluster). Yields its bootstrap address."""
+    if kind == "kafka":
+        cluster = await asyncio.to_thread(LocalKafkaCluster().start)
+        try:
+            yield cluster.bootstrap
+        finally:
+            await asyncio.to_thread(cluster.stop)
+    else:
+        broker = EmbeddedBroker().start()
+        try:
+            yield broker.bootstrap
+        finally:
+            broker.stop()
 
 
 def cpu_seconds(pid: int) -> float:

@@ -42,8 +42,7 @@ from vqueues_client import AsyncClient  # noqa: E402
 
 from vqueues.kafka import topics as vq_topics  # noqa: E402
 from vqueues.kafka.admin import Admin  # noqa: E402
-from vqueues.kafka.broker import EmbeddedBroker, free_port  # noqa: E402
-from vqueues.kafka.local_cluster import LocalKafkaCluster  # noqa: E402
+from vqueues.kafka.broker import free_port  # noqa: E402
 
 NAME = "gq-"
 
@@ -175,64 +174,54 @@ async def load(urls: list[str], args: argparse.Namespace, grow_with: list[str] |
 
 
 async def run(args: argparse.Namespace) -> None:
-    cluster = broker = None
-    if args.broker == "kafka":
-        cluster = await asyncio.to_thread(LocalKafkaCluster().start)
-        bootstrap = cluster.bootstrap
-    else:
-        broker = EmbeddedBroker().start()
-        bootstrap = broker.bootstrap
     procs: list[subprocess.Popen] = []
     log = Path(args.node_log) if args.node_log else None
-    try:
-        prefix = f"grow{uuid.uuid4().hex[:6]}"
-        Admin({"bootstrap.servers": bootstrap}).create(vq_topics.specs(
-            f"{prefix}-data", f"{prefix}-offsets", f"{prefix}-assign", args.partitions,
-            snapshot_topic=f"{prefix}-snap"))
-        t0 = time.perf_counter()
-        await asyncio.to_thread(bench.prefill, bootstrap, f"{prefix}-data", args.queues,
-                                args.records // args.queues, NAME)
-        print(f"# growth under load, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: "
-              f"{args.records:,} records over {args.queues:,} queues, {args.partitions} -> "
-              f"{args.partitions * 2} partitions, 2 nodes, broker {args.broker}, "
-              f"{args.writers} writers and {args.workers} lease workers for {args.seconds} s "
-              f"a run (filled in {time.perf_counter() - t0:.0f} s)", flush=True)
-        urls = []
-        for i in range(2):
-            proc, url = start(bootstrap, prefix, i, log)
-            procs.append(proc)
-            urls.append(url)
-        replay = await ready(urls, args.partitions, 0)
-        print(f"first start, replaying the records: every partition ready {replay:.1f} s "
-              "after the spawn", flush=True)
-        base, _ = await load(urls, args, None, args.partitions)
-        grow = [sys.executable, "-m", "vqueues", "topics", "grow", "--bootstrap", bootstrap,
-                "--partitions", str(args.partitions * 2), *topic_args(prefix)]
-        during, grown = await load(urls, args, grow, args.partitions)
-        assert grown is not None
-        print(f"growth: {grown:.1f} s from `vqueues topics grow` to every partition of the "
-              f"new layout ready (the first start's replay of the same records: {replay:.1f} s)",
-              flush=True)
-        for key in ("enqueued_per_s", "completed_per_s"):
-            print(f"{key}: {during[key] / base[key]:.2f}x over the run that holds the growth, "
-                  f"{during['window_' + key] / base[key]:.2f}x from the command to every "
-                  "new partition ready", flush=True)
-        for kind in ("enqueue", "lease", "complete"):
-            if f"{kind}_p99" in base and f"{kind}_p99" in during:
-                print(f"{kind} p99: {during[f'{kind}_p99'] / base[f'{kind}_p99']:.2f}x",
-                      flush=True)
-    finally:
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            try:
-                p.wait(60)
-            except subprocess.TimeoutExpired:
-                p.kill()
-        if broker is not None:
-            broker.stop()
-        if cluster is not None:
-            await asyncio.to_thread(cluster.stop)
+    async with bench.broker_of(args.broker) as bootstrap:
+        try:
+            prefix = f"grow{uuid.uuid4().hex[:6]}"
+            Admin({"bootstrap.servers": bootstrap}).create(vq_topics.specs(
+                f"{prefix}-data", f"{prefix}-offsets", f"{prefix}-assign", args.partitions,
+                snapshot_topic=f"{prefix}-snap"))
+            t0 = time.perf_counter()
+            await asyncio.to_thread(bench.prefill, bootstrap, f"{prefix}-data", args.queues,
+                                    args.records // args.queues, NAME)
+            print(f"# growth under load, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: "
+                  f"{args.records:,} records over {args.queues:,} queues, {args.partitions} -> "
+                  f"{args.partitions * 2} partitions, 2 nodes, broker {args.broker}, "
+                  f"{args.writers} writers and {args.workers} lease workers for {args.seconds} s "
+                  f"a run (filled in {time.perf_counter() - t0:.0f} s)", flush=True)
+            urls = []
+            for i in range(2):
+                proc, url = start(bootstrap, prefix, i, log)
+                procs.append(proc)
+                urls.append(url)
+            replay = await ready(urls, args.partitions, 0)
+            print(f"first start, replaying the records: every partition ready {replay:.1f} s "
+                  "after the spawn", flush=True)
+            base, _ = await load(urls, args, None, args.partitions)
+            grow = [sys.executable, "-m", "vqueues", "topics", "grow", "--bootstrap", bootstrap,
+                    "--partitions", str(args.partitions * 2), *topic_args(prefix)]
+            during, grown = await load(urls, args, grow, args.partitions)
+            assert grown is not None
+            print(f"growth: {grown:.1f} s from `vqueues topics grow` to every partition of the "
+                  "new layout ready (the first start's replay of the same records: "
+                  f"{replay:.1f} s)", flush=True)
+            for key in ("enqueued_per_s", "completed_per_s"):
+                print(f"{key}: {during[key] / base[key]:.2f}x over the run that holds the growth, "
+                      f"{during['window_' + key] / base[key]:.2f}x from the command to every "
+                      "new partition ready", flush=True)
+            for kind in ("enqueue", "lease", "complete"):
+                if f"{kind}_p99" in base and f"{kind}_p99" in during:
+                    print(f"{kind} p99: {during[f'{kind}_p99'] / base[f'{kind}_p99']:.2f}x",
+                          flush=True)
+        finally:
+            for p in procs:
+                p.terminate()
+            for p in procs:
+                try:
+                    p.wait(60)
+                except subprocess.TimeoutExpired:
+                    p.kill()
 
 
 def main() -> None:

@@ -38,8 +38,7 @@ _spec.loader.exec_module(bench)
 
 from vqueues.kafka import topics as vq_topics  # noqa: E402
 from vqueues.kafka.admin import Admin  # noqa: E402
-from vqueues.kafka.broker import EmbeddedBroker, free_port  # noqa: E402
-from vqueues.kafka.local_cluster import LocalKafkaCluster  # noqa: E402
+from vqueues.kafka.broker import free_port  # noqa: E402
 
 NODE_LOG: list[str] = []  # --node-log: where the nodes' logs go (info level)
 
@@ -100,14 +99,7 @@ async def restart(bootstrap: str, prefix: str, env: dict[str, str], label: str) 
 
 
 async def run(args: argparse.Namespace) -> None:
-    cluster = broker = None
-    if args.broker == "kafka":
-        cluster = await asyncio.to_thread(LocalKafkaCluster().start)
-        bootstrap = cluster.bootstrap
-    else:
-        broker = EmbeddedBroker().start()
-        bootstrap = broker.bootstrap
-    try:
+    async with bench.broker_of(args.broker) as bootstrap:
         prefix = f"restart{uuid.uuid4().hex[:6]}"
         Admin({"bootstrap.servers": bootstrap}).create(vq_topics.specs(
             f"{prefix}-data", f"{prefix}-offsets", f"{prefix}-assign", args.partitions,
@@ -123,11 +115,6 @@ async def run(args: argparse.Namespace) -> None:
         print(await restart(bootstrap, prefix, {**common, "VQ_SNAPSHOT_ON_STOP": "false"},
                             "without a snapshot at stop"), flush=True)
         print(await restart(bootstrap, prefix, common, "with a snapshot at stop"), flush=True)
-    finally:
-        if broker is not None:
-            broker.stop()
-        if cluster is not None:
-            await asyncio.to_thread(cluster.stop)
 
 
 def main() -> None:
