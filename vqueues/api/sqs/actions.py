@@ -44,7 +44,7 @@ from vqueues.api.sqs.messages import (
     received,
     system_names,
 )
-from vqueues.api.sqs.paths import FORWARDED_HOST, FORWARDED_PROTO
+from vqueues.api.sqs.paths import ANSWER_JSON, FORWARDED_HOST, FORWARDED_PROTO
 from vqueues.api.sqs.protocol import SqsError
 from vqueues.api.sqs.signatures import key_id_of
 from vqueues.errors import Conflict, Unavailable
@@ -244,10 +244,11 @@ def _token(last: str) -> str:
 async def _peer_names(call: Call, url: str) -> tuple[list[str], bool]:
     """The queue names another node lists for its own partitions, and whether it has more:
     the call itself sent on (signed as it came), which that node answers from its partitions
-    alone, the same page (MaxResults, NextToken) as this node's."""
+    alone, the same page (MaxResults, NextToken) as this node's, in JSON 1.0 whatever the
+    call's protocol."""
     request = call.request
     answer = await proxy(request, url, {FORWARDED_HOST: request.host,
-                                        FORWARDED_PROTO: request.scheme})
+                                        FORWARDED_PROTO: request.scheme, ANSWER_JSON: "1"})
     try:
         found = json.loads(answer.body if isinstance(answer.body, bytes) else b"")
     except ValueError:
