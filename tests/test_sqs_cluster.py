@@ -13,6 +13,7 @@ import pytest
 from botocore.config import Config
 from botocore.exceptions import ClientError
 
+from tests.sqs_query import query_client
 from tests.support import create_topics, queues_in_partition, start_cluster, wait_settled
 
 PARTITIONS = 8
@@ -61,7 +62,9 @@ def test_one_endpoint_reaches_every_queue_and_lists_the_cluster(cluster):
     a, b = cluster
     owners = wait_settled([a, b], PARTITIONS)
     prefix = f"lst{uuid.uuid4().hex[:6]}"
-    mine, theirs = names_on(owners, a, 2, prefix), names_on(owners, b, 2, prefix)
+    # a's names sort before b's: a page of b's names that b answers cut short must not end
+    # the listing
+    mine, theirs = names_on(owners, a, 2, f"{prefix}-a"), names_on(owners, b, 2, f"{prefix}-b")
     sqs = client(a.url)
     urls = {q: sqs.create_queue(QueueName=q)["QueueUrl"] for q in mine + theirs}
     assert all(u == f"{a.url}/000000000000/{q}" for q, u in urls.items())  # a's endpoint
@@ -97,6 +100,47 @@ def test_one_endpoint_reaches_every_queue_and_lists_the_cluster(cluster):
     with pytest.raises(ClientError) as info:
         client(a.url, secret="wrong").list_queues()
     assert info.value.response["Error"]["Code"] == "SignatureDoesNotMatch"
+
+
+def test_the_query_protocol_reaches_every_queue_signed_and_lists_the_cluster(cluster):
+    """The same through an SDK of the query protocol (form bodies, signed; XML answers)."""
+    a, b = cluster
+    owners = wait_settled([a, b], PARTITIONS)
+    prefix = f"qry{uuid.uuid4().hex[:6]}"
+    mine, theirs = names_on(owners, a, 1, f"{prefix}-a"), names_on(owners, b, 2, f"{prefix}-b")
+    sqs = query_client(a.url, "AKIDTEST", SECRET, attempts=1, region="eu-central-1")
+    urls = {q: sqs.create_queue(QueueName=q, Attributes={"VisibilityTimeout": "40"})[
+        "QueueUrl"] for q in mine + theirs}
+    assert all(u == f"{a.url}/000000000000/{q}" for q, u in urls.items())
+    far = urls[theirs[0]]
+    attributes = {"k": {"DataType": "String", "StringValue": "v\r\n"}}
+    sent = sqs.send_message(QueueUrl=far, MessageBody="far\r\n", MessageAttributes=attributes)
+    [m] = sqs.receive_message(QueueUrl=far, WaitTimeSeconds=5, AttributeNames=["SenderId"],
+                              MessageAttributeNames=["All"])["Messages"]
+    assert (m["MessageId"], m["Body"], m["MessageAttributes"]) == (
+        sent["MessageId"], "far\r\n", attributes)
+    assert m["Attributes"] == {"SenderId": "AKIDTEST"}  # the key verified on the owner
+    sqs.delete_message(QueueUrl=far, ReceiptHandle=m["ReceiptHandle"])
+    assert sqs.get_queue_attributes(QueueUrl=far, AttributeNames=["VisibilityTimeout"])[
+        "Attributes"] == {"VisibilityTimeout": "40"}
+    listed = sqs.list_queues(QueueNamePrefix=prefix)["QueueUrls"]
+    assert listed == sorted(urls.values())
+    assert client(a.url).list_queues(QueueNamePrefix=prefix)["QueueUrls"] == listed
+    seen, token = [], None
+    while True:
+        page = sqs.list_queues(QueueNamePrefix=prefix, MaxResults=1,
+                               **({"NextToken": token} if token else {}))
+        seen += page["QueueUrls"]
+        token = page.get("NextToken")
+        if token is None:
+            break
+    assert seen == listed
+    wrong = query_client(a.url, "AKIDTEST", "wrong", attempts=1)
+    for call in (lambda: wrong.send_message(QueueUrl=far, MessageBody="x"),
+                 lambda: wrong.list_queues()):
+        with pytest.raises(ClientError) as info:
+            call()
+        assert info.value.response["Error"]["Code"] == "SignatureDoesNotMatch"
 
 
 def test_calls_for_a_killed_nodes_queues_are_held_until_they_move(cluster):

@@ -44,7 +44,7 @@ from vqueues.api.sqs.messages import (
     received,
     system_names,
 )
-from vqueues.api.sqs.paths import FORWARDED_HOST, FORWARDED_PROTO
+from vqueues.api.sqs.paths import ANSWER_JSON, FORWARDED_HOST, FORWARDED_PROTO
 from vqueues.api.sqs.protocol import SqsError
 from vqueues.api.sqs.signatures import key_id_of
 from vqueues.errors import Conflict, Unavailable
@@ -233,16 +233,22 @@ def list_page(names: list[str], body: Mapping[str, Any]) -> tuple[list[str], str
         return names[:MAX_LIST], None
     page = names[:limit]
     more = len(names) > limit
-    return page, base64.urlsafe_b64encode(page[-1].encode()).decode() if more else None
+    return page, _token(page[-1]) if more else None
 
 
-async def _peer_names(call: Call, url: str) -> list[str]:
-    """The queue names another node lists for its own partitions: the call itself sent on
-    (signed as it came), which that node answers from its partitions alone, the same page
-    (MaxResults, NextToken) as this node's."""
+def _token(last: str) -> str:
+    """The NextToken of a page that ends with `last`."""
+    return base64.urlsafe_b64encode(last.encode()).decode()
+
+
+async def _peer_names(call: Call, url: str) -> tuple[list[str], bool]:
+    """The queue names another node lists for its own partitions, and whether it has more:
+    the call itself sent on (signed as it came), which that node answers from its partitions
+    alone, the same page (MaxResults, NextToken) as this node's, in JSON 1.0 whatever the
+    call's protocol."""
     request = call.request
     answer = await proxy(request, url, {FORWARDED_HOST: request.host,
-                                        FORWARDED_PROTO: request.scheme})
+                                        FORWARDED_PROTO: request.scheme, ANSWER_JSON: "1"})
     try:
         found = json.loads(answer.body if isinstance(answer.body, bytes) else b"")
     except ValueError:
@@ -250,7 +256,8 @@ async def _peer_names(call: Call, url: str) -> list[str]:
     if answer.status != 200 or not isinstance(found, dict):
         raise Unavailable("owner_unreachable", f"listing queues at {url} answered "
                           f"{answer.status}", owner=url)
-    return [str(u).rsplit("/", 1)[-1] for u in found.get("QueueUrls", [])]
+    return ([str(u).rsplit("/", 1)[-1] for u in found.get("QueueUrls", [])],
+            "NextToken" in found)
 
 
 def list_prefix(body: Mapping[str, Any]) -> str:
@@ -274,13 +281,19 @@ async def list_queues(call: Call, body: Mapping[str, Any]) -> dict[str, Any]:
         raise Unavailable("partition_replaying", "a partition of this node is still being "
                           "replayed; retry shortly")
     names = call.work.configs.with_attributes(SQS_CONSUMER, prefix)
+    peers_have_more = False
     if not call.forwarded:
         me = ownership.node_id
         peers = sorted({o.url.rstrip("/") for o in owners.values() if o.node != me})
-        for found in await asyncio.gather(*(_peer_names(call, url) for url in peers)):
+        for found, more in await asyncio.gather(*(_peer_names(call, url) for url in peers)):
             names += found
+            peers_have_more |= more
         names.sort()
     page, token = list_page(names, body)
+    if token is None and peers_have_more and page:
+        # A node answered a page and has more after it (the names it answered are its
+        # first ones, so this page is right; what follows it is left for the next).
+        token = _token(page[-1])
     out: dict[str, Any] = {"QueueUrls": [call.url(n) for n in page]}
     if token is not None:
         out["NextToken"] = token

@@ -1,16 +1,16 @@
 """The wire: AWS JSON 1.0 requests (`X-Amz-Target: AmazonSQS.<Action>`, content type
 `application/x-amz-json-1.0`) and their answers, and errors in SQS's shapes: a JSON body
 `{"__type": "com.amazonaws.sqs#<Name>", "message"}` with the `x-amzn-query-error` header
-(`<code>;Sender`) that SDKs of the older query protocol's error codes read. A query-protocol
-request (form body, `Action=...`) is answered with the query protocol's XML error."""
+(`<code>;Sender`) that SDKs of the older query protocol's error codes read; and the query
+protocol's XML error (its requests and answers: query.py)."""
 
 from __future__ import annotations
 
 import json
 import random
+import re
 import uuid
 from typing import Any
-from xml.sax.saxutils import escape
 
 from aiohttp import web
 
@@ -108,12 +108,27 @@ def json_error(error: SqsError, request_id: str) -> web.Response:
                         content_type=JSON_TYPE, charset=None, headers=headers)
 
 
+_ESCAPES = {"&": "&amp;", "<": "&lt;", ">": "&gt;", "\r": "&#xD;"}
+# What XML text must escape; and characters XML 1.0 cannot carry at all (a body SQS takes has
+# none, but a record another producer wrote may), which become U+FFFD.
+_TO_ESCAPE = re.compile("[&<>\r]|[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
+
+
+def xml_text(text: str) -> str:
+    """`text` as XML character data. A carriage return is a reference (`&#xD;`): a parser
+    turns a literal one, and CR LF, into a line feed."""
+    return _TO_ESCAPE.sub(lambda m: _ESCAPES.get(m.group(), "\ufffd"), text)
+
+
 def xml_error(error: SqsError, request_id: str) -> web.Response:
     """The query protocol's ErrorResponse."""
     fault = ERRORS[error.name][2]
     body = ('<?xml version="1.0"?><ErrorResponse xmlns="http://queue.amazonaws.com/doc/'
-            f'2012-11-05/"><Error><Type>{fault}</Type><Code>{escape(error.code)}</Code>'
-            f"<Message>{escape(error.message)}</Message><Detail/></Error>"
+            f'2012-11-05/"><Error><Type>{fault}</Type><Code>{xml_text(error.code)}</Code>'
+            f"<Message>{xml_text(error.message)}</Message><Detail/></Error>"
             f"<RequestId>{request_id}</RequestId></ErrorResponse>")
+    headers = {"x-amzn-RequestId": request_id}
+    if error.status == 503:
+        headers["Retry-After"] = "1"
     return web.Response(text=body, status=error.status, content_type="text/xml",
-                        headers={"x-amzn-RequestId": request_id})
+                        headers=headers)

@@ -1,9 +1,11 @@
 """The SQS route: POST `/` and POST `/{account}/{queue}` (SDKs post to the endpoint, the
-query protocol to the queue URL). It reads and decodes its own body (the native routes'
-content-type, body and Bearer checks do not apply to it) and answers every error in SQS's
-shapes (protocol.py), the self-fence's too. A call for a queue another node owns is sent on
-to that node unchanged; while a partition has no ready owner the call is held and tried
-again, rather than answered with an error an SDK gives up on after a few retries."""
+query protocol to the queue URL), and GET on both for the query protocol. It reads and decodes
+its own body (the native routes' content-type, body and Bearer checks do not apply to it): AWS
+JSON 1.0, or the query protocol's form parameters translated to the same input (query.py),
+answered in the caller's protocol. Every error is in SQS's shapes (protocol.py), the
+self-fence's too. A call for a queue another node owns is sent on to that node unchanged;
+while a partition has no ready owner the call is held and tried again, rather than answered
+with an error an SDK gives up on after a few retries."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import asyncio
 import datetime as dt
 import logging
 import time
+from urllib.parse import parse_qsl
 
 from aiohttp import web
 
@@ -24,7 +27,7 @@ from vqueues.api.sqs.actions import (
     Call,
     required_scope,
 )
-from vqueues.api.sqs.paths import FORWARDED_HOST, FORWARDED_PROTO, SQS_PATHS
+from vqueues.api.sqs.paths import ANSWER_JSON, FORWARDED_HOST, FORWARDED_PROTO, SQS_PATHS
 from vqueues.api.sqs.protocol import (
     FORM_TYPE,
     JSON_TYPE,
@@ -36,6 +39,7 @@ from vqueues.api.sqs.protocol import (
     new_id,
     xml_error,
 )
+from vqueues.api.sqs.query import decode, xml_answer
 from vqueues.api.sqs.signatures import verify
 from vqueues.errors import NotFound, Unavailable, VQError, WrongNode
 
@@ -50,7 +54,8 @@ HOLD_RETRY_S = 0.2
 
 
 def routes() -> list[web.RouteDef]:
-    return [web.post(path, handle) for path in SQS_PATHS]
+    return [*(web.post(path, handle) for path in SQS_PATHS),
+            *(web.get(path, handle, allow_head=False) for path in SQS_PATHS)]
 
 
 def endpoint(request: web.Request) -> str:
@@ -71,18 +76,22 @@ def hold_s(request: web.Request) -> float:
     return request.app[SETTINGS].session_timeout_ms / 1000 + 10
 
 
+def _is_query(request: web.Request) -> bool:
+    """Whether the call is in the query protocol: a form body, or a GET."""
+    return request.method == "GET" or request.content_type == FORM_TYPE
+
+
 async def handle(request: web.Request) -> web.StreamResponse:
     request_id = new_id()
-    if request.content_type == FORM_TYPE:
-        return xml_error(SqsError("InvalidAction", "the SQS query protocol (form bodies) is "
-                                  "not supported: use an SDK that speaks AWS JSON 1.0 "
-                                  "(docs/sqs.md)"), request_id)
+    query = _is_query(request)
     try:
-        name, action, body = await _decode(request)
+        name, action, body = await (_decode_query(request) if query else _decode(request))
         deadline = time.monotonic() + hold_s(request)
+        # A node listing queues asks another for its own in JSON (actions._peer_names).
+        xml = query and not (FORWARDED in request.headers and ANSWER_JSON in request.headers)
         while True:
             try:
-                return await _answer(request, name, action, body, request_id)
+                return await _answer(request, name, action, body, request_id, xml)
             except (WrongNode, Unavailable) as exc:
                 # A node a call was sent on to answers at once: the sender holds it.
                 forwarded = FORWARDED in request.headers and isinstance(exc, WrongNode)
@@ -90,14 +99,16 @@ async def handle(request: web.Request) -> web.StreamResponse:
                     raise _sqs_error(exc) from None
             await asyncio.sleep(HOLD_RETRY_S)
     except SqsError as exc:
-        return json_error(exc, request_id)
+        return xml_error(exc, request_id) if query else json_error(exc, request_id)
 
 
 async def _answer(request: web.Request, name: str, action: Action, body: dict[str, object],
-                  request_id: str) -> web.Response:
-    """The action's answer here, or the owner's if another node owns the queue."""
+                  request_id: str, xml: bool) -> web.Response:
+    """The action's answer here (in the query protocol's XML if `xml`), or the owner's if
+    another node owns the queue."""
     try:
-        return json_answer(await _act(request, name, action, body), request_id)
+        output = await _act(request, name, action, body)
+        return xml_answer(name, output, request_id) if xml else json_answer(output, request_id)
     except WrongNode as exc:
         owner = exc.details.get("owner")
         if not owner or FORWARDED in request.headers:
@@ -116,20 +127,48 @@ async def _decode(request: web.Request) -> tuple[str, Action, dict[str, object]]
         raise SqsError("InvalidAction", f"an SQS call is a POST of {JSON_TYPE} with the "
                        "header X-Amz-Target: AmazonSQS.<Action>")
     name = target[len(TARGET_PREFIX):]
+    action = _action(name)
+    raw = await _read(request)
+    body = decode_json(raw)
+    if AUTH in request.app:
+        _authorize(request, name, body, raw)
+    return name, action, body
+
+
+async def _decode_query(request: web.Request) -> tuple[str, Action, dict[str, object]]:
+    """A query-protocol call: its parameters from the query string and, POSTed, the form
+    body, translated to the JSON action's input."""
+    raw = await _read(request) if request.method == "POST" else b""
+    try:
+        params = parse_qsl(request.rel_url.raw_query_string, keep_blank_values=True,
+                           errors="strict") + parse_qsl(raw.decode("utf-8"),
+                                                        keep_blank_values=True,
+                                                        errors="strict")
+    except (UnicodeDecodeError, ValueError):
+        raise SqsError("InvalidParameterValue", "the request's parameters are not UTF-8 "
+                       "form encoding") from None
+    name, body = decode(params)
+    action = _action(name)
+    if AUTH in request.app:
+        _authorize(request, name, body, raw)
+    return name, action, body
+
+
+def _action(name: str) -> Action:
     action = ACTIONS.get(name)
     if action is None:
         if name in UNSUPPORTED:
             raise SqsError("UnsupportedOperation", f"{name} is not supported (docs/sqs.md)")
         raise SqsError("InvalidAction", f"The action {name} is not valid for this endpoint.")
+    return action
+
+
+async def _read(request: web.Request) -> bytes:
     try:
-        raw = await request.read()
+        return await request.read()
     except web.HTTPRequestEntityTooLarge:
         raise SqsError("InvalidParameterValue", "the request body exceeds "
                        f"{request.app[SETTINGS].max_body_bytes} bytes") from None
-    body = decode_json(raw)
-    if AUTH in request.app:
-        _authorize(request, name, body, raw)
-    return name, action, body
 
 
 def _authorize(request: web.Request, name: str, body: dict[str, object], raw: bytes) -> None:
@@ -145,7 +184,7 @@ def _authorize(request: web.Request, name: str, body: dict[str, object], raw: by
     if FORWARDED in request.headers and FORWARDED_HOST in request.headers:
         headers["host"] = [request.headers[FORWARDED_HOST]]  # the Host the caller signed
     identity = verify(keys.keys, request.method, request.raw_path.partition("?")[0],
-                      request.query_string, headers, raw, dt.datetime.now(dt.UTC))
+                      request.rel_url.raw_query_string, headers, raw, dt.datetime.now(dt.UTC))
     scope, queue = required_scope(name, body)
     if not identity.allows(scope, queue):
         raise SqsError("AccessDenied", f"User: {identity.name} is not authorized to perform: "

@@ -2,8 +2,11 @@
 native routes' middlewares (content type, body, Bearer auth) untouched, and every refusal is
 in SQS's shape (JSON 1.0 with x-amzn-query-error, or the query protocol's XML)."""
 
+import hashlib
 import json
 import os
+from urllib.parse import quote, urlencode
+from xml.etree import ElementTree
 
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
@@ -17,6 +20,7 @@ from vqueues.settings import Settings
 
 pytestmark = pytest.mark.unit
 JSON = "application/x-amz-json-1.0"
+NS = "{http://queue.amazonaws.com/doc/2012-11-05/}"
 
 
 async def call(api, action, body, path="/", content_type=JSON):
@@ -80,12 +84,85 @@ async def test_a_receipt_handle_of_another_queue_is_invalid(api):
     assert status == 404 and headers["x-amzn-query-error"] == "ReceiptHandleIsInvalid;Sender"
 
 
-async def test_a_form_body_gets_the_query_protocols_xml_error(api):
-    resp = await api.post("/000000000000/q", data="Action=ListQueues&Version=2012-11-05",
-                          headers={"Content-Type": "application/x-www-form-urlencoded"})
-    assert resp.status == 400 and resp.content_type == "text/xml"
-    text = await resp.text()
-    assert "<Code>InvalidAction</Code>" in text and "<Type>Sender</Type>" in text
+async def query_call(api, params, path="/", method="POST"):
+    """A query-protocol call: (status, the XML answer's root, headers)."""
+    if method == "GET":
+        resp = await api.get(path + "?" + urlencode(params))
+    else:
+        resp = await api.post(path, data=urlencode(params), headers={
+            "Content-Type": "application/x-www-form-urlencoded; charset=utf-8"})
+    assert resp.content_type == "text/xml"
+    return resp.status, ElementTree.fromstring(await resp.read()), resp.headers
+
+
+def text_of(root, name):
+    return [e.text for e in root.iter(f"{NS}{name}")]
+
+
+async def test_a_query_call_is_answered_in_xml_through_either_path_and_get(api):
+    status, root, headers = await query_call(api, {
+        "Action": "CreateQueue", "QueueName": "jobs", "Attribute.1.Name": "DelaySeconds",
+        "Attribute.1.Value": "0", "Version": "2012-11-05"})
+    assert status == 200 and root.tag == f"{NS}CreateQueueResponse"
+    [url] = text_of(root, "QueueUrl")
+    assert url.endswith("/000000000000/jobs")
+    assert text_of(root, "RequestId") == [headers["x-amzn-RequestId"]]
+    status, root, _ = await query_call(api, {
+        "Action": "SendMessage", "QueueUrl": url, "MessageBody": "hi\r\n<&>",
+        "MessageAttribute.1.Name": "n", "MessageAttribute.1.Value.DataType": "Number",
+        "MessageAttribute.1.Value.StringValue": "5"}, path="/000000000000/jobs")
+    assert status == 200 and text_of(root, "MD5OfMessageBody") == [
+        hashlib.md5(b"hi\r\n<&>").hexdigest()]
+    status, root, _ = await query_call(api, {
+        "Action": "ReceiveMessage", "QueueUrl": url, "MessageAttributeName.1": "All",
+        "AttributeName.1": "ApproximateReceiveCount"}, method="GET")
+    assert status == 200 and text_of(root, "Body") == ["hi\r\n<&>"]
+    [attribute] = [e for e in root.iter(f"{NS}Attribute")]
+    assert [c.text for c in attribute] == ["ApproximateReceiveCount", "1"]
+    assert text_of(root, "StringValue") == ["5"] and text_of(root, "DataType") == ["Number"]
+
+
+@pytest.mark.parametrize(("params", "status", "code"), [
+    ({"Action": "Frobnicate"}, 400, "InvalidAction"),
+    ({"QueueName": "x"}, 400, "InvalidAction"),
+    ({"Action": "TagQueue"}, 400, "AWS.SimpleQueueService.UnsupportedOperation"),
+    ({"Action": "GetQueueUrl", "QueueName": "missing"}, 400,
+     "AWS.SimpleQueueService.NonExistentQueue"),
+    ({"Action": "ReceiveMessage", "QueueUrl": "http://h/000000000000/x",
+      "MaxNumberOfMessages": "ten"}, 400, "AWS.SimpleQueueService.NonExistentQueue"),
+    ({"Action": "ListQueues", "MaxResults": "ten"}, 400, "InvalidParameterValue"),
+    ({"Action": "DeleteMessageBatch", "QueueUrl": "http://h/000000000000/x",
+      "Entries": ""}, 400, "AWS.SimpleQueueService.NonExistentQueue"),
+])
+async def test_a_query_refusal_is_the_query_protocols_xml_error(api, params, status, code):
+    got, root, _ = await query_call(api, params, path="/000000000000/q")
+    assert got == status and root.tag == f"{NS}ErrorResponse"
+    assert text_of(root, "Code") == [code] and text_of(root, "Type") == ["Sender"]
+
+
+async def test_a_batch_without_entries_is_missing_them_and_an_empty_one_is_empty(api):
+    _, root, _ = await query_call(api, {"Action": "CreateQueue", "QueueName": "b"})
+    [url] = text_of(root, "QueueUrl")
+    for params, code in (({}, "MissingParameter"),
+                         ({"Entries": ""}, "AWS.SimpleQueueService.EmptyBatchRequest")):
+        status, root, _ = await query_call(api, {"Action": "SendMessageBatch", "QueueUrl": url,
+                                                 **params})
+        assert status == 400 and text_of(root, "Code") == [code]
+
+
+async def test_a_post_takes_the_parameters_of_its_query_string_and_its_body(api):
+    resp = await api.post("/?Action=CreateQueue", data="QueueName=both", headers={
+        "Content-Type": "application/x-www-form-urlencoded"})
+    assert resp.status == 200 and "/000000000000/both</QueueUrl>" in await resp.text()
+    resp = await api.post("/?QueueName=x", data="Action=CreateQueue&QueueName=both", headers={
+        "Content-Type": "application/x-www-form-urlencoded"})
+    assert resp.status == 400 and "<Code>InvalidParameterValue</Code>" in await resp.text()
+
+
+async def test_a_form_that_is_not_utf_8_is_refused(api):
+    resp = await api.post("/", data=b"Action=ListQueues&QueueNamePrefix=%ff", headers={
+        "Content-Type": "application/x-www-form-urlencoded"})
+    assert resp.status == 400 and "<Code>InvalidParameterValue</Code>" in await resp.text()
 
 
 async def test_a_post_without_the_target_is_an_invalid_action(api):
@@ -188,3 +265,43 @@ async def test_signed_calls_are_taken_within_their_keys_scopes(signed_api):
 async def test_a_bad_page_of_list_queues_is_refused(api, body):
     status, _, headers = await call(api, "ListQueues", body)
     assert status == 400 and headers["x-amzn-query-error"] == "InvalidParameterValue;Sender"
+
+
+async def signed_query(api, params, key, secret, method="POST", tamper=False):
+    """A query-protocol call signed as botocore signs one: a form body, or a GET's query."""
+    query = "&".join(f"{quote(k, safe='-_.~')}={quote(v, safe='-_.~')}"
+                     for k, v in params.items())
+    if method == "GET":
+        request = AWSRequest("GET", str(api.make_url("/")) + "?" + query)
+    else:
+        request = AWSRequest("POST", str(api.make_url("/")), data=query.encode(), headers={
+            "Content-Type": "application/x-www-form-urlencoded; charset=utf-8"})
+    SigV4Auth(Credentials(key, secret), "sqs", "us-east-1").add_auth(request)
+    body = query.encode()  # what was signed
+    if tamper:  # a parameter added after signing
+        if method == "GET":
+            query += "&MaxResults=1"
+        else:
+            body += b"&MaxResults=1"
+    if method == "GET":
+        resp = await api.get("/?" + query, headers=dict(request.headers))
+    else:
+        resp = await api.post("/", data=body, headers=dict(request.headers))
+    return resp.status, ElementTree.fromstring(await resp.read())
+
+
+@pytest.mark.parametrize("method", ["POST", "GET"])
+async def test_signed_query_calls_are_verified_over_their_parameters(signed_api, method):
+    params = {"Action": "CreateQueue", "QueueName": "jobs", "Attribute.1.Name": "DelaySeconds",
+              "Attribute.1.Value": "0", "Version": "2012-11-05"}
+    status, root = await signed_query(signed_api, params, "ADMIN", "a", method)
+    assert status == 200 and text_of(root, "QueueUrl")[0].endswith("/jobs")
+    listing = {"Action": "ListQueues", "QueueNamePrefix": "jo b+&=/ü"}
+    status, root = await signed_query(signed_api, listing, "ADMIN", "a", method)
+    assert status == 200 and root.tag == f"{NS}ListQueuesResponse"
+    status, root = await signed_query(signed_api, listing, "ADMIN", "a", method, tamper=True)
+    assert status == 403 and text_of(root, "Code") == ["SignatureDoesNotMatch"]
+    status, root = await signed_query(signed_api, params, "READER", "r", method)
+    assert status == 403 and text_of(root, "Code") == ["AccessDenied"]
+    status, root, _ = await query_call(signed_api, listing, method=method)  # unsigned
+    assert status == 403 and text_of(root, "Code") == ["MissingAuthenticationToken"]
