@@ -11,6 +11,7 @@ A test marked `both_brokers` runs twice: on `bootstrap` and on that Kafka cluste
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 from collections.abc import AsyncIterator, Iterator
@@ -35,15 +36,58 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         metafunc.parametrize("broker", ["default", "kafka"], indirect=True, scope="module")
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--shard", default=None, metavar="K/N",
+                     help="run only shard K of N (scripts/test runs the shards side by side)")
+
+
 @pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark the unit tier (tests/unit/) before `-m` selects, and run every test on the local
-    Kafka cluster last, together: its three JVMs cost 13% of a core even idle, so they start
-    only once the rest is done, and stop with the session."""
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark the unit tier (tests/unit/) before `-m` selects, keep only this run's shard, and
+    run every test on the local Kafka cluster last, together: its three JVMs cost 13% of a
+    core even idle, so they start only once the rest is done, and stop with the session."""
     for item in items:
         if UNIT_DIR in Path(str(item.fspath)).parents:
             item.add_marker(pytest.mark.unit)
+    shard = config.getoption("--shard")
+    if shard:
+        kept = _shard(items, shard)
+        config.hook.pytest_deselected(items=[i for i in items if i not in kept])
+        items[:] = [i for i in items if i in kept]
     items.sort(key=_on_kafka)  # stable: the order within each group is kept
+
+
+DURATIONS = Path(__file__).parent / "durations.json"
+# What shares files on disk (clients/typescript's npm install and build; Spark's and Maven's
+# caches) or the local Kafka cluster runs in the first shard, whatever it weighs.
+FIRST_SHARD = ("tests/test_typescript_client.py", "tests/test_typescript_growth.py",
+               "tests/test_pipeline.py", "tests/test_local_kafka.py")
+
+
+def _group(item: pytest.Item) -> str:
+    """What runs in one shard: a test module on one broker (the unit tier as a whole)."""
+    path = Path(str(item.fspath))
+    name = "tests/unit" if UNIT_DIR in path.parents else \
+        path.relative_to(Path(__file__).parent.parent).as_posix()
+    return name + (" kafka" if _on_kafka(item) else "")
+
+
+def _shard(items: list[pytest.Item], shard: str) -> set[pytest.Item]:
+    """The items of shard K of N: groups dealt, heaviest first, to the lightest shard by the
+    seconds tests/durations.json gives them (10 s for a group it does not know)."""
+    k, n = (int(x) for x in shard.split("/"))
+    weights: dict[str, float] = json.loads(DURATIONS.read_text())
+    groups: dict[str, list[pytest.Item]] = {}
+    for item in items:
+        groups.setdefault(_group(item), []).append(item)
+    pinned = {g for g in groups if g.endswith(" kafka") or g.split(" ")[0] in FIRST_SHARD}
+    chosen = dict.fromkeys(pinned, 0)
+    loads = [sum(weights.get(g, 10.0) for g in pinned)] + [0.0] * (n - 1)
+    for name in sorted(set(groups) - pinned, key=lambda g: (-weights.get(g, 10.0), g)):
+        at = min(range(n), key=lambda i: (loads[i], i))
+        chosen[name] = at
+        loads[at] += weights.get(name, 10.0)
+    return {i for name, members in groups.items() if chosen[name] == k - 1 for i in members}
 
 
 _early: dict[str, Future[LocalKafkaCluster]] = {}
