@@ -46,7 +46,8 @@ class AsyncClient(Transport):
 
     `token` is sent as a bearer token on every call; `ca_file` verifies https:// nodes whose
     certificates a private CA signed. The cluster map is fetched from any of `urls`, cached,
-    and refreshed on a 409 wrong_node, on a connection error, and every `refresh_interval_s`.
+    and refreshed on a 409 wrong_node, on a connection error, on an answer from a partition
+    past the map's count, and every `refresh_interval_s`.
     Retriable failures are retried with exponential backoff and jitter until `deadline_s`.
     """
 

@@ -133,6 +133,13 @@ class Transport:
             return self.seeds[0]
         return self.owners.get(partition_for(queue, self.partitions), self.seeds[0])
 
+    def _grown(self, body: Any) -> bool:
+        """An answer from a partition past the map's count: the partitions grew since the map
+        was fetched (docs/growing.md)."""
+        partition = body.get("partition") if isinstance(body, dict) else None
+        return isinstance(partition, int) and self.partitions is not None and \
+            partition >= self.partitions
+
     def _partition_of(self, queue: str) -> int:
         return partition_for(queue, self.partitions) if self.partitions else -1
 
@@ -227,6 +234,8 @@ class Transport:
                                                 params=params, headers=self.headers) as r:
                     body = await r.json(content_type=None) if r.content_length != 0 else None
                     if r.status < 300:
+                        if queue and self._grown(body):
+                            await self._refresh_quietly()
                         return body
                     last = error_from(r.status, body, r.reason or "")
                     err = last.details

@@ -295,8 +295,8 @@ const COMMA = Buffer.from(",");
  *
  * Routes each call to the node that owns the queue's partition (Kafka's murmur2 of the name,
  * as the server computes it). The cluster map is fetched from any of `urls`, cached, and
- * refreshed on a 409 `wrong_node`, a 503 `partition_unavailable`, a connection error, and every
- * `refreshIntervalMs`. Retriable failures are retried with exponential backoff and full jitter
+ * refreshed on a 409 `wrong_node`, a 503 `partition_unavailable`, a connection error, an answer
+ * from a partition past the map's count, and every `refreshIntervalMs`. Retriable failures are retried with exponential backoff and full jitter
  * until the deadline.
  */
 export class Client {
@@ -461,6 +461,14 @@ export class Client {
     return this.partitions ? partitionFor(queue, this.partitions) : -1;
   }
 
+  /** An answer from a partition past the map's count: the partitions grew since the map
+   * was fetched (docs/growing.md). */
+  private grown(body: unknown): boolean {
+    const partition = (body as { partition?: unknown } | null)?.partition;
+    return typeof partition === "number" && this.partitions !== null &&
+      partition >= this.partitions;
+  }
+
   private async refreshQuietly(): Promise<void> {
     try {
       await this.refreshMap();
@@ -502,7 +510,10 @@ export class Client {
       try {
         const answer = await this.transport.request(method, base + path + query, opts.body,
                                                     this.headers, opts.signal);
-        if (answer.status < 300) return (answer.body ?? {}) as Json;
+        if (answer.status < 300) {
+          if (queue && this.grown(answer.body)) await this.refreshQuietly();
+          return (answer.body ?? {}) as Json;
+        }
         last = errorFrom(answer.status, answer.body);
         if (answer.status === 404 && opts.ok404) return null;
         if (last.code === "wrong_node") {

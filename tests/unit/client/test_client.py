@@ -34,6 +34,9 @@ class FakeNode:
         self.max_body: int | None = None
         self.max_record = 1024 * 1024
         self.bodies: list[int] = []  # the multi-queue bodies' sizes, as received
+        self.map_partitions = 1  # what the map says (every partition owned here)
+        self.answer_partition = 0  # what an enqueue answers
+        self.map_fetches = 0
         app = web.Application(client_max_size=64 * 1024 * 1024)
         app.router.add_get("/v1/partitions", self.partitions)
         app.router.add_post("/v1/queues/{queue}/records", self.enqueue)
@@ -46,8 +49,10 @@ class FakeNode:
         self.requests[what] = self.requests.get(what, 0) + 1
 
     async def partitions(self, request):
-        body = {"partitions": 1, "generation": 1, "owners": {
-            "0": {"node": "n", "url": str(self.server.make_url("")).rstrip("/")}}}
+        self.map_fetches += 1
+        url = str(self.server.make_url("")).rstrip("/")
+        body = {"partitions": self.map_partitions, "generation": 1, "owners": {
+            str(p): {"node": "n", "url": url} for p in range(self.map_partitions)}}
         if self.limits is not None:
             body["limits"] = self.limits
         return web.json_response(body)
@@ -83,7 +88,7 @@ class FakeNode:
         for r in body["records"]:
             offsets.append(len(self.log))
             self.log.append((request.match_info["queue"], r["value"], r.get("headers", {})))
-        return web.json_response({"partition": 0, "offsets": offsets})
+        return web.json_response({"partition": self.answer_partition, "offsets": offsets})
 
     async def enqueue_many(self, request):
         """The multi-queue enqueue: `fail_records` answers the next requests' records of a
@@ -351,3 +356,19 @@ async def test_a_node_that_starts_answering_within_the_deadline_gets_the_records
             await node.server.close()
     assert single.offsets is not None and many[0].ok and isinstance(offset, int)
     assert sorted(v for _, v, _ in node.log) == ["a", "b", "c"]
+
+
+async def test_an_answer_from_a_partition_past_the_maps_count_refreshes_the_map(fake):
+    """After a growth (docs/growing.md) a node answers from a partition the client's map does
+    not have: the client fetches the map again rather than route by the old count for up to
+    `refresh_interval_s`."""
+    async with AsyncClient(str(fake.server.make_url(""))) as vq:
+        await vq.enqueue("q", "a")
+        assert vq.partitions == 1
+        fetched = fake.map_fetches
+        await vq.enqueue("q", "b")  # an answer within the map's count: no fetch
+        assert fake.map_fetches == fetched
+        fake.map_partitions, fake.answer_partition = 2, 1
+        await vq.enqueue("q", "c")
+        assert vq.partitions == 2
+        assert fake.map_fetches == fetched + 1
