@@ -85,7 +85,7 @@ def decode_json(raw: bytes) -> dict[str, Any]:
         return {}
     try:
         body = json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):
         raise SqsError("InvalidParameterValue", "the request body is not JSON") from None
     if not isinstance(body, dict):
         raise SqsError("InvalidParameterValue", "the request body is not a JSON object")

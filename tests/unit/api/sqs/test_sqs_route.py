@@ -16,6 +16,7 @@ from botocore.credentials import Credentials
 
 from tests.unit.nodes import queue_service
 from vqueues.api.app import create_app
+from vqueues.api.sqs.route import MAX_QUERY_PARAMETERS
 from vqueues.settings import Settings
 
 pytestmark = pytest.mark.unit
@@ -163,6 +164,27 @@ async def test_a_form_that_is_not_utf_8_is_refused(api):
     resp = await api.post("/", data=b"Action=ListQueues&QueueNamePrefix=%ff", headers={
         "Content-Type": "application/x-www-form-urlencoded"})
     assert resp.status == 400 and "<Code>InvalidParameterValue</Code>" in await resp.text()
+
+
+async def test_a_query_string_that_is_not_utf_8_is_refused_in_xml(api):
+    resp = await api.get("/?Action=ListQueues&QueueNamePrefix=%ff")
+    assert resp.status == 400 and "<Code>InvalidParameterValue</Code>" in await resp.text()
+
+
+async def test_a_query_call_of_too_many_parameters_is_refused_before_it_is_parsed(api):
+    body = "Action=ListQueues&" + "&".join(f"a.{i}=" for i in range(MAX_QUERY_PARAMETERS))
+    resp = await api.post("/", data=body.encode(), headers={
+        "Content-Type": "application/x-www-form-urlencoded"})
+    text = await resp.text()
+    assert resp.status == 400 and "<Code>InvalidParameterValue</Code>" in text, text
+    assert f"at most {MAX_QUERY_PARAMETERS} parameters" in text
+
+
+async def test_a_json_body_nested_past_the_parsers_depth_is_not_json(api):
+    resp = await api.post("/", data=b"[" * 100_000, headers={
+        "Content-Type": "application/x-amz-json-1.0", "X-Amz-Target": "AmazonSQS.ListQueues"})
+    assert resp.status == 400
+    assert resp.headers["x-amzn-query-error"].startswith("InvalidParameterValue;")
 
 
 async def test_a_post_without_the_target_is_an_invalid_action(api):
