@@ -79,6 +79,24 @@ def test_a_node_serves_topics_created_while_it_waits_for_them(bootstrap):
         node.terminate()
 
 
+def test_a_node_waiting_for_its_topics_stops_at_once_on_sigterm(bootstrap):
+    """A signal ends the wait for missing topics (`topic_wait_ms`): the node stops, exit 0,
+    without waiting the rest of it out."""
+    t = Topics(bootstrap, f"gone{uuid.uuid4().hex[:6]}", 4)
+    node = NodeProcess(t, extra_env={"VQ_TOPIC_WAIT_MS": "60000"}).start(wait_ready=False)
+    try:
+        def waiting() -> bool:
+            assert node.process is not None and node.process.poll() is None, "node exited"
+            return bool(events(node, "topics_waiting"))
+
+        wait_for(waiting)
+        started = time.monotonic()
+        assert node.terminate() == 0
+        assert time.monotonic() - started < 10  # not the 60 s wait
+    finally:
+        node.terminate()
+
+
 def _topic_set(prefix: str) -> tuple[str, ...]:
     return ("--data-topic", f"{prefix}-d", "--offset-topic", f"{prefix}-o",
             "--assignment-topic", f"{prefix}-a", "--snapshot-topic", f"{prefix}-s")

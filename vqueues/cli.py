@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import gc
 import logging
 import os
@@ -33,6 +34,7 @@ from vqueues.settings import Settings
 
 if TYPE_CHECKING:
     from vqueues.kafka.admin import Admin
+    from vqueues.node import Node
 
 log = logging.getLogger("vqueues.cli")
 
@@ -219,6 +221,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     return _topics_create(args)
 
 
+async def _started(node: Node, stop: asyncio.Event) -> bool:
+    """Start the node; False if the process was asked to stop before it had started (while
+    it waited for its topics, say: that wait ends at once)."""
+    starting = asyncio.create_task(node.start())
+    stopping = asyncio.create_task(stop.wait())
+    await asyncio.wait([starting, stopping], return_when=asyncio.FIRST_COMPLETED)
+    stopping.cancel()
+    if stop.is_set():
+        node.abandoned.set()
+        with contextlib.suppress(ConfigError):  # the topics it gave up waiting for
+            await starting
+        return False
+    await starting  # its error, if it failed
+    return True
+
+
 def _serve(args: argparse.Namespace) -> int:
     from vqueues.node import Node  # heavy imports only for the command that needs them
 
@@ -241,7 +259,11 @@ def _serve(args: argparse.Namespace) -> int:
         while True:
             node = Node(settings, carried)
             try:
-                await node.start()
+                if not await _started(node, stop):
+                    log.info("node_stopping", extra={"node": settings.effective_node_id,
+                                                     "restart": False})
+                    await node.stop()
+                    return 0
             except ConfigError as exc:
                 log.error("topic_check_failed", extra={"error": str(exc)})
                 print(f"vqueues: {exc}", file=sys.stderr)

@@ -7,6 +7,7 @@ import asyncio
 import gc
 import logging
 import math
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -97,6 +98,9 @@ class Node:
         # Set once the layout this node leaves is cut everywhere: `vqueues serve` then stops
         # the node and starts it again on the new layout.
         self.restart = asyncio.Event()
+        # Set when the process is asked to stop while `start` waits for missing topics: the
+        # wait (in a thread) ends at once rather than after `topic_wait_ms`.
+        self.abandoned = threading.Event()
         self._tail: TopicTail | None = None
         self._fence: SelfFence | None = None
         self.service: QueueService | None = None
@@ -123,13 +127,15 @@ class Node:
         # the assignment topic, which must exist.
         wait_s = s.topic_wait_ms / 1000  # topics created a moment before may be listed late
         first = await asyncio.to_thread(
-            topics.check, admin, s.data_topic, s.offset_topic, s.assignment_topic, wait_s)
+            topics.check, admin, s.data_topic, s.offset_topic, s.assignment_topic, wait_s,
+            stopped=self.abandoned)
         layouts, leaving, announced = await asyncio.to_thread(self._layouts, first)
         layout = self.layout = layouts[-1]
         data_topic, offset_topic, snapshot_topic = layout.topics(
             s.data_topic, s.offset_topic, s.snapshot_topic)
         partitions = (await asyncio.to_thread(
-            topics.check, admin, data_topic, offset_topic, s.assignment_topic, wait_s)
+            topics.check, admin, data_topic, offset_topic, s.assignment_topic, wait_s,
+            stopped=self.abandoned)
             if layout.number else first)
         if layout.number and partitions != layout.partitions:
             raise ConfigError(

@@ -59,8 +59,8 @@ class Settings:
         "(and a grown layout's) to appear in the brokers' metadata before it exits with status "
         "3 naming those still missing (it logs `topics_waiting` meanwhile): a broker lists a "
         "topic created a moment before, by `vqueues topics create` or another process, a "
-        "little after the controller made it. Topics that exist with the wrong partition "
-        "counts stop it at once; 0: no wait")
+        "little after the controller made it. Wrong partition counts among topics that all "
+        "exist stop it at once; a signal ends the wait (the node stops); 0: no wait")
     compacted_segment_bytes: int = _f(
         100 * 1024 * 1024, "segment.bytes of the offset, snapshot and assignment topics, set by "
         "`vqueues topics create` (also on existing topics): compaction never touches a "

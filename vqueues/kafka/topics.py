@@ -4,6 +4,7 @@ them by a new layout (ADR 19)."""
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Protocol
@@ -111,9 +112,10 @@ def create(admin: ConfigAdmin, topic_specs: list[TopicSpec]) -> dict[str, str]:
     return outcome
 
 
-def _counts(admin: TopicAdmin, names: list[str], wait_s: float, interval_s: float
-            ) -> dict[str, int | None]:
-    """Partition counts; while a topic is missing, asked again until `wait_s` has passed."""
+def _counts(admin: TopicAdmin, names: list[str], wait_s: float, interval_s: float,
+            stopped: threading.Event | None = None) -> dict[str, int | None]:
+    """Partition counts; while a topic is missing, asked again until `wait_s` has passed
+    (or `stopped` is set: the process was asked to stop meanwhile)."""
     deadline = time.monotonic() + wait_s
     said = False
     while True:
@@ -124,7 +126,10 @@ def _counts(admin: TopicAdmin, names: list[str], wait_s: float, interval_s: floa
             log.info("topics_waiting", extra={
                 "missing": [n for n, c in counts.items() if c is None], "wait_s": wait_s})
             said = True
-        time.sleep(interval_s)
+        if stopped is not None and stopped.wait(interval_s):
+            return counts
+        if stopped is None:
+            time.sleep(interval_s)
 
 
 def _waited(wait_s: float) -> str:
@@ -132,11 +137,13 @@ def _waited(wait_s: float) -> str:
 
 
 def check(admin: TopicAdmin, data_topic: str, offset_topic: str, assignment_topic: str,
-          wait_s: float = 0.0, interval_s: float = 0.2) -> int:
+          wait_s: float = 0.0, interval_s: float = 0.2,
+          stopped: threading.Event | None = None) -> int:
     """Return the data topic's partition count, or raise ConfigError naming every problem.
     `wait_s`: how long a missing topic is looked for again (a broker that has not learned a
     topic just created lists it a little later)."""
-    counts = _counts(admin, [data_topic, offset_topic, assignment_topic], wait_s, interval_s)
+    counts = _counts(admin, [data_topic, offset_topic, assignment_topic], wait_s, interval_s,
+                     stopped)
     problems = []
     for name, n in counts.items():
         if n is None:
