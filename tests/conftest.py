@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 from collections.abc import AsyncIterator, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -34,6 +35,13 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if (metafunc.definition.get_closest_marker("both_brokers")
             and "bootstrap" in metafunc.fixturenames):
         metafunc.parametrize("broker", ["default", "kafka"], indirect=True, scope="module")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """A shard runs as a background job of scripts/test, which starts with SIGINT ignored:
+    take it back, so that an interrupt tears the fixtures down (KeyboardInterrupt)."""
+    if config.getoption("--shard") and signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -75,7 +83,12 @@ def _group(item: pytest.Item) -> str:
 def _shard(items: list[pytest.Item], shard: str) -> set[pytest.Item]:
     """The items of shard K of N: groups dealt, heaviest first, to the lightest shard by the
     seconds tests/durations.json gives them (10 s for a group it does not know)."""
-    k, n = (int(x) for x in shard.split("/"))
+    try:
+        k, n = (int(x) for x in shard.split("/"))
+    except ValueError:
+        raise pytest.UsageError(f"--shard {shard!r}: K/N, two whole numbers") from None
+    if not 1 <= k <= n:
+        raise pytest.UsageError(f"--shard {shard!r}: K from 1 to N")
     weights: dict[str, float] = json.loads(DURATIONS.read_text())
     groups: dict[str, list[pytest.Item]] = {}
     for item in items:
