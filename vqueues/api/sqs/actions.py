@@ -523,8 +523,11 @@ async def _receive_again(call: Call, queue: str, attempt_id: str, visibility_ms:
     if until is None:
         attempts.forget(queue, attempt_id)
         return None
-    for m in kept.messages:
-        m.deadline = until
+    # The window's deadlines as they are now, not `until`: two retries of one id in flight
+    # may resume in another order than their extends were applied.
+    for m, now_until in zip(kept.messages, call.work.lease_deadlines(
+            queue, SQS_CONSUMER, tokens), strict=True):
+        m.deadline = now_until if now_until is not None else until
     return [LeasedRecord(found[m.offset], m.token, m.attempt, until, m.first)
             for m in kept.messages]
 
