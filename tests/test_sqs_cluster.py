@@ -48,6 +48,18 @@ def client(url, attempts=1, secret=SECRET):
                                       read_timeout=60))
 
 
+def one_by_one(sqs, prefix):
+    """ListQueues a page of one at a time, following NextToken to its end."""
+    seen, token = [], None
+    while True:
+        page = sqs.list_queues(QueueNamePrefix=prefix, MaxResults=1,
+                               **({"NextToken": token} if token else {}))
+        seen += page["QueueUrls"]
+        token = page.get("NextToken")
+        if token is None:
+            return seen
+
+
 def names_on(owners, node, count, prefix):
     """`count` queue names under `prefix` whose partitions `node` owns."""
     out = []
@@ -82,15 +94,7 @@ def test_one_endpoint_reaches_every_queue_and_lists_the_cluster(cluster):
     assert client(b.url).receive_message(QueueUrl=urls[q]).get("Messages", []) == []
     listed = sqs.list_queues(QueueNamePrefix=prefix)["QueueUrls"]
     assert listed == sorted(urls.values())
-    seen, token = [], None
-    while True:
-        page = sqs.list_queues(QueueNamePrefix=prefix, MaxResults=1,
-                               **({"NextToken": token} if token else {}))
-        seen += page["QueueUrls"]
-        token = page.get("NextToken")
-        if token is None:
-            break
-    assert seen == listed
+    assert one_by_one(sqs, prefix) == listed
     assert client(b.url).list_queues(QueueNamePrefix=prefix)["QueueUrls"] == [
         u.replace(a.url, b.url) for u in listed]
     # a wrong secret: refused (every node verifies a call before it acts or sends it on)
@@ -126,15 +130,7 @@ def test_the_query_protocol_reaches_every_queue_signed_and_lists_the_cluster(clu
     listed = sqs.list_queues(QueueNamePrefix=prefix)["QueueUrls"]
     assert listed == sorted(urls.values())
     assert client(a.url).list_queues(QueueNamePrefix=prefix)["QueueUrls"] == listed
-    seen, token = [], None
-    while True:
-        page = sqs.list_queues(QueueNamePrefix=prefix, MaxResults=1,
-                               **({"NextToken": token} if token else {}))
-        seen += page["QueueUrls"]
-        token = page.get("NextToken")
-        if token is None:
-            break
-    assert seen == listed
+    assert one_by_one(sqs, prefix) == listed
     wrong = query_client(a.url, "AKIDTEST", "wrong", attempts=1)
     for call in (lambda: wrong.send_message(QueueUrl=far, MessageBody="x"),
                  lambda: wrong.list_queues()):

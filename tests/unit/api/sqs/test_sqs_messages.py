@@ -5,21 +5,17 @@ ApproximateFirstReceiveTimestamp and ReceiveRequestAttemptId (docs/sqs.md)."""
 import asyncio
 import hashlib
 import json
-import os
 import time
 
 import pytest
-from aiohttp.test_utils import TestClient, TestServer
 from botocore.auth import SigV4Auth
 from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials
 
-from tests.unit.nodes import queue_service
-from vqueues.api.app import create_app
+from tests.unit.api.sqs.signed import signed_app
 from vqueues.api.keys import WORK
 from vqueues.api.sqs.attempts import WINDOW_MS, Answered, Attempt, ReceiveAttempts
 from vqueues.api.sqs.handles import decode_handle
-from vqueues.settings import Settings
 
 pytestmark = pytest.mark.unit
 JSON = "application/x-amz-json-1.0"
@@ -154,21 +150,10 @@ async def test_with_auth_off_the_sender_id_is_the_key_id_the_send_was_signed_wit
 
 @pytest.fixture
 async def signed_api(tmp_path):
-    tokens = tmp_path / "tokens.json"
-    tokens.write_text(json.dumps({"tokens": []}))
-    keys = tmp_path / "keys.json"
-    keys.write_text(json.dumps({"keys": [{"id": "AKIDADMIN", "secret": "s", "name": "ops",
+    async for client in signed_app(tmp_path, [{"id": "AKIDADMIN", "secret": "s", "name": "ops",
                                           "scopes": {"admin": [""], "read": [""],
-                                                     "write": [""]}}]}))
-    os.chmod(keys, 0o600)
-    settings = Settings(write_visible_timeout_ms=1000, auth=True, auth_token_file=str(tokens),
-                        sqs_access_key_file=str(keys))
-    svc = await queue_service(settings)
-    server = TestServer(create_app(svc, settings))
-    await server.start_server(auto_decompress=False, access_log=None)
-    async with TestClient(server) as client:
+                                                     "write": [""]}}]):
         yield client
-    svc.close()
 
 
 async def test_with_auth_on_the_sender_id_is_the_verified_key_id(signed_api):

@@ -4,7 +4,6 @@ in SQS's shape (JSON 1.0 with x-amzn-query-error, or the query protocol's XML)."
 
 import hashlib
 import json
-import os
 from urllib.parse import quote, urlencode
 from xml.etree import ElementTree
 
@@ -14,6 +13,7 @@ from botocore.auth import SigV4Auth
 from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials
 
+from tests.unit.api.sqs.signed import signed_app
 from tests.unit.nodes import queue_service
 from vqueues.api.app import create_app
 from vqueues.api.sqs.route import MAX_QUERY_PARAMETERS
@@ -235,22 +235,11 @@ async def test_sends_are_charged_to_the_enqueue_quota(tmp_path):
 
 @pytest.fixture
 async def signed_api(tmp_path):
-    tokens = tmp_path / "tokens.json"
-    tokens.write_text(json.dumps({"tokens": []}))
-    keys = tmp_path / "keys.json"
-    keys.write_text(json.dumps({"keys": [
+    async for client in signed_app(tmp_path, [
         {"id": "ADMIN", "secret": "a", "name": "ops", "scopes": {"admin": [""], "read": [""],
                                                                   "write": [""]}},
-        {"id": "READER", "secret": "r", "name": "reader", "scopes": {"read": ["jobs"]}}]}))
-    os.chmod(keys, 0o600)
-    settings = Settings(write_visible_timeout_ms=1000, auth=True, auth_token_file=str(tokens),
-                        sqs_access_key_file=str(keys))
-    svc = await queue_service(settings)
-    server = TestServer(create_app(svc, settings))
-    await server.start_server(auto_decompress=False, access_log=None)
-    async with TestClient(server) as client:
+        {"id": "READER", "secret": "r", "name": "reader", "scopes": {"read": ["jobs"]}}]):
         yield client
-    svc.close()
 
 
 async def signed_call(api, action, body, key, secret):
