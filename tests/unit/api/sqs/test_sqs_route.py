@@ -195,15 +195,8 @@ async def test_a_post_without_the_target_is_an_invalid_action(api):
 
 @pytest.fixture
 async def auth_api(tmp_path):
-    tokens = tmp_path / "tokens.json"
-    tokens.write_text(json.dumps({"tokens": []}))
-    settings = Settings(write_visible_timeout_ms=1000, auth=True, auth_token_file=str(tokens))
-    svc = await queue_service(settings)
-    server = TestServer(create_app(svc, settings))
-    await server.start_server(auto_decompress=False, access_log=None)
-    async with TestClient(server) as client:
+    async for client in signed_app(tmp_path, None):
         yield client
-    svc.close()
 
 
 async def test_with_auth_on_and_no_access_keys_the_route_answers_access_denied(auth_api):
