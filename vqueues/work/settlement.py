@@ -4,6 +4,7 @@ a grant that was lost or fenced off is never current, on this owner or the next.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Sequence
 
 from vqueues.errors import BadRequest, Conflict
@@ -72,7 +73,7 @@ def check_tokens(state: PartitionState, queue: str, consumer: str, tokens: Seque
                 act.append((text, off))
             else:
                 stale.append(text)
-        elif off < committed or off in done:
+        elif (off < committed or off in done) and _may_be_record(state, queue, off):
             (already if done_ok else stale).append(text)
         else:
             stale.append(text)
@@ -83,3 +84,14 @@ def check_tokens(state: PartitionState, queue: str, consumer: str, tokens: Seque
                        "expired and the record was leased again, was completed, or never "
                        "existed", stale=stale)
     return work, act, already
+
+
+def _may_be_record(state: PartitionState, queue: str, offset: int) -> bool:
+    """Whether `offset` may be one of the queue's records: a token naming another queue's
+    record, or no record, never existed here. Below the queue's retained records (retention,
+    a deletion) it cannot be told: such a token counts as done."""
+    q = state.queues.get(queue)
+    if q is None or offset < max(state.log_start, q.deleted_before):
+        return True
+    i = bisect_left(q, offset)
+    return i < len(q) and q[i] == offset

@@ -67,6 +67,27 @@ def test_a_token_of_another_attempt_or_grant_is_stale_and_a_done_one_is_already_
         settlement.check_tokens(s, "q", "w", [current], False)  # retry of a done record
 
 
+def test_a_token_naming_no_record_of_the_queue_never_existed():
+    """Below the consumer's mark, a token of another queue's record (or of no record) is
+    stale, not done; one below the retained records (retention) counts as done."""
+    s = leased_state((2, 4, 6))
+    s.apply_records([("other", Record(8, 1, b"v", ()))], None)
+    settle(s, [2, 4])
+    assert s.committed("q", "w") == 6
+    for foreign in (token(1, 1, GRANT), token(3, 1, GRANT), token(5, 1, GRANT)):
+        with pytest.raises(VQError) as exc:
+            settlement.check_tokens(s, "q", "w", [foreign], True)
+        assert exc.value.code == "lease_expired"
+        stale: list[str] = []
+        assert settlement.check_tokens(s, "q", "w", [foreign], True, stale)[2] == []
+        assert stale == [foreign]
+    assert settlement.check_tokens(s, "q", "w", [token(4, 1, GRANT + 2)], True)[2] == [
+        token(4, 1, GRANT + 2)]  # a done record, whichever of its tokens (documented)
+    s.trim(5, ["q"])  # retention: 2 and 4 gone, and what 3 was cannot be told any more
+    assert settlement.check_tokens(s, "q", "w", [token(3, 1, GRANT)], True)[2] == [
+        token(3, 1, GRANT)]
+
+
 def test_a_consumer_without_a_window_holds_no_lease():
     s = leased_state()
     with pytest.raises(VQError) as exc:
