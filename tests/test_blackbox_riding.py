@@ -162,9 +162,7 @@ async def test_an_expired_token_whose_record_was_leased_again_is_refused_lease_e
 
 
 async def test_a_token_of_another_consumer_or_queue_is_refused_and_left_alone(node, client):
-    """A token is the delivery of one consumer on one queue: elsewhere it is not current.
-    (The other queue is in the same partition with lower offsets; with higher ones the token
-    is answered `completed`: see the module's report, issue 58.)"""
+    """A token is the delivery of one consumer on one queue: elsewhere it is not current."""
     other_q, q = queues_in_partition(7, 16, 2, prefix=qname("pair"))
     await fill(client, node, other_q, 1)
     await fill(client, node, q, 1)
@@ -179,6 +177,24 @@ async def test_a_token_of_another_consumer_or_queue_is_refused_and_left_alone(no
     # Nothing was done to consumer a's record on q.
     assert (await counts(client, node, q, "a"))["in_flight"] == 1
     assert (await ok(client, "POST", f"{a}/complete", {"tokens": [t]}))["done"] == [t]
+
+
+async def test_another_queues_token_below_the_consumers_mark_never_existed_here(node, client):
+    """work-queues.md: a token that "never existed" is `lease_expired`, riding or standalone,
+    also when it names an offset below the consumer's mark (another queue's record)."""
+    a, b = queues_in_partition(5, 16, 2, prefix=qname("below"))
+    await fill(client, node, a, 1)
+    await fill(client, node, b, 2)
+    a_token = (await lease(client, consumer_base(node, a)))["records"][0]["token"]
+    page = await lease(client, consumer_base(node, b), complete=[a_token])
+    assert page["completed"] == [] and page["refused"] == [
+        {"token": a_token, "code": "lease_expired"}], page
+    status, out = await call(client, "POST", f"{consumer_base(node, b)}/complete",
+                             {"tokens": [a_token]})
+    assert_error(status, out, 409, "lease_expired")
+    # a's record is still a's to complete.
+    assert (await ok(client, "POST", f"{consumer_base(node, a)}/complete",
+                     {"tokens": [a_token]}))["done"] == [a_token]
 
 
 @pytest.mark.parametrize("bad", ["0.1", [1], [None], ["ok", {"t": 1}], {"token": "0.1"}])
