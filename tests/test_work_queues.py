@@ -254,6 +254,24 @@ def test_consumer_settings_are_kept_and_shown(node):
     assert http("GET", f"{node.url}/v1/queues/{q}/consumers/nobody")[0] == 404
 
 
+async def test_the_python_client_sets_every_consumer_setting(node):
+    """`configure_consumer` takes the cap and the grants' choice too; left out, they keep."""
+    q = qname("client-settings")
+    async with AsyncClient(node.url) as vq:
+        out = await vq.configure_consumer(q, "w", mode="lease", max_in_flight=3,
+                                          durable_grants=True)
+        assert (out["max_in_flight"], out["durable_grants"]) == (3, True)
+        out = await vq.configure_consumer(q, "w", max_attempts=4)
+        assert (out["max_in_flight"], out["durable_grants"], out["max_attempts"]) == (3, True, 4)
+        out = await vq.configure_consumer(q, "w", max_in_flight=None, durable_grants=False)
+        assert (out["max_in_flight"], out["durable_grants"]) == (None, False)
+        assert await vq.consumer_settings(q, "w") == out
+        prefix = qname("client-prefix")
+        out = await vq.configure_prefix_consumer("pw", prefix, durable_grants=True)
+        assert out["durable_grants"] is True
+        await vq.delete_prefix_consumer("pw")
+
+
 @pytest.mark.both_brokers
 def test_a_sigkilled_node_loses_no_completion_and_regresses_no_attempt(bootstrap):
     t = create_topics(bootstrap, partitions=4)

@@ -343,14 +343,21 @@ class AsyncClient(Transport):
     async def configure_consumer(self, queue: str, consumer: str, *, mode: str | None = None,
                                  max_attempts: int | None = None,
                                  dead_letter_queue: str | None = _UNSET,
-                                 visibility_ms: int | None = None) -> dict[str, Any]:
+                                 visibility_ms: int | None = None,
+                                 max_in_flight: int | None = _UNSET,
+                                 durable_grants: bool | None = None) -> dict[str, Any]:
         """Set a consumer's settings; fields left out keep their value (`dead_letter_queue=None`
-        removes the dead-letter queue)."""
+        removes the dead-letter queue, `max_in_flight=None` the cap). `durable_grants=True`:
+        leases answered only once their grants are written (docs/work-queues.md, "What
+        survives a failover")."""
         body: dict[str, Any] = {k: v for k, v in (("mode", mode), ("max_attempts", max_attempts),
-                                                  ("visibility_ms", visibility_ms))
+                                                  ("visibility_ms", visibility_ms),
+                                                  ("durable_grants", durable_grants))
                                 if v is not None}
         if dead_letter_queue is not _UNSET:
             body["dead_letter_queue"] = dead_letter_queue
+        if max_in_flight is not _UNSET:
+            body["max_in_flight"] = max_in_flight
         out = await self._call_obj("PUT", queue, self._c(queue, consumer), json=body)
         assert out is not None
         return out
@@ -434,13 +441,15 @@ class AsyncClient(Transport):
                                         dead_letter_queue: str | None = None,
                                         max_in_flight: int | None = None,
                                         weights: dict[str, int] | None = None,
-                                        records_per_turn: int | None = None
+                                        records_per_turn: int | None = None,
+                                        durable_grants: bool | None = None
                                         ) -> dict[str, Any]:
         """Define (or redefine) `consumer` over every queue whose name starts with `prefix`
         (docs/work-queues.md); `dead_letter_queue` may hold `{queue}`: one per queue."""
         options = (("max_attempts", max_attempts), ("visibility_ms", visibility_ms),
                    ("dead_letter_queue", dead_letter_queue), ("max_in_flight", max_in_flight),
-                   ("weights", weights), ("records_per_turn", records_per_turn))
+                   ("weights", weights), ("records_per_turn", records_per_turn),
+                   ("durable_grants", durable_grants))
         body: dict[str, Any] = {"prefix": prefix}
         body.update((name, value) for name, value in options if value is not None)
         out = await self._call_obj("PUT", None, self._p(consumer), json=body)
