@@ -32,7 +32,9 @@ REGISTRY: dict[str, ErrorSpec] = {
     "invalid_name": _e(400, False, "a queue or consumer name is empty, over 249 UTF-8 bytes, "
                                    "or has control characters"),
     "invalid_parameter": _e(400, False, "a parameter has the wrong type or an unknown value"),
-    "limit_out_of_range": _e(400, False, "an integer parameter is outside its documented range"),
+    "limit_out_of_range": _e(400, False, "an integer parameter is outside its documented range, "
+                                         "or a list is longer than its limit (a lease's "
+                                         "`complete`, over 10,000 tokens)"),
     "invalid_offset": _e(400, False, "an ack's offset is missing, not an integer, or negative"),
     "offset_out_of_range": _e(400, False, "an ack's offset is past the partition's end"),
     "invalid_token": _e(400, False, "a lease token is missing or not a token"),

@@ -59,7 +59,7 @@ export const ERROR_CODES: Readonly<Record<ErrorCode, { status: number; retriable
   invalid_records: { status: 400, retriable: false, meaning: "`records` is missing, empty or not an array" },
   invalid_token: { status: 400, retriable: false, meaning: "a lease token is missing or not a token" },
   lease_expired: { status: 409, retriable: false, meaning: "a token's lease is not current: it expired and the record was leased again, or the token never existed; for retry and extend also a record that was completed (completing a completed record again answers 200)" },
-  limit_out_of_range: { status: 400, retriable: false, meaning: "an integer parameter is outside its documented range" },
+  limit_out_of_range: { status: 400, retriable: false, meaning: "an integer parameter is outside its documented range, or a list is longer than its limit (a lease's `complete`, over 10,000 tokens)" },
   malformed_json: { status: 400, retriable: false, meaning: "the body is not a JSON object" },
   method_not_allowed: { status: 405, retriable: false, meaning: "the route does not take this method" },
   missing_field: { status: 400, retriable: false, meaning: "(compat routes) a required field is missing" },
