@@ -69,7 +69,8 @@ DURATIONS = Path(__file__).parent / "durations.json"
 # What shares files on disk (clients/typescript's npm install and build; Spark's and Maven's
 # caches) or the local Kafka cluster runs in the first shard, whatever it weighs.
 FIRST_SHARD = ("tests/test_typescript_client.py", "tests/test_typescript_growth.py",
-               "tests/test_pipeline.py", "tests/test_local_kafka.py")
+               "tests/test_typescript_blackbox_riding.py", "tests/test_pipeline.py",
+               "tests/test_local_kafka.py")
 
 
 def _group(item: pytest.Item) -> str:

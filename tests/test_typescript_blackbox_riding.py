@@ -1,7 +1,7 @@
 """The TypeScript client's completions riding on leases, checked black-box from its README and
-docs/work-queues.md (clients/typescript/test/blackbox-riding.test.ts): `npm ci`, `tsc` (strict,
-the whole package), then that one file under `node --test` against a node started here on the
-module's broker, stopped by PID."""
+docs/work-queues.md (clients/typescript/test/blackbox-riding.bb.ts, named so that `npm test`
+does not run it too): `npm ci`, `tsc` (strict, the whole package), then that one file under
+`node --test` against a node started here on the module's broker, stopped by PID."""
 
 import os
 import shutil
@@ -28,7 +28,7 @@ def test_typescript_riding_completions_keep_the_documented_promises(node: NodePr
                            text=True, timeout=600)
     assert build.returncode == 0, build.stdout + build.stderr
     run = subprocess.run(["node", "--test", "--test-concurrency=1",
-                          "dist/test/blackbox-riding.test.js"], cwd=PACKAGE, env=env,
+                          "dist/test/blackbox-riding.bb.js"], cwd=PACKAGE, env=env,
                          capture_output=True, text=True, timeout=300)
     print(run.stdout[-3000:])
     assert run.returncode == 0, run.stdout[-20000:] + run.stderr[-5000:]

@@ -139,6 +139,7 @@ export class Stream implements AsyncIterable<Lease | QueueRecord> {
    * record comes) are completed alone, still answered token by token. Rejects if the stream
    * ends first or the node answers an error (their completion unknown: send them again,
    * completing is idempotent); tokens still waiting at `close()` are rejected, not sent.
+   * At most MAX_RIDING_TOKENS tokens a call: more reject with a RangeError, nothing sent.
    */
   completeWithCredit(tokens: Array<Lease | string> | Lease | string): Promise<CreditCompletion> {
     if (this.ended !== undefined) {

@@ -401,6 +401,12 @@ describe("completions riding on leases, as documented", () => {
       assert.deepEqual(b.completed, [s3.token]);
       assert.equal(b.refused.length, half);
       assert.ok([...a.refused, ...b.refused].every((x) => x.code === "invalid_token"));
+      // One call takes at most MAX_RIDING_TOKENS: more reject with a RangeError, nothing sent.
+      await assert.rejects(
+        stream.completeWithCredit([s4, ...Array.from({ length: MAX_RIDING_TOKENS },
+                                                      (_, i) => `junk-c${i}`)]),
+        RangeError);
+      assert.equal((await consumerState(q, "pool")).in_flight, 2, "s4 was not completed");
 
       // close() rejects the tokens still waiting, without sending them.
       const waiting = stream.completeWithCredit([s4, s5]);
