@@ -181,14 +181,22 @@ async def test_the_relays_database_connection_cut_under_load(outbox_dsn, node):
     queues = _queues(4)
     writer = Writer(outbox_dsn, queues)
     relay = RelayProcess(outbox_dsn, node.url, ["--batch-records", "20"]).start()
-    cuts = 0
+    cuts = rounds = 0
     try:
-        writing = asyncio.ensure_future(writer.run("c", 100, 0.02, 4))
-        while not writing.done():
+        # Rounds of writing go on until the relay's session was cut at least twice while
+        # rows were being written: on a slow machine the relay's start and its reconnection
+        # backoff could take most of one round.
+        writing = asyncio.ensure_future(writer.run("c0", 100, 0.02, 4))
+        while True:
             await asyncio.sleep(0.4)
             cuts += scalar(outbox_dsn, "SELECT count(pg_terminate_backend(pid)) FROM "
                            "pg_stat_activity WHERE application_name = 'vqueues-outbox-relay'")
-        await writing
+            if writing.done():
+                await writing
+                rounds += 1
+                if cuts >= 2 or rounds >= 8:
+                    break
+                writing = asyncio.ensure_future(writer.run(f"c{rounds}", 100, 0.02, 4 + rounds))
         deadline = time.monotonic() + 60
         while pending(outbox_dsn) > 0:
             assert time.monotonic() < deadline, "rows left in the outbox"
